@@ -1,0 +1,3 @@
+"""The ``nvidia-driver`` entrypoint of the Flatcar NVIDIA driver container images."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,5 @@
+import sys
+
+from nvidia_driver.cli import main
+
+sys.exit(main())

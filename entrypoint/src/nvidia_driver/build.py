@@ -1,0 +1,229 @@
+"""The runtime build: compile NVIDIA's module sources against a kernel build tree and package
+the result as a kernel interface package (see packages.py).
+
+Where the kernel tree comes from (the node itself, a Flatcar release's container tarball or its
+developer container) is decided by the caller; this module takes a ready tree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from nvidia_driver.commands import Commands, lines
+from nvidia_driver.errors import DriverError
+from nvidia_driver.log import say
+from nvidia_driver.moduletype import OPEN, SOURCE_DIRS
+from nvidia_driver.packages import (
+    LinkedModule,
+    Package,
+    PackageMetadata,
+    package_name,
+    write_package,
+)
+
+# Modules whose closed core must not be redistributed linked: (module, interface, core object).
+_CLOSED_CORES = (
+    ("nvidia.ko", "nvidia/nv-interface.o", "nvidia/nv-kernel.o_binary"),
+    (
+        "nvidia-modeset.ko",
+        "nvidia-modeset/nv-modeset-interface.o",
+        "nvidia-modeset/nv-modeset-kernel.o_binary",
+    ),
+)
+_BAR_WIDTH = 30
+_COMPILE_LINE = re.compile(r"^\s+CC \[M\]\s")
+_ERROR_LINE = re.compile(r"(error:|Error \d+|\*\*\*)")
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    driver_version: str
+    module_type: str
+    kernel_release: str
+    banner: str
+    kernel_tree: Path
+    driver_sources: Path  # /usr/src/nvidia-<version>, holding kernel/ and kernel-open/
+    output: Path  # the package directory to create
+    log_dir: Path
+    jobs: int = 0
+    flatcar_version: str = ""
+
+
+def kernel_config(tree: Path) -> dict[str, str]:
+    config: dict[str, str] = {}
+    try:
+        text = (tree / ".config").read_text(errors="replace")
+    except OSError:
+        return config
+    for line in text.splitlines():
+        if line.startswith("CONFIG_") and "=" in line:
+            key, value = line.split("=", 1)
+            config[key] = value.strip().strip('"')
+    return config
+
+
+def kernel_gcc_major(tree: Path) -> int | None:
+    """The major version of the gcc that built the kernel, from the tree's .config."""
+    config = kernel_config(tree)
+    version = config.get("CONFIG_GCC_VERSION", "")
+    if version.isdigit() and int(version) > 0:
+        return int(version) // 10000
+    match = re.search(r"gcc[^)]*\)\s+(\d+)\.", config.get("CONFIG_CC_VERSION_TEXT", ""))
+    return int(match.group(1)) if match else None
+
+
+def choose_compiler(tree: Path, commands: Commands) -> tuple[str, str]:
+    """A gcc of the kernel's major version: (command, its version line)."""
+    wanted = kernel_gcc_major(tree)
+    candidates = [f"gcc-{wanted}", "gcc"] if wanted else ["gcc"]
+    seen = []
+    for name in candidates:
+        if commands.which(name) is None:
+            continue
+        version = commands.run(name, "-dumpfullversion", "-dumpversion").stdout.strip()
+        seen.append(f"{name} {version}")
+        if wanted is None or version.split(".", 1)[0] == str(wanted):
+            banner = commands.run(name, "--version").stdout.splitlines()[0]
+            return name, banner
+    available = ", ".join(seen) or "none"
+    raise DriverError(
+        f"the kernel was built with gcc {wanted} and no gcc {wanted} is available "
+        f"(found: {available}); use an image that carries gcc-{wanted} or build with the "
+        "release's developer container"
+    )
+
+
+def tree_digest(paths: Iterable[Path]) -> str:
+    """A digest of the driver sources, recorded so a package says what it was built from."""
+    digest = hashlib.sha256()
+    for root in paths:
+        for file in sorted(p for p in root.rglob("*") if p.is_file()):
+            digest.update(str(file.relative_to(root)).encode())
+            digest.update(file.read_bytes())
+    return f"sha256:{digest.hexdigest()}"
+
+
+def _progress(done: int, total: int) -> str:
+    filled = _BAR_WIDTH * done // max(total, 1)
+    percent = 100 * done // max(total, 1)
+    return f"  [{'#' * filled}{' ' * (_BAR_WIDTH - filled)}] {percent}%"
+
+
+def run_make(workdir: Path, request: BuildRequest, compiler: str, commands: Commands) -> Path:
+    """Run ``make modules``, showing progress; keep the whole log for a failure."""
+    request.log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = request.log_dir / f"build-{request.kernel_release}-{request.module_type}.log"
+    total = sum(1 for _ in workdir.rglob("*.c")) or 1
+    jobs = request.jobs or os.cpu_count() or 1
+    args: list[str | Path] = [
+        "-C",
+        workdir,
+        f"-j{jobs}",
+        "modules",
+        f"SYSSRC={request.kernel_tree}",
+        f"SYSOUT={request.kernel_tree}",
+        f"CC={compiler}",
+        "IGNORE_CC_MISMATCH=1",
+    ]
+    say("Building kernel modules:")
+    compiled, shown = 0, -1
+    first_error = ""
+    with log_path.open("w") as log, commands.stream("make", args) as process:
+        for line in lines(process.stdout):
+            log.write(line + "\n")
+            if _COMPILE_LINE.match(line):
+                compiled += 1
+            elif not first_error and _ERROR_LINE.search(line):
+                first_error = line.strip()
+            step = min(10 * compiled // total, 9)
+            if step > shown:
+                shown = step
+                say(_progress(step * total // 10, total))
+        returncode = process.wait()
+    if returncode != 0:
+        raise DriverError(
+            f"building the NVIDIA kernel modules failed: {first_error or 'see the log'} "
+            f"(full log: {log_path})"
+        )
+    say(_progress(total, total))
+    return log_path
+
+
+def _package_sources(
+    workdir: Path, module_type: str
+) -> tuple[dict[str, Path], list[str], list[LinkedModule]]:
+    built = sorted(path.name for path in workdir.glob("*.ko"))
+    if "nvidia.ko" not in built:
+        raise DriverError(f"the build produced no nvidia.ko in {workdir}; see the build log")
+    sources = {name: workdir / name for name in built}
+    if module_type == OPEN:
+        return sources, built, []
+    linked = []
+    for module, interface, core in _CLOSED_CORES:
+        if module not in sources:
+            continue
+        del sources[module]
+        stem = module.removesuffix(".ko")
+        parts = {
+            f"{stem}.interface.o": workdir / interface,
+            f"{stem}.core.o_binary": workdir / core,
+            f"{stem}.mod.o": workdir / f"{stem}.mod.o",
+        }
+        # Since kernel 6.12 the vermagic lives in .module-common.o, linked in only at modfinal.
+        common = workdir / ".module-common.o"
+        if common.is_file():
+            parts[f"{stem}.module-common.o"] = common
+        missing = [str(path) for path in parts.values() if not path.is_file()]
+        if missing:
+            raise DriverError(f"cannot package {module}: missing {', '.join(missing)}")
+        sources.update(parts)
+        linked.append(LinkedModule(module, list(parts), linker_script="module.lds"))
+    if linked:
+        if not (workdir / "module.lds").is_file():
+            raise DriverError("the kernel tree has no scripts/module.lds to link modules with")
+        sources["module.lds"] = workdir / "module.lds"
+    modules = [name for name in built if name not in {item.module for item in linked}]
+    return sources, modules, linked
+
+
+def build_package(request: BuildRequest, commands: Commands) -> Package:
+    source_dir = request.driver_sources / SOURCE_DIRS[request.module_type]
+    if not (source_dir / "Makefile").is_file():
+        raise DriverError(
+            f"no {request.module_type} module sources at {source_dir}: the image is incomplete"
+        )
+    if not (request.kernel_tree / "Makefile").is_file():
+        raise DriverError(f"no kernel build tree at {request.kernel_tree}")
+    compiler, compiler_version = choose_compiler(request.kernel_tree, commands)
+    say(f"Compiling NVIDIA driver kernel modules with {compiler_version}...")
+    request.output.parent.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix=".build.", dir=request.output.parent))
+    try:
+        shutil.copytree(source_dir, workdir, dirs_exist_ok=True, symlinks=True)
+        run_make(workdir, request, compiler, commands)
+        script = request.kernel_tree / "scripts" / "module.lds"
+        if script.is_file():
+            shutil.copyfile(script, workdir / "module.lds")
+        sources, modules, linked = _package_sources(workdir, request.module_type)
+        metadata = PackageMetadata(
+            banner=request.banner,
+            kernel_release=request.kernel_release,
+            driver_version=request.driver_version,
+            module_type=request.module_type,
+            compiler=compiler_version,
+            source_digest=tree_digest([source_dir]),
+            modules=modules,
+            linked=linked,
+            flatcar_version=request.flatcar_version,
+        )
+        say(f"Building NVIDIA driver package {package_name(request.kernel_release)}...")
+        return write_package(request.output, metadata, sources)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)

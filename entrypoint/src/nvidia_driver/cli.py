@@ -1,0 +1,114 @@
+"""Command line of ``nvidia-driver``.
+
+Only argparse is imported up front: ``--help`` must stay fast, and each subcommand imports
+what it needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+SUBCOMMANDS = {
+    "init": "install the driver for this node, start its daemons and wait (default)",
+    "build": "compile and package the kernel modules without loading them",
+    "load": "install a matching precompiled package and load it (no compile)",
+    "unload": "stop the daemons, unload the modules and unmount the driver root",
+    "status": "show the host, the module type, packages, modules and daemons",
+    "reload_nvidia_peermem": "load nvidia-peermem once MOFED and the driver are ready (sidecar)",
+    "probe_nvidia_peermem": "probe that nvidia-peermem is loaded when MOFED is (sidecar probe)",
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    main = argparse.ArgumentParser(
+        prog="nvidia-driver",
+        description="NVIDIA GPU driver container entrypoint for Flatcar Container Linux, "
+        "as run by the NVIDIA GPU Operator.",
+        epilog="Configuration comes from the environment the GPU Operator sets: DRIVER_VERSION, "
+        "KERNEL_MODULE_TYPE, DRIVER_CONFIG_DIGEST, GPU_DIRECT_RDMA_ENABLED, NVFM_CONFIG_*, ...",
+    )
+    main.add_argument(
+        "--host-root",
+        metavar="DIR",
+        help="resolve every host path (/proc, /sys, /run/nvidia, ...) under DIR "
+        "(default: $NVIDIA_DRIVER_HOST_ROOT or /)",
+    )
+    commands = main.add_subparsers(dest="command", metavar="COMMAND")
+    for name, help_text in SUBCOMMANDS.items():
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        if name == "build":
+            sub.add_argument(
+                "--flatcar-version",
+                metavar="V",
+                help="build for this Flatcar release instead of the running one",
+            )
+            sub.add_argument(
+                "--module-type",
+                choices=("auto", "open", "proprietary"),
+                help="override KERNEL_MODULE_TYPE",
+            )
+            sub.add_argument(
+                "--output", type=Path, metavar="DIR", help="also copy the package into DIR"
+            )
+    return main
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    from nvidia_driver.commands import Commands  # noqa: PLC0415 - keeps --help fast
+    from nvidia_driver.config import DriverConfig  # noqa: PLC0415
+    from nvidia_driver.lifecycle import Context  # noqa: PLC0415
+    from nvidia_driver.paths import Paths  # noqa: PLC0415
+
+    env = dict(os.environ)
+    ctx = Context(Paths.from_env(args.host_root, env), Commands(env))
+    command = args.command or "init"
+    if command == "status":
+        from nvidia_driver.status import print_status  # noqa: PLC0415
+
+        return print_status(ctx, env)
+    if command == "probe_nvidia_peermem":
+        from nvidia_driver.peermem import probe_nvidia_peermem  # noqa: PLC0415
+
+        return probe_nvidia_peermem(ctx.paths)
+    config = DriverConfig.from_env(env)
+    if command == "reload_nvidia_peermem":
+        from nvidia_driver.peermem import reload_nvidia_peermem  # noqa: PLC0415
+
+        return reload_nvidia_peermem(ctx.paths, ctx.commands, config)
+    from nvidia_driver import lifecycle  # noqa: PLC0415
+    from nvidia_driver.host import read_host_facts  # noqa: PLC0415
+
+    if command == "build":
+        lifecycle.build_standalone(
+            ctx,
+            config,
+            module_type=args.module_type,
+            flatcar_version=args.flatcar_version,
+            output=args.output,
+        )
+        return 0
+    if command == "unload":
+        return lifecycle.unload_standalone(ctx, config)
+    facts = read_host_facts(ctx.paths)
+    return lifecycle.Lifecycle(ctx, config, facts).run(allow_build=command == "init")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    from nvidia_driver.errors import DriverError  # noqa: PLC0415
+
+    try:
+        return dispatch(args)
+    except DriverError as exc:
+        print(f"ERROR: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

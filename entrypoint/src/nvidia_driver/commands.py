@@ -1,0 +1,110 @@
+"""The one seam through which the entrypoint runs other programs.
+
+Commands are looked up on ``PATH`` (never by absolute path), so tests put recording stubs there
+and a production image finds the real tools.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from nvidia_driver.errors import DriverError
+
+
+def _first_line(text: str) -> str:
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()
+    return ""
+
+
+@dataclass
+class Commands:
+    env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+
+    def which(self, name: str) -> str | None:
+        return shutil.which(name, path=self.env.get("PATH", os.defpath))
+
+    def require(self, name: str) -> str:
+        found = self.which(name)
+        if found is None:
+            raise DriverError(
+                f"{name} not found on PATH ({self.env.get('PATH', '')}): "
+                "the image is incomplete; rebuild it or report a bug"
+            )
+        return found
+
+    def run(
+        self,
+        name: str,
+        *args: str | os.PathLike[str],
+        check: bool = True,
+        timeout: float | None = None,
+        cwd: Path | None = None,
+        extra_env: Mapping[str, str] | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run to completion, capturing output; on failure raise with the command's own reason."""
+        argv = [self.require(name), *(os.fspath(arg) for arg in args)]
+        env = {**self.env, **(extra_env or {})}
+        try:
+            result = subprocess.run(
+                argv,
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=timeout,
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise DriverError(f"{name} did not finish within {timeout:g} s") from exc
+        if check and result.returncode != 0:
+            reason = _first_line(result.stderr) or _first_line(result.stdout) or "no output"
+            raise DriverError(f"{name} failed (exit {result.returncode}): {reason}")
+        return result
+
+    def succeeds(self, name: str, *args: str | os.PathLike[str]) -> bool:
+        return self.run(name, *args, check=False).returncode == 0
+
+    @contextmanager
+    def stream(
+        self,
+        name: str,
+        args: Sequence[str | os.PathLike[str]],
+        *,
+        cwd: Path | None = None,
+        extra_env: Mapping[str, str] | None = None,
+    ) -> Iterator[subprocess.Popen[str]]:
+        """Start a long command whose merged output the caller reads line by line."""
+        argv = [self.require(name), *(os.fspath(arg) for arg in args)]
+        process = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+            cwd=cwd,
+            env={**self.env, **(extra_env or {})},
+        )
+        try:
+            yield process
+        finally:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+
+
+def lines(stream: IO[str] | None) -> Iterator[str]:
+    if stream is None:
+        return
+    for line in stream:
+        yield line.rstrip("\n")

@@ -1,0 +1,126 @@
+"""The driver configuration, read once from the environment the GPU Operator sets."""
+
+from __future__ import annotations
+
+import platform
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from nvidia_driver.errors import DriverError
+
+MODULE_TYPES = ("auto", "open", "proprietary")
+ARCHES = {"amd64": "x86_64", "arm64": "aarch64"}
+_MACHINE_TO_ARCH = {"x86_64": "amd64", "aarch64": "arm64", "arm64": "arm64", "amd64": "amd64"}
+_VERSION = re.compile(r"^\d{3,}\.\d+(\.\d+)?$")
+_NVFM_PREFIX = "NVFM_CONFIG_"
+_TRUE = ("true", "1", "yes")
+_FALSE = ("false", "0", "no", "")
+
+
+def _invalid(variable: str, value: str, accepted: str) -> DriverError:
+    return DriverError(f"invalid value for {variable}: {value!r} (accepted: {accepted})")
+
+
+def _flag(env: Mapping[str, str], variable: str) -> bool:
+    value = env.get(variable, "").strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise _invalid(variable, env[variable], "true, false")
+
+
+def _module_type(env: Mapping[str, str]) -> str:
+    requested = env.get("KERNEL_MODULE_TYPE", "").strip().lower()
+    if requested:
+        if requested not in MODULE_TYPES:
+            raise _invalid("KERNEL_MODULE_TYPE", env["KERNEL_MODULE_TYPE"], ", ".join(MODULE_TYPES))
+        return requested
+    # Kept by the Operator for backwards compatibility: it means "open".
+    return "open" if _flag(env, "OPEN_KERNEL_MODULES_ENABLED") else "auto"
+
+
+def _driver_version(env: Mapping[str, str], *, required: bool) -> str:
+    version = env.get("DRIVER_VERSION", "").strip()
+    if not version:
+        if required:
+            raise DriverError(
+                "missing DRIVER_VERSION: the image sets it; run an image built by this project "
+                "or set DRIVER_VERSION to the driver version the image carries"
+            )
+        return ""
+    if not _VERSION.match(version):
+        raise _invalid("DRIVER_VERSION", version, "a driver version such as 580.105.08")
+    return version
+
+
+def _driver_branch(env: Mapping[str, str], version: str) -> int:
+    raw = env.get("DRIVER_BRANCH", "").strip()
+    derived = version.split(".", 1)[0] if version else ""
+    if not raw:
+        return int(derived) if derived else 0
+    if not raw.isdigit():
+        raise _invalid("DRIVER_BRANCH", raw, "the driver's major version, such as 580")
+    if derived and raw != derived:
+        raise _invalid("DRIVER_BRANCH", raw, f"{derived}, the branch of DRIVER_VERSION {version}")
+    return int(raw)
+
+
+def _target_arch(env: Mapping[str, str]) -> str:
+    raw = env.get("TARGETARCH", "").strip()
+    if not raw:
+        return _MACHINE_TO_ARCH.get(platform.machine(), platform.machine())
+    if raw not in ARCHES:
+        raise _invalid("TARGETARCH", raw, ", ".join(ARCHES))
+    return raw
+
+
+def _fabricmanager_overrides(env: Mapping[str, str]) -> dict[str, str]:
+    overrides = {}
+    for key, value in sorted(env.items()):
+        if key.startswith(_NVFM_PREFIX) and len(key) > len(_NVFM_PREFIX):
+            field_name = key[len(_NVFM_PREFIX) :]
+            if not re.fullmatch(r"[A-Z0-9_]+", field_name) or "\n" in value:
+                raise _invalid(key, value, "NVFM_CONFIG_<FIELD>=<single-line value>")
+            overrides[field_name] = value
+    return overrides
+
+
+@dataclass(frozen=True)
+class DriverConfig:
+    driver_version: str
+    driver_branch: int
+    target_arch: str
+    kernel_module_type: str = "auto"
+    driver_config_digest: str = ""
+    gpu_direct_rdma: bool = False
+    use_host_mofed: bool = False
+    fabricmanager_overrides: dict[str, str] = field(default_factory=dict)
+    node_name: str = ""
+    allow_non_flatcar: bool = False
+    max_threads: int = 0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], *, require_version: bool = True) -> DriverConfig:
+        version = _driver_version(env, required=require_version)
+        threads = env.get("MAX_THREADS", "").strip()
+        if threads and not threads.isdigit():
+            raise _invalid("MAX_THREADS", threads, "a positive number of parallel compile jobs")
+        return cls(
+            driver_version=version,
+            driver_branch=_driver_branch(env, version),
+            target_arch=_target_arch(env),
+            kernel_module_type=_module_type(env),
+            driver_config_digest=env.get("DRIVER_CONFIG_DIGEST", "").strip(),
+            gpu_direct_rdma=_flag(env, "GPU_DIRECT_RDMA_ENABLED"),
+            use_host_mofed=_flag(env, "USE_HOST_MOFED"),
+            fabricmanager_overrides=_fabricmanager_overrides(env),
+            node_name=env.get("NODE_NAME", ""),
+            allow_non_flatcar=_flag(env, "ALLOW_NON_FLATCAR"),
+            max_threads=int(threads) if threads else 0,
+        )
+
+    @property
+    def driver_arch(self) -> str:
+        return ARCHES[self.target_arch]

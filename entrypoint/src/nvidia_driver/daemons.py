@@ -1,0 +1,176 @@
+"""The persistence daemon and the fabric manager (NVSwitch and NVLink5 systems)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from nvidia_driver.commands import Commands
+from nvidia_driver.config import DriverConfig
+from nvidia_driver.errors import DriverError
+from nvidia_driver.host import is_loaded, nvlink5_ports, nvswitch_devices
+from nvidia_driver.log import say
+from nvidia_driver.paths import FABRICMANAGER_CONFIG, NVLSM_CONFIG, Paths
+
+STOP_TIMEOUT_SECONDS = 5.0
+NVLINK5_MODULES = ("mlx5_core", "ib_umad")
+
+
+@dataclass(frozen=True)
+class Daemon:
+    name: str
+    pid_file: str
+
+
+PERSISTENCED = Daemon("persistence", "/var/run/nvidia-persistenced/nvidia-persistenced.pid")
+FABRICMANAGER = Daemon("fabric manager", "/var/run/nvidia-fabricmanager/nv-fabricmanager.pid")
+NVLSM = Daemon("NVLink subnet manager", "/var/run/nvidia-fabricmanager/nvlsm.pid")
+# Stopped in this order, as NVIDIA's scripts do.
+ALL_DAEMONS = (PERSISTENCED, FABRICMANAGER, NVLSM)
+
+
+def read_pid(paths: Paths, daemon: Daemon) -> int | None:
+    try:
+        text = paths(daemon.pid_file).read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def is_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie has exited; only its parent has yet to reap it.
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def configure_fabricmanager(paths: Paths, overrides: dict[str, str]) -> None:
+    """Apply NVFM_CONFIG_<FIELD>=value to fabricmanager.cfg: rewrite the field or append it."""
+    if not overrides:
+        return
+    config = paths(FABRICMANAGER_CONFIG)
+    lines = config.read_text().splitlines() if config.is_file() else []
+    pending = dict(overrides)
+    for index, line in enumerate(lines):
+        key = line.split("=", 1)[0].strip()
+        if "=" in line and not line.lstrip().startswith("#") and key in pending:
+            lines[index] = f"{key}={pending.pop(key)}"
+    lines.extend(f"{key}={value}" for key, value in pending.items())
+    for key, value in overrides.items():
+        say(f"Setting fabric manager option {key}={value}")
+    config.parent.mkdir(parents=True, exist_ok=True)
+    temporary = config.with_name(config.name + ".tmp")
+    temporary.write_text("\n".join(lines) + "\n")
+    temporary.replace(config)
+
+
+def _wait_for_modules(
+    paths: Paths, modules: tuple[str, ...], timeout: float, sleep: Callable[[float], None]
+) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        missing = [module for module in modules if not is_loaded(paths, module)]
+        if not missing:
+            return
+        if time.monotonic() >= deadline:
+            raise DriverError(
+                f"NVLink5 system, but {', '.join(missing)} not loaded after {timeout:g} s: "
+                "the fabric manager needs them; load them on the host (or deploy the "
+                "network operator) and restart the driver pod"
+            )
+        say(f"waiting for the {' and '.join(modules)} kernel modules to be loaded")
+        sleep(5)
+
+
+@dataclass
+class DaemonManager:
+    paths: Paths
+    commands: Commands
+    config: DriverConfig
+    module_wait_seconds: float = 600.0
+    sleep: Callable[[float], None] = time.sleep
+
+    def start_all(self) -> None:
+        say("Starting NVIDIA persistence daemon...")
+        self.commands.run("nvidia-persistenced", "--persistence-mode")
+        self.start_fabricmanager()
+
+    def start_fabricmanager(self) -> None:
+        # Both proc entries appear only once nvidia.ko is loaded, so they are read now.
+        ports = nvlink5_ports(self.paths)
+        if ports:
+            say(f"Detected NVLink5+ system (management ports: {', '.join(ports)})")
+            _wait_for_modules(self.paths, NVLINK5_MODULES, self.module_wait_seconds, self.sleep)
+            configure_fabricmanager(self.paths, self.config.fabricmanager_overrides)
+            say("Starting NVIDIA fabric manager daemon for NVLink5+...")
+            self.commands.run(
+                "nvidia-fabricmanager-start.sh",
+                "--mode",
+                "start",
+                "--fm-config-file",
+                self.paths(FABRICMANAGER_CONFIG),
+                "--fm-pid-file",
+                self.paths(FABRICMANAGER.pid_file),
+                "--nvlsm-config-file",
+                self.paths(NVLSM_CONFIG),
+                "--nvlsm-pid-file",
+                self.paths(NVLSM.pid_file),
+            )
+            if self.config.fabricmanager_overrides.get("FABRIC_MODE") == "1":
+                say("Resetting GPUs to clear stale fabric partition states...")
+                self.commands.run("nvidia-smi", "-r")
+            return
+        switches = nvswitch_devices(self.paths)
+        if switches:
+            say(f"Detected {len(switches)} NVSwitch device(s)")
+            configure_fabricmanager(self.paths, self.config.fabricmanager_overrides)
+            say("Starting NVIDIA fabric manager daemon...")
+            self.commands.run("nv-fabricmanager", "-c", self.paths(FABRICMANAGER_CONFIG))
+            return
+        say("No NVSwitch devices found, skipping NVIDIA fabric manager daemon")
+
+    def stop_all(self) -> list[str]:
+        """Stop every daemon that has a pid file; return the names of those that would not stop."""
+        stubborn = []
+        for daemon in ALL_DAEMONS:
+            pid = read_pid(self.paths, daemon)
+            if pid is None:
+                continue
+            say(f"Stopping NVIDIA {daemon.name} daemon...")
+            if not self._stop(pid):
+                say(f"Could not stop NVIDIA {daemon.name} daemon")
+                stubborn.append(daemon.name)
+                continue
+            self.paths(daemon.pid_file).unlink(missing_ok=True)
+        return stubborn
+
+    def _stop(self, pid: int) -> bool:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return True
+        deadline = time.monotonic() + STOP_TIMEOUT_SECONDS
+        while time.monotonic() < deadline:
+            if not is_running(pid):
+                return True
+            time.sleep(0.1)
+        return not is_running(pid)
+
+    def running(self) -> dict[str, int | None]:
+        status: dict[str, int | None] = {}
+        for daemon in ALL_DAEMONS:
+            pid = read_pid(self.paths, daemon)
+            status[daemon.name] = pid if pid is not None and is_running(pid) else None
+        return status

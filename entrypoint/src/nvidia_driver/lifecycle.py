@@ -1,0 +1,350 @@
+"""``init``, ``load`` and ``unload``: the driver's life on a node, as the GPU Operator runs it."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import os
+import shutil
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+from nvidia_driver.build import BuildRequest, build_package
+from nvidia_driver.commands import Commands
+from nvidia_driver.config import DriverConfig
+from nvidia_driver.daemons import DaemonManager
+from nvidia_driver.errors import CaughtSignalError, DriverError
+from nvidia_driver.host import HostFacts, read_host_facts
+from nvidia_driver.kmod import (
+    BUSY_MESSAGE,
+    load_host_prerequisites,
+    load_modules,
+    unload_modules,
+)
+from nvidia_driver.log import say
+from nvidia_driver.modparams import configure_firmware_search_path, write_modprobe_conf
+from nvidia_driver.moduletype import ModuleTypeChoice, resolve_module_type
+from nvidia_driver.packages import Package, find_matching, install_package
+from nvidia_driver.paths import Paths
+from nvidia_driver.rootfs import mount_rootfs, unmount_rootfs
+
+HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+FLATCAR_DOCS = "https://www.flatcar.org/docs/latest/setup/customization/using-nvidia/"
+
+
+@dataclass(frozen=True)
+class Context:
+    paths: Paths
+    commands: Commands
+
+
+def write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(text)
+    temporary.replace(path)
+
+
+class PidLock:
+    """The flock on /run/nvidia/nvidia-driver.pid that keeps one driver instance per node."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                holder = self.path.read_text().strip() or "unknown"
+                raise DriverError(
+                    "An instance of the NVIDIA driver is already running, aborting "
+                    f"(pid {holder} holds {self.path})"
+                ) from exc
+            raise
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        self.path.unlink(missing_ok=True)
+        os.close(self.fd)
+        self.fd = None
+
+
+def _raise_caught(signum: int, _frame: FrameType | None) -> None:
+    raise CaughtSignalError(signum)
+
+
+@contextmanager
+def signals_raise() -> Iterator[None]:
+    previous = {sig: signal.signal(sig, _raise_caught) for sig in HANDLED_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def ignore_signals() -> None:
+    # A second SIGTERM must not cut the cleanup short.
+    for sig in HANDLED_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def wait_for_signal() -> None:
+    while True:
+        signal.pause()
+
+
+def refuse_unsupported_host(config: DriverConfig, facts: HostFacts) -> None:
+    if not facts.is_flatcar and not config.allow_non_flatcar:
+        raise DriverError(
+            f"this image is for Flatcar Container Linux, but the host is "
+            f"{facts.pretty_name or 'unknown'} (ID={facts.os_id or 'unset'} in "
+            "/host-etc/os-release); use a driver image for that OS, or set "
+            "ALLOW_NON_FLATCAR=true to try anyway"
+        )
+    if facts.lockdown_active:
+        raise DriverError(
+            f"Secure Boot lockdown is active (lockdown={facts.lockdown}): the kernel loads only "
+            "modules signed by Flatcar's own build key, so modules from a container cannot load; "
+            "use Flatcar's signed nvidia-drivers sysexts with the GPU Operator's "
+            f"driver.enabled=false ({FLATCAR_DOCS}), or turn Secure Boot off"
+        )
+    if facts.nouveau_loaded:
+        raise DriverError(
+            "the nouveau driver is loaded and holds the GPUs: blacklist it on the host "
+            "(modprobe.blacklist=nouveau on the kernel command line) and reboot the node"
+        )
+    if not facts.gpus:
+        raise DriverError(
+            "No NVIDIA GPU found on this node (no PCI display device of vendor 0x10de): run the "
+            "driver DaemonSet only on GPU nodes (label nvidia.com/gpu.present=true)"
+        )
+
+
+@dataclass
+class Lifecycle:
+    ctx: Context
+    config: DriverConfig
+    facts: HostFacts
+    daemons: DaemonManager = field(init=False)
+    lock: PidLock = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.daemons = DaemonManager(self.ctx.paths, self.ctx.commands, self.config)
+        self.lock = PidLock(self.ctx.paths.pid_file)
+
+    @property
+    def paths(self) -> Paths:
+        return self.ctx.paths
+
+    @property
+    def commands(self) -> Commands:
+        return self.ctx.commands
+
+    # -- steps -------------------------------------------------------------------------------
+
+    def set_daemons_status(self, status: str) -> None:
+        write_atomically(self.paths.daemons_status, f"{status}\n")
+
+    def fast_path_applies(self) -> bool:
+        digest = self.config.driver_config_digest
+        if not digest or not self.facts.nvidia_loaded:
+            return False
+        try:
+            return self.paths.state_file.read_text().strip() == digest
+        except OSError:
+            return False
+
+    def resolve_module_type(self) -> ModuleTypeChoice:
+        choice = resolve_module_type(
+            self.config.kernel_module_type, self.config.driver_branch, self.facts.gpus
+        )
+        say(f"Using the {choice.module_type} kernel modules ({choice.reason})")
+        return choice
+
+    def package_dirs(self) -> list[Path]:
+        return [self.paths.precompiled, self.paths.build_cache / "packages"]
+
+    def find_package(self, choice: ModuleTypeChoice) -> Package | None:
+        return find_matching(
+            self.package_dirs(),
+            self.facts.proc_version,
+            self.config.driver_version,
+            choice.module_type,
+        )
+
+    def runtime_build(self, choice: ModuleTypeChoice) -> Package:
+        kernel = self.facts.kernel_release
+        say(f"No precompiled NVIDIA driver package matches kernel {kernel}; building one")
+        banner_key = hashlib.sha256(self.facts.proc_version.encode()).hexdigest()[:12]
+        cache = self.paths.build_cache
+        request = BuildRequest(
+            driver_version=self.config.driver_version,
+            module_type=choice.module_type,
+            kernel_release=kernel,
+            banner=self.facts.proc_version,
+            kernel_tree=self.paths.host_kernel_tree(kernel),
+            driver_sources=self.paths.driver_sources(self.config.driver_version),
+            output=cache
+            / "packages"
+            / self.config.driver_version
+            / choice.module_type
+            / f"{kernel}-{banner_key}",
+            log_dir=cache / "logs",
+            jobs=self.config.max_threads,
+            flatcar_version=self.facts.version_id,
+        )
+        return build_package(request, self.commands)
+
+    def install(self, package: Package) -> None:
+        kernel = self.facts.kernel_release
+        install_package(package, self.paths.lib_modules(kernel), self.commands)
+        self.commands.run("depmod", "-b", self.paths.root, kernel)
+
+    def load(self) -> None:
+        params = write_modprobe_conf(self.paths, self.config.driver_branch)
+        configure_firmware_search_path(self.paths, params.get("nvidia", []))
+        load_host_prerequisites(self.paths, self.commands)
+        with_peermem = self.config.gpu_direct_rdma and self.facts.mellanox_present
+        load_modules(self.commands, with_peermem)
+
+    def finish(self) -> None:
+        self.daemons.start_all()
+        mount_rootfs(self.paths, self.commands, self.facts.selinux_enforcing)
+        if self.config.driver_config_digest:
+            say("Storing driver configuration digest...")
+            write_atomically(self.paths.state_file, self.config.driver_config_digest)
+            say(f"Driver configuration digest stored at {self.paths.state_file}")
+        self.set_daemons_status("Ready")
+
+    def shutdown(self) -> bool:
+        """Stop daemons, unload (unless busy), unmount, release the lock. True if unloaded."""
+        self.daemons.stop_all()
+        unloaded = True
+        try:
+            unload_modules(self.paths, self.commands)
+        except DriverError as exc:
+            if str(exc) != BUSY_MESSAGE:
+                raise
+            say(BUSY_MESSAGE)
+            unloaded = False
+        unmount_rootfs(self.paths, self.commands)
+        self.lock.release()
+        return unloaded
+
+    # -- subcommands -------------------------------------------------------------------------
+
+    def run(self, *, allow_build: bool) -> int:
+        say("\n========== NVIDIA Software Installer ==========\n")
+        say(
+            f"Starting installation of NVIDIA driver version {self.config.driver_version} "
+            f"for Linux kernel version {self.facts.kernel_release}"
+        )
+        refuse_unsupported_host(self.config, self.facts)
+        self.lock.acquire()
+        try:
+            with signals_raise():
+                self.set_daemons_status("NotReady")
+                self.install_and_start(allow_build=allow_build)
+                say("Done, now waiting for signal")
+                wait_for_signal()
+        except CaughtSignalError:
+            say("Caught signal")
+            ignore_signals()
+            self.shutdown()
+            return 0
+        except BaseException:
+            ignore_signals()
+            self.cleanup_after_failure()
+            raise
+        return 0  # pragma: no cover - wait_for_signal only returns by raising
+
+    def install_and_start(self, *, allow_build: bool) -> None:
+        if self.fast_path_applies():
+            say(
+                "The NVIDIA driver is already loaded with the desired configuration, "
+                "performing userspace-only install"
+            )
+            unmount_rootfs(self.paths, self.commands)
+            self.resolve_module_type()
+            self.finish()
+            say("Userspace-only install complete")
+            return
+        self.daemons.stop_all()
+        unload_modules(self.paths, self.commands)
+        unmount_rootfs(self.paths, self.commands)
+        choice = self.resolve_module_type()
+        package = self.find_package(choice)
+        if package is None:
+            if not allow_build:
+                raise DriverError(
+                    f"no precompiled package for kernel {self.facts.kernel_release} "
+                    f"({choice.module_type} modules); use 'nvidia-driver init', which builds one"
+                )
+            package = self.runtime_build(choice)
+        self.install(package)
+        self.load()
+        self.finish()
+
+    def cleanup_after_failure(self) -> None:
+        say("Cleaning up after the failure...")
+        try:
+            self.shutdown()
+        except DriverError as exc:
+            say(f"Cleanup incomplete: {exc}")
+        finally:
+            self.lock.release()
+
+
+def unload_standalone(ctx: Context, config: DriverConfig) -> int:
+    """``nvidia-driver unload``: the shutdown sequence, refused while an instance runs."""
+    lifecycle = Lifecycle(ctx, config, read_host_facts(ctx.paths))
+    lifecycle.lock.acquire()
+    if not lifecycle.shutdown():
+        raise DriverError(BUSY_MESSAGE)
+    return 0
+
+
+def build_standalone(
+    ctx: Context,
+    config: DriverConfig,
+    *,
+    module_type: str | None,
+    flatcar_version: str | None,
+    output: Path | None,
+) -> Package:
+    """``nvidia-driver build``: compile and package, without loading anything."""
+    if flatcar_version:
+        raise DriverError(
+            f"building for Flatcar {flatcar_version} needs its kernel tree from the release "
+            "server, which this version cannot fetch yet; run 'build' on a node of that release"
+        )
+    facts = read_host_facts(ctx.paths)
+    if module_type and module_type != "auto":
+        config = DriverConfig(**{**config.__dict__, "kernel_module_type": module_type})
+    lifecycle = Lifecycle(ctx, config, facts)
+    choice = lifecycle.resolve_module_type()
+    package = lifecycle.runtime_build(choice)
+    if output is not None:
+        output.mkdir(parents=True, exist_ok=True)
+        destination = output / package.path.name
+        if destination.exists():
+            shutil.rmtree(destination)
+        shutil.copytree(package.path, destination)
+        package = Package(destination, package.metadata)
+    say(f"Packaged NVIDIA driver package {package.name} into {package.path}")
+    return package

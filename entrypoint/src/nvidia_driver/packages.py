@@ -1,0 +1,202 @@
+"""Kernel interface packages: NVIDIA modules built for one exact kernel.
+
+A package is a directory holding ``metadata.json`` and the files it names. It matches a node
+only when its stored banner equals the node's ``/proc/version`` byte for byte: the banner
+carries the compiler and the build timestamp, so one kernel version built twice is two kernels.
+
+* open modules are stored linked (``.ko``);
+* proprietary modules are stored as interface objects plus NVIDIA's core object and linked on
+  the node with ``ld`` (linked proprietary modules are not redistributed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from nvidia_driver.commands import Commands
+from nvidia_driver.errors import DriverError
+from nvidia_driver.log import say
+
+FORMAT = 1
+METADATA = "metadata.json"
+
+
+def short_kernel(kernel_release: str) -> str:
+    """``6.12.81-flatcar`` -> ``6.12.81``, as in NVIDIA's package names."""
+    return kernel_release.split("-", 1)[0]
+
+
+def package_name(kernel_release: str) -> str:
+    return f"nvidia-modules-{short_kernel(kernel_release)}"
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for chunk in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class LinkedModule:
+    """A proprietary module linked at install time from the objects listed in order."""
+
+    module: str
+    objects: list[str]
+    linker_script: str = ""  # the kernel's scripts/module.lds, stored in the package
+
+
+@dataclass(frozen=True)
+class PackageMetadata:
+    banner: str
+    kernel_release: str
+    driver_version: str
+    module_type: str
+    compiler: str
+    source_digest: str
+    modules: list[str]
+    linked: list[LinkedModule] = field(default_factory=list)
+    files: dict[str, str] = field(default_factory=dict)
+    flatcar_version: str = ""
+    format: int = FORMAT
+
+    @property
+    def name(self) -> str:
+        return package_name(self.kernel_release)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> PackageMetadata:
+        data = json.loads(text)
+        if data.get("format") != FORMAT:
+            raise ValueError(f"unsupported package format {data.get('format')!r}")
+        data["linked"] = [LinkedModule(**item) for item in data.get("linked", [])]
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class Package:
+    path: Path
+    metadata: PackageMetadata
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+    def matches(self, banner: str) -> bool:
+        return self.metadata.banner == banner
+
+    def verify(self) -> None:
+        for name, expected in self.metadata.files.items():
+            file = self.path / name
+            if not file.is_file() or sha256_file(file) != expected:
+                raise DriverError(
+                    f"package {self.path} is damaged: {name} is missing or does not match its "
+                    "checksum; delete the package (or pull the image again) so it is rebuilt"
+                )
+
+
+def load_package(path: Path) -> Package | None:
+    try:
+        metadata = PackageMetadata.from_json((path / METADATA).read_text())
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    return Package(path, metadata)
+
+
+def iter_packages(directories: Iterable[Path]) -> Iterator[Package]:
+    for directory in directories:
+        if not directory.is_dir():
+            continue
+        for metadata in sorted(directory.glob(f"**/{METADATA}")):
+            package = load_package(metadata.parent)
+            if package is not None:
+                yield package
+
+
+def matching_package(
+    directories: Sequence[Path], banner: str, driver_version: str, module_type: str
+) -> Package | None:
+    """The first package built for this exact kernel banner, driver and module type."""
+    for package in iter_packages(directories):
+        meta = package.metadata
+        if (
+            meta.driver_version == driver_version
+            and meta.module_type == module_type
+            and package.matches(banner)
+        ):
+            return package
+    return None
+
+
+def find_matching(
+    directories: Sequence[Path], banner: str, driver_version: str, module_type: str
+) -> Package | None:
+    say("Checking NVIDIA driver packages...")
+    package = matching_package(directories, banner, driver_version, module_type)
+    if package is not None:
+        say("kernel interface matches.")
+        say(f"Found NVIDIA driver package {package.name}")
+    return package
+
+
+def write_package(
+    destination: Path, metadata: PackageMetadata, sources: dict[str, Path]
+) -> Package:
+    """Write a package atomically: a complete directory appears, or nothing does."""
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
+    try:
+        files = {}
+        for name, source in sources.items():
+            shutil.copyfile(source, staging / name)
+            files[name] = sha256_file(staging / name)
+        final = replace(metadata, files=files)
+        (staging / METADATA).write_text(final.to_json())
+        if destination.exists():
+            shutil.rmtree(destination)
+        staging.rename(destination)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return Package(destination, final)
+
+
+def install_package(package: Package, modules_dir: Path, commands: Commands) -> list[str]:
+    """Put the package's modules into ``modules_dir`` (the container's /lib/modules/<kernel>)."""
+    say("Installing NVIDIA driver kernel modules...")
+    package.verify()
+    target = modules_dir / "kernel" / "drivers" / "video"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".video.", dir=target.parent))
+    try:
+        for module in package.metadata.modules:
+            shutil.copyfile(package.path / module, staging / module)
+        for linked in package.metadata.linked:
+            say(f"Linking {linked.module} from its kernel interface...")
+            objects = [package.path / name for name in linked.objects]
+            script: list[str | Path] = (
+                ["-T", package.path / linked.linker_script] if linked.linker_script else []
+            )
+            commands.run(
+                "ld", "-r", "--build-id=none", *script, "-o", staging / linked.module, *objects
+            )
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    # depmod wants these even when the container holds only the NVIDIA modules.
+    for index in ("modules.order", "modules.builtin"):
+        (modules_dir / index).touch()
+    return [*package.metadata.modules, *(linked.module for linked in package.metadata.linked)]

@@ -1,0 +1,67 @@
+"""``nvidia-driver status``: what an operator needs at a glance."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from nvidia_driver.config import DriverConfig
+from nvidia_driver.daemons import DaemonManager
+from nvidia_driver.errors import DriverError
+from nvidia_driver.host import read_host_facts
+from nvidia_driver.lifecycle import Context, Lifecycle
+from nvidia_driver.log import say
+from nvidia_driver.moduletype import resolve_module_type
+from nvidia_driver.packages import matching_package
+from nvidia_driver.rootfs import is_mounted
+
+
+def _row(label: str, value: str) -> None:
+    say(f"{label + ':':<22}{value}")
+
+
+def print_status(ctx: Context, env: Mapping[str, str]) -> int:
+    facts = read_host_facts(ctx.paths)
+    _row("Host", f"{facts.pretty_name} (VERSION_ID {facts.version_id or 'unknown'})")
+    _row("Kernel", facts.kernel_release)
+    _row("Kernel banner", facts.proc_version)
+    gpus = ", ".join(gpu.describe() for gpu in facts.gpus) or "none"
+    _row("GPUs", gpus)
+    _row("NVSwitches", str(len(facts.nvswitches)))
+    if facts.nvlink5_ports:
+        _row("NVLink5 ports", ", ".join(facts.nvlink5_ports))
+    _row("Lockdown", facts.lockdown or "unknown")
+    try:
+        config = DriverConfig.from_env(env)
+    except DriverError as exc:
+        _row("Configuration", f"invalid: {exc}")
+        return 1
+    _row("Driver", f"{config.driver_version} (branch {config.driver_branch})")
+    try:
+        choice = resolve_module_type(config.kernel_module_type, config.driver_branch, facts.gpus)
+    except DriverError as exc:
+        _row("Module type", f"none fits: {exc}")
+    else:
+        _row("Module type", f"{choice.module_type} ({choice.reason})")
+        dirs = Lifecycle(ctx, config, facts).package_dirs()
+        package = matching_package(
+            dirs, facts.proc_version, config.driver_version, choice.module_type
+        )
+        found = f"{package.name} at {package.path}" if package else "none (init would build one)"
+        _row("Precompiled package", found)
+    modules = {
+        name: count for name, count in facts.module_refcounts.items() if name.startswith("nvidia")
+    }
+    _row(
+        "Loaded modules",
+        ", ".join(f"{name} (refcnt {count})" for name, count in modules.items()) or "none",
+    )
+    daemons = DaemonManager(ctx.paths, ctx.commands, config).running()
+    _row(
+        "Daemons",
+        ", ".join(
+            f"{name}: {f'pid {pid}' if pid else 'not running'}" for name, pid in daemons.items()
+        ),
+    )
+    root = ctx.paths.driver_root
+    _row("Driver root", f"{root} ({'mounted' if is_mounted(ctx.paths) else 'not mounted'})")
+    return 0

@@ -1,0 +1,57 @@
+"""Sessions for gpu-driver-container.
+
+A bare ``nox`` runs lint, typecheck and tests (the unit tests: no root, no network, no Docker).
+``nox -s integration`` runs the containerized integration tests; it needs root and Docker.
+"""
+
+from __future__ import annotations
+
+import nox
+
+nox.needs_version = ">=2025.5.1"
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.reuse_existing_virtualenvs = True
+nox.options.sessions = ["lint", "typecheck", "tests"]
+
+PYPROJECT = nox.project.load_toml("pyproject.toml")
+ENTRYPOINT = "./entrypoint"
+
+
+def _install(session: nox.Session, *groups: str) -> None:
+    session.install(*nox.project.dependency_groups(PYPROJECT, *groups))
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """Run ruff's linter and formatter check."""
+    _install(session, "ruff")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """Type-check the entrypoint, the tooling, tasks.py and noxfile.py with mypy --strict."""
+    _install(session, "mypy")
+    session.install("-e", ENTRYPOINT)
+    session.run("mypy", *session.posargs)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Run the unit tests against simulated hosts."""
+    _install(session, "pytest")
+    session.install(ENTRYPOINT)
+    session.run("pytest", "tests/unit", *session.posargs)
+
+
+@nox.session(default=False)
+def integration(session: nox.Session) -> None:
+    """Run the integration tests (root, Docker and Debian's package registry needed)."""
+    _install(session, "pytest", "docker", "requests", "invoke")
+    session.install(ENTRYPOINT)
+    session.run("pytest", "tests/integration", "-m", "integration", *session.posargs)
+
+
+if __name__ == "__main__":
+    nox.main()

@@ -1,0 +1,1 @@
+"""Build, push and publish tooling behind tasks.py."""
