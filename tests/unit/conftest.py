@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from simhost import (
+    FLATCAR_OS_RELEASE_UNQUOTED,
+    H100,
+    SimulatedHost,
+    install_stubs,
+    process_alive,
+)
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> Iterator[SimulatedHost]:
+    """A Flatcar node with one H100, its kernel, and the driver's userspace; nothing loaded."""
+    simulated = SimulatedHost(tmp_path / "root", tmp_path / "bin", tmp_path / "state")
+    simulated.state.mkdir()
+    install_stubs(simulated.bin_dir)
+    simulated.set_kernel()
+    simulated.set_os_release(FLATCAR_OS_RELEASE_UNQUOTED)
+    simulated.add_gpus(H100)
+    simulated.write("/sys/module/firmware_class/parameters/path", "\n")
+    simulated.write("/proc/mounts", "overlay / overlay rw 0 0\n")
+    simulated.write(
+        "/usr/share/nvidia/nvswitch/fabricmanager.cfg",
+        "LOG_LEVEL=4\nFABRIC_MODE=0\n# FABRIC_MODE=2\nDAEMONIZE=1\n",
+    )
+    simulated.add_driver_sources()
+    yield simulated
+    # The stub daemons are real background processes: never leak them.
+    for pid in simulated.daemon_pids():
+        if process_alive(pid):
+            os.kill(pid, signal.SIGKILL)

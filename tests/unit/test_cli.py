@@ -1,0 +1,119 @@
+"""The command line: help, status, and the peermem sidecar commands."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+
+from simhost import SimulatedHost
+
+from nvidia_driver.commands import Commands
+from nvidia_driver.config import DriverConfig
+from nvidia_driver.paths import Paths
+from nvidia_driver.peermem import reload_nvidia_peermem
+
+
+def test_help_lists_every_subcommand() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "nvidia_driver", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    for command in (
+        "init",
+        "build",
+        "load",
+        "unload",
+        "status",
+        "reload_nvidia_peermem",
+        "probe_nvidia_peermem",
+    ):
+        assert command in result.stdout
+
+
+def test_help_imports_nothing_heavy() -> None:
+    # --help must start fast: the subcommand modules are imported only when they run.
+    code = (
+        "import sys; from nvidia_driver import cli\n"
+        "try:\n    cli.main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in sys.modules if m.startswith('nvidia_driver')))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip().splitlines()[-1] == "['nvidia_driver', 'nvidia_driver.cli']"
+
+
+def test_status_reads_at_a_glance(host: SimulatedHost) -> None:
+    host.add_package("open")
+    host.set_module("nvidia", 2)
+    host.set_module("nvidia_uvm", 0)
+    result = host.run("status")
+    assert result.returncode == 0, result.stderr
+    lines = dict(line.split(":", 1) for line in result.stdout.splitlines())
+    assert lines["Host"].strip().startswith("Flatcar Container Linux by Kinvolk 4593.2.0")
+    assert lines["Kernel"].strip() == "6.12.81-flatcar"
+    assert lines["Module type"].strip().startswith("open (auto: branch 580")
+    assert lines["Precompiled package"].strip().startswith("nvidia-modules-6.12.81 at ")
+    assert lines["Loaded modules"].strip() == "nvidia (refcnt 2), nvidia_uvm (refcnt 0)"
+    assert "persistence: not running" in lines["Daemons"]
+    assert lines["Driver root"].strip().endswith("(not mounted)")
+
+
+def test_status_without_driver_version_still_shows_the_host(host: SimulatedHost) -> None:
+    result = host.run("status", DRIVER_VERSION="")
+    assert result.returncode == 1
+    assert "Kernel:" in result.stdout
+    assert "missing DRIVER_VERSION" in result.stdout
+
+
+def test_probe_peermem(host: SimulatedHost) -> None:
+    result = host.run("probe_nvidia_peermem")
+    assert result.returncode == 0
+    assert "MOFED drivers are not ready, skipping probe" in result.stdout
+    host.set_module("mlx5_core")
+    result = host.run("probe_nvidia_peermem")
+    assert result.returncode == 1
+    assert "nvidia-peermem module is not loaded" in result.stdout
+    host.set_module("nvidia_peermem")
+    assert host.run("probe_nvidia_peermem").returncode == 0
+
+
+def test_reload_peermem_waits_for_mofed_and_the_driver(host: SimulatedHost) -> None:
+    host.write("/drivers/nvidia-peermem.conf", "peerdirect_support=1\n")
+    paths = Paths(host.root)
+    commands = Commands(host.env())
+    config = DriverConfig.from_env(host.env())
+    polls: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        polls.append(seconds)
+        if len(polls) == 2:
+            host.write("/run/mellanox/drivers/.driver-ready", "")
+            host.write("/run/nvidia/validations/.driver-ctr-ready", "")
+
+    waited = threading.Event()
+    assert reload_nvidia_peermem(paths, commands, config, sleep=sleep, wait=waited.set) == 0
+    assert polls == [10.0, 10.0]
+    assert waited.is_set()
+    assert host.calls("chroot") == [
+        f"chroot {host.path('/run/nvidia/driver')} modprobe nvidia-peermem peerdirect_support=1"
+    ]
+    # Loaded already: no second modprobe.
+    assert reload_nvidia_peermem(paths, commands, config, sleep=sleep, wait=waited.set) == 0
+    assert len(host.calls("chroot")) == 1
+
+
+def test_reload_peermem_with_host_mofed_waits_for_mlx5(host: SimulatedHost) -> None:
+    host.write("/run/nvidia/validations/.driver-ctr-ready", "")
+    host.set_module("mlx5_core")
+    started = time.monotonic()
+    config = DriverConfig.from_env(host.env(USE_HOST_MOFED="true"))
+    code = reload_nvidia_peermem(
+        Paths(host.root), Commands(host.env()), config, sleep=time.sleep, wait=lambda: None
+    )
+    assert code == 0
+    assert time.monotonic() - started < 5

@@ -1,0 +1,171 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from simhost import (
+    FLATCAR_OS_RELEASE_QUOTED,
+    FLATCAR_OS_RELEASE_UNQUOTED,
+    GB200,
+    H100,
+    L40S,
+    V100,
+    SimulatedHost,
+)
+
+from nvidia_driver.config import DriverConfig
+from nvidia_driver.errors import DriverError
+from nvidia_driver.host import PciDevice, parse_os_release, read_host_facts, resolve_within
+from nvidia_driver.moduletype import resolve_module_type
+from nvidia_driver.paths import Paths
+
+
+def gpu(device: int) -> PciDevice:
+    return PciDevice("0000:18:00.0", 0x10DE, device, 0x030200)
+
+
+@pytest.mark.parametrize(
+    "text", [FLATCAR_OS_RELEASE_UNQUOTED, FLATCAR_OS_RELEASE_QUOTED], ids=["4593", "4757"]
+)
+def test_both_flatcar_os_release_formats(text: str) -> None:
+    values = parse_os_release(text)
+    assert values["ID"] == "flatcar"
+    assert values["VERSION_ID"] in ("4593.2.0", "4757.1.0")
+    assert values["FLATCAR_BOARD"] == "amd64-usr"
+    assert values["PRETTY_NAME"].startswith("Flatcar Container Linux by Kinvolk ")
+    assert values["SUPPORT_URL" if "SUPPORT_URL" in values else "ID_LIKE"] in (
+        "coreos",
+        "https://groups.google.com/forum/#!forum/flatcar-linux-user",
+    )
+
+
+def test_single_quotes_and_comments() -> None:
+    values = parse_os_release('# comment\nCPE_NAME=\'cpe:2.3:o:x\'\n\nBROKEN\nNAME="a \\"b\\""\n')
+    assert values == {"CPE_NAME": "cpe:2.3:o:x", "NAME": 'a "b"'}
+
+
+def test_relative_symlink_resolves_inside_the_host_root(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "usr/lib").mkdir(parents=True)
+    (root / "usr/lib/os-release").write_text("ID=flatcar\n")
+    (root / "etc").mkdir()
+    (root / "etc/os-release").symlink_to("../usr/lib/os-release")
+    assert resolve_within(root, root / "etc/os-release") == root / "usr/lib/os-release"
+
+
+def test_absolute_symlink_resolves_inside_the_host_root(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "usr/lib").mkdir(parents=True)
+    (root / "usr/lib/os-release").write_text("ID=flatcar\n")
+    (root / "etc").mkdir()
+    (root / "etc/os-release").symlink_to("/usr/lib/os-release")
+    assert resolve_within(root, root / "etc/os-release") == root / "usr/lib/os-release"
+
+
+def test_os_release_falls_back_to_the_host_filesystem(host: SimulatedHost) -> None:
+    host.path("/host-etc/os-release").unlink()
+    host.write("/proc/1/root/usr/lib/os-release", FLATCAR_OS_RELEASE_QUOTED)
+    link = host.path("/proc/1/root/etc/os-release")
+    link.parent.mkdir(parents=True)
+    link.symlink_to("../usr/lib/os-release")
+    facts = read_host_facts(Paths(host.root))
+    assert facts.version_id == "4757.1.0"
+
+
+def test_host_facts(host: SimulatedHost) -> None:
+    host.add_nvswitches(2)
+    host.add_nvlink5_port()
+    host.set_lockdown("none")
+    host.set_module("nvidia", 3)
+    facts = read_host_facts(Paths(host.root))
+    assert facts.is_flatcar
+    assert facts.kernel_release == "6.12.81-flatcar"
+    assert facts.proc_version.startswith("Linux version 6.12.81-flatcar (build@")
+    assert [gpu.device for gpu in facts.gpus] == [H100]
+    assert len(facts.nvswitches) == 2
+    assert facts.nvlink5_ports == ["mlx5_0"]
+    assert facts.lockdown == "none"
+    assert not facts.lockdown_active
+    assert facts.module_refcounts["nvidia"] == 3
+
+
+def test_unreadable_kernel_version_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(DriverError, match="cannot read the kernel version"):
+        read_host_facts(Paths(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("branch", "devices", "expected"),
+    [
+        (580, [H100], "open"),
+        (550, [H100], "proprietary"),
+        (580, [L40S], "open"),
+        (580, [V100], "proprietary"),
+        (580, [GB200], "open"),
+        (535, [GB200], "open"),
+        (580, [H100, V100], "proprietary"),
+        (580, [], "open"),
+        (535, [], "proprietary"),
+    ],
+)
+def test_auto_module_type(branch: int, devices: list[int], expected: str) -> None:
+    choice = resolve_module_type("auto", branch, [gpu(device) for device in devices])
+    assert choice.module_type == expected
+    assert choice.reason.startswith("auto: ")
+
+
+def test_no_module_type_fits_grace_and_volta_together() -> None:
+    with pytest.raises(DriverError, match="no kernel module type fits this node"):
+        resolve_module_type("auto", 580, [gpu(GB200), gpu(V100)])
+
+
+def test_forced_types_that_cannot_work_are_refused() -> None:
+    with pytest.raises(DriverError, match="KERNEL_MODULE_TYPE=open, but"):
+        resolve_module_type("open", 580, [gpu(V100)])
+    with pytest.raises(DriverError, match="KERNEL_MODULE_TYPE=proprietary, but"):
+        resolve_module_type("proprietary", 580, [gpu(GB200)])
+
+
+def config(**env: str) -> DriverConfig:
+    return DriverConfig.from_env({"DRIVER_VERSION": "580.105.08", "TARGETARCH": "amd64", **env})
+
+
+def test_configuration_from_the_operator_environment() -> None:
+    parsed = config(
+        OPEN_KERNEL_MODULES_ENABLED="true",
+        DRIVER_CONFIG_DIGEST="abc",
+        GPU_DIRECT_RDMA_ENABLED="True",
+        USE_HOST_MOFED="false",
+        NVFM_CONFIG_FABRIC_MODE="1",
+        NODE_NAME="gpu-node-1",
+    )
+    assert parsed.kernel_module_type == "open"
+    assert parsed.driver_branch == 580
+    assert parsed.driver_arch == "x86_64"
+    assert parsed.gpu_direct_rdma
+    assert not parsed.use_host_mofed
+    assert parsed.fabricmanager_overrides == {"FABRIC_MODE": "1"}
+    assert parsed.node_name == "gpu-node-1"
+
+
+def test_kernel_module_type_wins_over_the_legacy_flag() -> None:
+    parsed = config(KERNEL_MODULE_TYPE="proprietary", OPEN_KERNEL_MODULES_ENABLED="true")
+    assert parsed.kernel_module_type == "proprietary"
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"TARGETARCH": "riscv64"}, "invalid value for TARGETARCH: 'riscv64' (accepted: amd64, "),
+        ({"DRIVER_BRANCH": "570"}, "invalid value for DRIVER_BRANCH: '570' (accepted: 580"),
+        ({"DRIVER_VERSION": "latest"}, "invalid value for DRIVER_VERSION: 'latest'"),
+        ({"GPU_DIRECT_RDMA_ENABLED": "maybe"}, "GPU_DIRECT_RDMA_ENABLED: 'maybe' (accepted: true"),
+        ({"NVFM_CONFIG_fabric": "1"}, "invalid value for NVFM_CONFIG_fabric"),
+        ({"MAX_THREADS": "many"}, "invalid value for MAX_THREADS"),
+    ],
+)
+def test_invalid_values_name_the_variable(env: dict[str, str], message: str) -> None:
+    with pytest.raises(DriverError) as caught:
+        config(**env)
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value)

@@ -1,0 +1,416 @@
+"""``nvidia-driver init`` end to end on simulated hosts."""
+
+from __future__ import annotations
+
+import pytest
+from simhost import (
+    BANNER,
+    DRIVER,
+    FLATCAR_OS_RELEASE_QUOTED,
+    GB200,
+    H100,
+    KERNEL,
+    L40S,
+    V100,
+    SimulatedHost,
+    process_alive,
+)
+
+INSTALL_LINES = [
+    "Checking NVIDIA driver packages...",
+    "kernel interface matches.",
+    "Found NVIDIA driver package nvidia-modules-6.12.81",
+    "Installing NVIDIA driver kernel modules...",
+    "Loading NVIDIA driver kernel modules...",
+    "Starting NVIDIA persistence daemon...",
+    "Starting NVIDIA fabric manager daemon...",
+    "Done, now waiting for signal",
+]
+
+
+def in_order(output: str, expected: list[str]) -> bool:
+    position = 0
+    for line in expected:
+        found = output.find(line, position)
+        if found < 0:
+            return False
+        position = found + len(line)
+    return True
+
+
+def loaded_in_order(host: SimulatedHost) -> list[str]:
+    return [call.split()[1] for call in host.calls("modprobe") if "-d" not in call.split()]
+
+
+def test_h100_with_nvswitch_installs_the_matching_package_and_starts_the_fabric_manager(
+    host: SimulatedHost,
+) -> None:
+    host.add_gpus(H100, count=8)
+    host.add_nvswitches(4)
+    host.add_package("open")
+    host.add_package("proprietary")
+    driver = host.start("init", NVFM_CONFIG_FABRIC_MODE="1", NVFM_CONFIG_LOG_FILE_NAME="")
+    driver.wait_for("Done, now waiting for signal")
+
+    assert in_order(driver.output, INSTALL_LINES), driver.output
+    assert "Using the open kernel modules (auto: branch 580" in driver.output
+    assert loaded_in_order(host) == ["nvidia", "nvidia-uvm", "nvidia-modeset"]
+    installed = host.path(f"/lib/modules/{KERNEL}/kernel/drivers/video/nvidia.ko")
+    assert installed.read_text() == "open nvidia.ko\n"
+    assert host.calls("depmod") == [f"depmod -b {host.root} {KERNEL}"]
+    assert not host.calls("make"), "a matching package must not compile"
+    # The fabric manager ran with the NVFM_CONFIG_* overrides applied.
+    seen = (host.state / "fabricmanager.cfg.seen").read_text().splitlines()
+    assert "FABRIC_MODE=1" in seen
+    assert "LOG_FILE_NAME=" in seen
+    assert "# FABRIC_MODE=2" in seen, "comments stay as they are"
+    # NotReady while the daemons start, Ready once they are up.
+    assert "daemons-status-at-start NotReady" in host.calls("daemons-status-at-start")
+    assert host.path("/run/nvidia/validations/.driver-daemons-status").read_text() == "Ready\n"
+    assert f"none {host.path('/run/nvidia/driver')} none" in host.path("/proc/mounts").read_text()
+    assert host.path("/run/nvidia/nvidia-driver.pid").read_text().strip().isdigit()
+
+    assert driver.terminate() == 0
+    assert "Caught signal" in driver.output
+    assert host.calls("rmmod") == ["rmmod nvidia_modeset nvidia_uvm nvidia"]
+    assert not host.path("/run/nvidia/nvidia-driver.pid").exists()
+    assert str(host.path("/run/nvidia/driver")) not in host.path("/proc/mounts").read_text()
+    assert not any(process_alive(pid) for pid in host.daemon_pids())
+
+
+def test_a_banner_one_character_off_does_not_match_and_builds_at_runtime(
+    host: SimulatedHost,
+) -> None:
+    host.add_package("open", banner=BANNER[:-1] + "7")  # built in 2027, not 2026
+    tree = host.add_host_kernel_tree()
+    driver = host.start("init")
+    driver.wait_for("Done, now waiting for signal")
+
+    assert "kernel interface matches." not in driver.output
+    assert "building one" in driver.output
+    [make] = host.calls("make")
+    assert f"SYSSRC={tree}" in make
+    assert f"SYSOUT={tree}" in make
+    assert "CC=gcc-14" in make
+    assert "Building kernel modules:" in driver.output
+    assert "[##############################] 100%" in driver.output
+    installed = host.path(f"/lib/modules/{KERNEL}/kernel/drivers/video/nvidia.ko")
+    assert installed.read_text() == "built nvidia\n"
+    # The build is cached under /run/nvidia with the exact banner: a restart reuses it.
+    assert driver.terminate() == 0
+    again = host.start("init")
+    again.wait_for("Done, now waiting for signal")
+    assert "Found NVIDIA driver package nvidia-modules-6.12.81" in again.output
+    assert len(host.calls("make")) == 1
+    assert again.terminate() == 0
+
+
+def test_proprietary_packages_are_linked_on_the_node(host: SimulatedHost) -> None:
+    host.add_host_kernel_tree()
+    driver = host.start("init", KERNEL_MODULE_TYPE="proprietary")
+    driver.wait_for("Done, now waiting for signal")
+    links = host.calls("ld")
+    assert len(links) == 2
+    assert "nvidia.interface.o" in links[0]
+    assert "nvidia.core.o_binary" in links[0]
+    assert "-T" in links[0].split()
+    video = host.path(f"/lib/modules/{KERNEL}/kernel/drivers/video")
+    assert (video / "nvidia.ko").read_text() == "linked\n"
+    assert (video / "nvidia-uvm.ko").read_text() == "built nvidia-uvm\n"
+    assert driver.terminate() == 0
+
+
+def test_l40s_node_skips_the_fabric_manager(host: SimulatedHost) -> None:
+    host.add_gpus(L40S, count=2)
+    host.add_package("open")
+    driver = host.start("init")
+    driver.wait_for("Done, now waiting for signal")
+    assert "No NVSwitch devices found, skipping NVIDIA fabric manager daemon" in driver.output
+    assert "Starting NVIDIA fabric manager daemon" not in driver.output
+    assert not host.calls("nv-fabricmanager")
+    assert driver.terminate() == 0
+
+
+def test_nvlink5_system_starts_fabric_manager_and_nvlsm(host: SimulatedHost) -> None:
+    host.add_gpus(0x2901, count=8)  # HGX B200
+    host.add_nvlink5_port("mlx5_0")
+    host.set_module("mlx5_core")
+    host.set_module("ib_umad")
+    host.add_package("open")
+    driver = host.start("init")
+    driver.wait_for("Done, now waiting for signal")
+    assert "Detected NVLink5+ system (management ports: mlx5_0)" in driver.output
+    assert "Starting NVIDIA fabric manager daemon for NVLink5+..." in driver.output
+    [start] = host.calls("nvidia-fabricmanager-start.sh")
+    assert "--mode start" in start
+    assert f"--nvlsm-config-file {host.path('/usr/share/nvidia/nvlsm/nvlsm.conf')}" in start
+    assert not host.calls("nv-fabricmanager")
+    assert driver.terminate() == 0
+    assert not any(process_alive(pid) for pid in host.daemon_pids())
+
+
+def test_digest_fast_path_keeps_the_loaded_modules(host: SimulatedHost) -> None:
+    for module in ("nvidia", "nvidia_uvm", "nvidia_modeset"):
+        host.set_module(module, 1 if module == "nvidia" else 0)
+    host.set_module("nvidia", 2)
+    host.write("/run/nvidia/nvidia-driver.state", "digest-1234")
+    driver = host.start("init", DRIVER_CONFIG_DIGEST="digest-1234")
+    driver.wait_for("Done, now waiting for signal")
+    assert "performing userspace-only install" in driver.output
+    assert "Userspace-only install complete" in driver.output
+    assert not host.calls("rmmod")
+    assert loaded_in_order(host) == []
+    assert not host.calls("depmod")
+    assert host.calls("nvidia-persistenced")
+    assert host.path("/run/nvidia/validations/.driver-daemons-status").read_text() == "Ready\n"
+    driver.terminate()
+
+
+def test_a_new_digest_reinstalls(host: SimulatedHost) -> None:
+    host.set_module("nvidia", 0)
+    host.write("/run/nvidia/nvidia-driver.state", "old-digest")
+    host.add_package("open")
+    driver = host.start("init", DRIVER_CONFIG_DIGEST="new-digest")
+    driver.wait_for("Done, now waiting for signal")
+    assert host.calls("rmmod") == ["rmmod nvidia"]
+    assert host.path("/run/nvidia/nvidia-driver.state").read_text() == "new-digest"
+    driver.terminate()
+
+
+def test_sigterm_with_busy_modules_leaves_them_loaded(host: SimulatedHost) -> None:
+    host.add_package("open")
+    driver = host.start("init")
+    driver.wait_for("Done, now waiting for signal")
+    host.set_module("nvidia_uvm", 1)  # a CUDA process holds the GPU
+
+    assert driver.terminate() == 0
+    assert "Could not unload NVIDIA driver kernel modules, driver is in use" in driver.output
+    assert not host.calls("rmmod")
+    assert host.is_loaded("nvidia")
+    assert host.is_loaded("nvidia_uvm")
+    assert not host.path("/run/nvidia/nvidia-driver.pid").exists()
+    assert not any(process_alive(pid) for pid in host.daemon_pids())
+
+
+def test_a_second_init_is_refused_while_one_runs(host: SimulatedHost) -> None:
+    host.add_package("open")
+    first = host.start("init")
+    first.wait_for("Done, now waiting for signal")
+    second = host.run("init")
+    assert second.returncode == 1
+    assert "An instance of the NVIDIA driver is already running, aborting" in second.stderr
+    assert len(host.calls("nvidia-persistenced")) == 1
+    assert first.terminate() == 0
+
+
+def test_failure_halfway_cleans_up_completely(host: SimulatedHost) -> None:
+    host.add_nvswitches(2)
+    host.add_package("open")
+    host.fail("nv-fabricmanager", "NV_WARN_NOTHING_TO_DO: no fabric to manage")
+    result = host.run("init", DRIVER_CONFIG_DIGEST="d1")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "ERROR: nv-fabricmanager failed (exit 1): NV_WARN_NOTHING_TO_DO: no fabric to manage"
+    )
+    assert "Cleaning up after the failure..." in result.stdout
+    assert "Stopping NVIDIA persistence daemon..." in result.stdout
+    assert not any(process_alive(pid) for pid in host.daemon_pids())
+    assert host.calls("rmmod") == ["rmmod nvidia_modeset nvidia_uvm nvidia"]
+    assert not host.is_loaded("nvidia")
+    assert not host.path("/run/nvidia/nvidia-driver.pid").exists()
+    assert not host.path("/run/nvidia/nvidia-driver.state").exists()
+    assert not host.calls("mount")
+    assert host.path("/run/nvidia/validations/.driver-daemons-status").read_text() == ("NotReady\n")
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        (
+            lambda h: h.set_lockdown("integrity"),
+            "Secure Boot lockdown is active (lockdown=integrity)",
+        ),
+        (lambda h: h.set_module("nouveau"), "the nouveau driver is loaded"),
+        (
+            lambda h: [p.unlink() for p in h.path("/sys/bus/pci/devices").rglob("vendor")],
+            "No NVIDIA GPU found on this node",
+        ),
+        (
+            lambda h: h.write("/host-etc/os-release", 'ID=ubuntu\nPRETTY_NAME="Ubuntu 24.04"\n'),
+            "this image is for Flatcar Container Linux, but the host is Ubuntu 24.04",
+        ),
+    ],
+    ids=["lockdown", "nouveau", "no-gpu", "not-flatcar"],
+)
+def test_refusals_say_why_and_what_to_do(host: SimulatedHost, setup: object, message: str) -> None:
+    assert callable(setup)
+    setup(host)
+    result = host.run("init")
+    assert result.returncode == 1
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("ERROR: ")
+    assert message in line
+    assert not host.calls("modprobe")
+    assert not host.path("/run/nvidia/nvidia-driver.pid").exists()
+
+
+def test_lockdown_refusal_points_to_the_signed_sysexts(host: SimulatedHost) -> None:
+    host.set_lockdown("confidentiality")
+    result = host.run("init")
+    assert "nvidia-drivers sysexts" in result.stderr
+    assert "driver.enabled=false" in result.stderr
+
+
+def test_missing_driver_version_is_refused(host: SimulatedHost) -> None:
+    result = host.run("init", DRIVER_VERSION="")
+    assert result.returncode == 1
+    assert result.stderr.startswith("ERROR: missing DRIVER_VERSION")
+
+
+def test_invalid_module_type_names_the_variable_and_accepted_values(host: SimulatedHost) -> None:
+    result = host.run("init", KERNEL_MODULE_TYPE="closed")
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "ERROR: invalid value for KERNEL_MODULE_TYPE: 'closed' (accepted: auto, open, proprietary)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("gpus", "expected", "reason"),
+    [
+        ([H100], "open", "auto: branch 580 with Turing or newer GPUs uses open"),
+        ([V100], "proprietary", "predate Turing (no GSP), open is ruled out"),
+        ([GB200], "open", "(self-hosted Grace) require open modules"),
+        ([H100, V100], "proprietary", "predate Turing (no GSP), open is ruled out"),
+    ],
+    ids=["h100", "v100", "gb200", "mixed-h100-v100"],
+)
+def test_auto_module_type_follows_the_gpus(
+    host: SimulatedHost, gpus: list[int], expected: str, reason: str
+) -> None:
+    for device in list(host.path("/sys/bus/pci/devices").iterdir()):
+        for name in ("vendor", "device", "class"):
+            (device / name).unlink()
+    for index, device_id in enumerate(gpus):
+        host.add_pci(f"0000:{0x30 + index:02x}:00.0", 0x10DE, device_id, 0x030200)
+    host.add_package("open")
+    host.add_package("proprietary")
+    driver = host.start("init")
+    driver.wait_for("Done, now waiting for signal")
+    assert f"Using the {expected} kernel modules" in driver.output
+    assert reason in driver.output
+    installed = host.path(f"/lib/modules/{KERNEL}/kernel/drivers/video/nvidia-uvm.ko")
+    assert installed.read_text() == f"{expected} nvidia-uvm.ko\n"
+    driver.terminate()
+
+
+def test_quoted_os_release_behind_a_relative_symlink(host: SimulatedHost) -> None:
+    host.path("/host-etc/os-release").unlink()
+    host.set_os_release(FLATCAR_OS_RELEASE_QUOTED, symlink=True)
+    host.add_package("open")
+    driver = host.start("init")
+    driver.wait_for("Done, now waiting for signal")
+    driver.terminate()
+    status = host.run("status")
+    assert "Flatcar Container Linux by Kinvolk 4757.1.0 (VERSION_ID 4757.1.0)" in status.stdout
+
+
+def test_module_parameters_and_firmware_path(host: SimulatedHost) -> None:
+    host.write("/drivers/nvidia.conf", "NVreg_EnableStreamMemOPs=1\nNVreg_RegistryDwords=A=1")
+    host.write("/drivers/nvidia-uvm.conf", "uvm_perf_prefetch_enable=0\n")
+    host.add_package("open")
+    driver = host.start("init")
+    driver.wait_for("Done, now waiting for signal")
+    assert host.path("/etc/modprobe.d/nvidia.conf").read_text() == (
+        "options nvidia NVreg_CoherentGPUMemoryMode=driver NVreg_EnableStreamMemOPs=1 "
+        "NVreg_RegistryDwords=A=1\n"
+    )
+    assert host.path("/etc/modprobe.d/nvidia-uvm.conf").read_text() == (
+        "options nvidia-uvm uvm_perf_prefetch_enable=0\n"
+    )
+    firmware = host.path("/sys/module/firmware_class/parameters/path")
+    assert firmware.read_text() == "/run/nvidia/driver/lib/firmware"
+    driver.terminate()
+
+
+def test_an_existing_firmware_search_path_is_kept(host: SimulatedHost) -> None:
+    host.write("/sys/module/firmware_class/parameters/path", "/opt/firmware\n")
+    host.add_package("proprietary", driver="550.163.01")
+    driver = host.start("init", DRIVER_VERSION="550.163.01")
+    driver.wait_for("Done, now waiting for signal")
+    assert "Retaining the current configuration" in driver.output
+    assert host.path("/sys/module/firmware_class/parameters/path").read_text() == (
+        "/opt/firmware\n"
+    )
+    # Branch 550 gets no CDMM parameter.
+    assert not host.path("/etc/modprobe.d/nvidia.conf").exists()
+    driver.terminate()
+
+
+def test_selinux_enforcing_host_gets_the_driver_root_relabelled(host: SimulatedHost) -> None:
+    host.write("/sys/fs/selinux/enforce", "1\n")
+    host.add_package("open")
+    driver = host.start("init")
+    driver.wait_for("Done, now waiting for signal")
+    assert host.calls("chcon") == [
+        f"chcon -R -t container_file_t {host.path('/run/nvidia/driver/dev')}"
+    ]
+    driver.terminate()
+
+
+def test_rdma_loads_peermem_when_a_mellanox_nic_is_present(host: SimulatedHost) -> None:
+    host.add_pci("0000:c1:00.0", 0x15B3, 0x1021, 0x020700)
+    host.add_package("open")
+    driver = host.start("init", GPU_DIRECT_RDMA_ENABLED="true")
+    driver.wait_for("Done, now waiting for signal")
+    assert loaded_in_order(host)[-1] == "nvidia-peermem"
+    driver.terminate()
+    assert host.calls("rmmod") == ["rmmod nvidia_modeset nvidia_uvm nvidia_peermem nvidia"]
+
+
+def test_load_never_compiles(host: SimulatedHost) -> None:
+    host.add_host_kernel_tree()
+    result = host.run("load")
+    assert result.returncode == 1
+    assert "no precompiled package for kernel 6.12.81-flatcar" in result.stderr
+    assert not host.calls("make")
+
+
+def test_build_packages_without_loading(host: SimulatedHost, tmp_path: object) -> None:
+    host.add_host_kernel_tree()
+    output = host.root.parent / "out"
+    result = host.run("build", "--module-type", "open", "--output", str(output))
+    assert result.returncode == 0, result.stderr
+    assert (output / f"{KERNEL}-{_banner_key()}" / "metadata.json").is_file()
+    assert not host.calls("modprobe")
+    assert f"DRIVER {DRIVER}" not in result.stdout
+
+
+def _banner_key() -> str:
+    import hashlib  # noqa: PLC0415
+
+    return hashlib.sha256(BANNER.encode()).hexdigest()[:12]
+
+
+def test_build_for_an_uncompiled_gcc_names_the_compilers(host: SimulatedHost) -> None:
+    host.add_host_kernel_tree(gcc=150201)
+    result = host.run("build", "--module-type", "open")
+    assert result.returncode == 1
+    assert "the kernel was built with gcc 15 and no gcc 15 is available" in result.stderr
+
+
+def test_unload_refuses_while_modules_are_in_use(host: SimulatedHost) -> None:
+    host.set_module("nvidia", 3)
+    host.set_module("nvidia_uvm", 1)
+    result = host.run("unload")
+    assert result.returncode == 1
+    assert "Could not unload NVIDIA driver kernel modules, driver is in use" in result.stderr
+    assert host.is_loaded("nvidia")
+
+
+def test_unload_removes_idle_modules(host: SimulatedHost) -> None:
+    host.set_module("nvidia", 1)
+    host.set_module("nvidia_uvm", 0)
+    result = host.run("unload")
+    assert result.returncode == 0, result.stderr
+    assert host.calls("rmmod") == ["rmmod nvidia_uvm nvidia"]
