@@ -1,0 +1,39 @@
+"""How fast ``nvidia-driver --help`` starts, side by side with a bare Python start.
+
+Usage: python benchmarks/cli_startup.py [RUNS]
+Prints the median wall time of each and their ratio; the goal for --help is under 150 ms.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+
+GOAL_SECONDS = 0.150
+
+
+def median_seconds(argv: list[str], runs: int) -> float:
+    samples = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+        samples.append(time.perf_counter() - started)
+    return statistics.median(samples)
+
+
+def main() -> int:
+    runs = int(sys.argv[1]) if len(sys.argv) > 1 else 20
+    bare = median_seconds([sys.executable, "-c", "pass"], runs)
+    helps = median_seconds([sys.executable, "-m", "nvidia_driver", "--help"], runs)
+    print(f"python -c pass:            {bare * 1000:6.1f} ms (median of {runs})")
+    print(f"nvidia-driver --help:      {helps * 1000:6.1f} ms (median of {runs})")
+    print(f"ratio --help / bare start: {helps / bare:6.2f}")
+    verdict = "meets" if helps < GOAL_SECONDS else "misses"
+    print(f"goal < {GOAL_SECONDS * 1000:.0f} ms: {verdict}")
+    return 0 if helps < GOAL_SECONDS else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
