@@ -1,0 +1,363 @@
+"""Flatcar release facts: channels, boards, release-server URLs, version.txt and releases.json.
+
+Nothing here touches the network: callers fetch, these functions name and parse.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import string
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from nvidia_driver.errors import DriverError
+
+DEFAULT_RELEASE_BASE_URL = "https://{channel}.release.flatcar-linux.net"
+RELEASE_BASE_URL_ENV = "FLATCAR_RELEASE_BASE_URL"
+DEFAULT_RELEASES_URL = "https://www.flatcar.org/releases-json/releases.json"
+RELEASES_URL_ENV = "FLATCAR_RELEASES_URL"
+
+KERNEL_SUFFIX = "-flatcar"  # EXTRAVERSION set by the coreos-sources ebuild
+_VERSION = re.compile(r"(\d+)\.(\d+)\.(\d+)")
+_LTS_STREAM_KEY = re.compile(r"current-(\d{4})")
+
+
+class Channel(StrEnum):
+    ALPHA = "alpha"
+    BETA = "beta"
+    STABLE = "stable"
+    LTS = "lts"
+
+
+_CHANNEL_BY_MINOR = (Channel.ALPHA, Channel.BETA, Channel.STABLE, Channel.LTS)
+
+_BOARD_BY_ARCH = {
+    "amd64": "amd64-usr",
+    "x86_64": "amd64-usr",
+    "arm64": "arm64-usr",
+    "aarch64": "arm64-usr",
+}
+
+
+class Artifact(StrEnum):
+    """Files of one release on the release server that the build tooling uses."""
+
+    VERSION_TXT = "version.txt"
+    CONTAINER_TARBALL = "flatcar-container.tar.gz"
+    KERNEL_IMAGE = "flatcar_production_image.vmlinuz"
+    KERNEL_CONFIG = "flatcar_production_image_kernel_config.txt"
+    DEVELOPER_CONTAINER = "flatcar_developer_container.bin.bz2"
+
+
+ARTIFACTS = tuple(Artifact)
+DIGESTS_SUFFIX = ".DIGESTS"
+SIGNATURE_SUFFIX = ".sig"
+
+
+@dataclass(frozen=True, order=True)
+class FlatcarVersion:
+    """MAJOR.MINOR.PATCH; ordering is numeric, so 4081.3.10 sorts after 4081.3.9."""
+
+    major: int
+    minor: int
+    patch: int
+
+    @classmethod
+    def parse(cls, text: str) -> FlatcarVersion:
+        match = _VERSION.fullmatch(text.strip())
+        if match is None:
+            raise DriverError(
+                f"invalid Flatcar version {text!r}: expected MAJOR.MINOR.PATCH such as 4593.2.5; "
+                "pass a release version, not a channel name or a nightly build id"
+            )
+        major, minor, patch = (int(part) for part in match.groups())
+        return cls(major, minor, patch)
+
+    @property
+    def channel(self) -> Channel:
+        if self.minor >= len(_CHANNEL_BY_MINOR):
+            raise DriverError(
+                f"invalid Flatcar version {self}: minor {self.minor} names no channel "
+                "(0 alpha, 1 beta, 2 stable, 3 lts); check the version"
+            )
+        return _CHANNEL_BY_MINOR[self.minor]
+
+    def __str__(self) -> str:
+        return f"{self.major}.{self.minor}.{self.patch}"
+
+
+def channel_of(version: str) -> Channel:
+    """X.0.Y is alpha, X.1.Y beta, X.2.Y stable, X.3.Y lts."""
+    return FlatcarVersion.parse(version).channel
+
+
+def normalise_arch(arch: str) -> str:
+    """Flatcar's name for an architecture: amd64 or arm64 (uname -m names are accepted)."""
+    return board_of(arch).removesuffix("-usr")
+
+
+def board_of(arch: str) -> str:
+    try:
+        return _BOARD_BY_ARCH[arch]
+    except KeyError:
+        known = ", ".join(_BOARD_BY_ARCH)
+        raise DriverError(
+            f"unsupported architecture {arch!r}: Flatcar has boards only for {known}; "
+            "pass one of those"
+        ) from None
+
+
+@dataclass(frozen=True)
+class ArtifactUrls:
+    name: str
+    url: str
+    digests_url: str
+    signature_url: str
+
+
+def _is_channel_template(template: str) -> bool:
+    """True if ``template`` has {channel} fields, plain ones, and no other field."""
+    try:
+        fields = [
+            (name, spec, conversion)
+            for _, name, spec, conversion in string.Formatter().parse(template)
+            if name is not None
+        ]
+    except ValueError:  # a lone brace
+        return False
+    return bool(fields) and all(field == ("channel", "", None) for field in fields)
+
+
+@dataclass(frozen=True)
+class ReleaseServer:
+    """Where release artifacts live: <base_url>/<board>/<version>/<artifact>.
+
+    ``base_url`` is a template with a ``{channel}`` field so that a mirror (or a test server)
+    can keep the per-channel split of the official hosts.
+    """
+
+    base_url: str = DEFAULT_RELEASE_BASE_URL
+
+    def __post_init__(self) -> None:
+        if not _is_channel_template(self.base_url):
+            raise DriverError(
+                f"invalid release server URL template {self.base_url!r}: it must contain "
+                "{channel} and no other field; e.g. "
+                f"{DEFAULT_RELEASE_BASE_URL} (set {RELEASE_BASE_URL_ENV})"
+            )
+
+    def release_url(self, version: str, arch: str) -> str:
+        """The directory of one release, with a trailing slash."""
+        parsed = FlatcarVersion.parse(version)
+        base = self.base_url.format(channel=parsed.channel).rstrip("/")
+        return f"{base}/{board_of(arch)}/{parsed}/"
+
+    def artifact_url(self, version: str, arch: str, name: str) -> str:
+        return self.release_url(version, arch) + name
+
+    def digests_url(self, version: str, arch: str, name: str) -> str:
+        return self.artifact_url(version, arch, name) + DIGESTS_SUFFIX
+
+    def signature_url(self, version: str, arch: str, name: str) -> str:
+        return self.artifact_url(version, arch, name) + SIGNATURE_SUFFIX
+
+    def artifact_urls(
+        self, version: str, arch: str, names: Iterable[str] = ARTIFACTS
+    ) -> tuple[ArtifactUrls, ...]:
+        """Every artifact of a release with its DIGESTS and detached signature."""
+        return tuple(
+            ArtifactUrls(
+                name=name,
+                url=self.artifact_url(version, arch, name),
+                digests_url=self.digests_url(version, arch, name),
+                signature_url=self.signature_url(version, arch, name),
+            )
+            for name in names
+        )
+
+
+def release_server_from_env(env: Mapping[str, str]) -> ReleaseServer:
+    return ReleaseServer(env.get(RELEASE_BASE_URL_ENV) or DEFAULT_RELEASE_BASE_URL)
+
+
+def releases_url_from_env(env: Mapping[str, str]) -> str:
+    return env.get(RELEASES_URL_ENV) or DEFAULT_RELEASES_URL
+
+
+# --- version.txt -------------------------------------------------------------------------------
+
+
+def parse_shell_assignments(text: str, *, source: str = "version.txt") -> dict[str, str]:
+    """KEY=value lines as build_image writes them; values may be single- or double-quoted."""
+    values: dict[str, str] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            words = shlex.split(line, comments=True, posix=True)
+        except ValueError as exc:
+            raise DriverError(f"{source} line {number}: cannot parse {line!r}: {exc}") from None
+        if len(words) != 1 or "=" not in words[0]:
+            raise DriverError(
+                f"{source} line {number}: expected KEY=value, got {line!r}; "
+                "check that the file is a Flatcar version.txt"
+            )
+        key, value = words[0].split("=", 1)
+        values[key] = value
+    return values
+
+
+@dataclass(frozen=True)
+class VersionTxt:
+    """The release's version.txt: FLATCAR_VERSION is a build id for nightlies, VERSION_ID not."""
+
+    version: str
+    version_id: str
+    build_id: str
+    sdk_version: str
+
+    @property
+    def channel(self) -> Channel:
+        return channel_of(self.version_id)
+
+
+def parse_version_txt(text: str) -> VersionTxt:
+    values = parse_shell_assignments(text)
+    required = ("FLATCAR_VERSION", "FLATCAR_VERSION_ID", "FLATCAR_BUILD_ID", "FLATCAR_SDK_VERSION")
+    missing = [key for key in required if not values.get(key)]
+    if missing:
+        raise DriverError(
+            f"version.txt lacks {', '.join(missing)}: it is not a Flatcar release's version.txt; "
+            "check the release URL"
+        )
+    return VersionTxt(
+        version=values["FLATCAR_VERSION"],
+        version_id=values["FLATCAR_VERSION_ID"],
+        build_id=values["FLATCAR_BUILD_ID"],
+        sdk_version=values["FLATCAR_SDK_VERSION"],
+    )
+
+
+# --- releases.json -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Release:
+    version: FlatcarVersion
+    channel: str  # as the feed says; old feeds also carry "edge"
+    kernel_release: str  # uname -r, e.g. 6.12.81-flatcar
+    arches: tuple[str, ...]
+    release_date: datetime
+
+
+def _feed_error(what: str, why: str) -> DriverError:
+    return DriverError(
+        f"releases feed: {what}: {why}; check {RELEASES_URL_ENV} points at a Flatcar releases.json"
+    )
+
+
+def _load_feed(feed: str | Mapping[str, Any]) -> Mapping[str, Any]:
+    if isinstance(feed, str):
+        try:
+            feed = json.loads(feed)
+        except json.JSONDecodeError as exc:
+            raise _feed_error("not JSON", str(exc)) from None
+    if not isinstance(feed, Mapping):
+        raise _feed_error("unexpected top level", "expected an object keyed by version")
+    return feed
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """What a feed entry says about its release; `current*` copies carry no version."""
+
+    channel: str
+    kernel_release: str
+    arches: tuple[str, ...]
+    release_date: datetime
+
+    def release(self, version: FlatcarVersion) -> Release:
+        return Release(version, self.channel, self.kernel_release, self.arches, self.release_date)
+
+
+def _parse_entry(key: str, entry: object) -> _Entry:
+    if not isinstance(entry, Mapping):
+        raise _feed_error(f"release {key}", "entry is not an object")
+    channel = entry.get("channel")
+    arches = entry.get("architectures")
+    date = entry.get("release_date")
+    software = entry.get("major_software")
+    kernels = software.get("kernel") if isinstance(software, Mapping) else None
+    if not isinstance(kernels, list) or not kernels or not isinstance(kernels[0], str):
+        raise _feed_error(f"release {key}", "has no major_software.kernel")
+    if not isinstance(channel, str) or not channel:
+        raise _feed_error(f"release {key}", "has no channel")
+    if not isinstance(arches, list) or not all(isinstance(arch, str) for arch in arches):
+        raise _feed_error(f"release {key}", "architectures is not a list of names")
+    try:
+        # The format releases_as_json.py writes with strftime.
+        released = datetime.strptime(str(date), "%Y-%m-%d %H:%M:%S %z")
+    except ValueError:
+        raise _feed_error(
+            f"release {key}", f"release_date {date!r} is not 'YYYY-MM-DD HH:MM:SS +ZZZZ'"
+        ) from None
+    return _Entry(channel, kernels[0] + KERNEL_SUFFIX, tuple(arches), released)
+
+
+def parse_releases(feed: str | Mapping[str, Any]) -> tuple[Release, ...]:
+    """Every versioned release in the feed, oldest first; the `current*` markers are skipped."""
+    entries = _load_feed(feed)
+    releases = []
+    for key, entry in entries.items():
+        # The feed also has `current`, `current-2024`, …: copies of a versioned entry.
+        if _VERSION.fullmatch(key):
+            releases.append(_parse_entry(key, entry).release(FlatcarVersion.parse(key)))
+    return tuple(sorted(releases, key=lambda release: release.version))
+
+
+def _resolve_marker(key: str, entry: object, releases: tuple[Release, ...]) -> Release:
+    """Find the versioned release that a `current*` entry copies (it carries no version)."""
+    copy = _parse_entry(key, entry)
+    same = [release for release in releases if copy.release(release.version) == release]
+    if not same:
+        raise _feed_error(
+            f"{key!r}",
+            f"matches no versioned {copy.channel} release with kernel {copy.kernel_release} "
+            f"released {copy.release_date:%Y-%m-%d %H:%M:%S %z}",
+        )
+    return same[-1]
+
+
+def current_releases(feed: str | Mapping[str, Any]) -> dict[str, Release]:
+    """The current release of each stream: "alpha", "beta", "stable" and "lts-<year>".
+
+    A channel's current release is the one its `current` marker copies (in the combined feed
+    that is stable's), else its newest version. LTS streams are reported one by one from the
+    `current-<year>` markers, since several are supported side by side; a feed without such
+    markers (releases-lts.json) reports its newest LTS release as "lts".
+    """
+    entries = _load_feed(feed)
+    releases = parse_releases(entries)
+    current: dict[str, Release] = {}
+    for release in releases:  # oldest first: the newest of each channel wins
+        current[release.channel] = release
+    if "current" in entries:
+        marked = _resolve_marker("current", entries["current"], releases)
+        current[marked.channel] = marked
+    streams = {
+        f"lts-{match.group(1)}": _resolve_marker(key, entry, releases)
+        for key, entry in entries.items()
+        if (match := _LTS_STREAM_KEY.fullmatch(key)) is not None
+    }
+    wanted = [Channel.ALPHA, Channel.BETA, Channel.STABLE]
+    if not streams:
+        wanted.append(Channel.LTS)
+    result = {channel.value: current[channel] for channel in wanted if channel in current}
+    result.update(sorted(streams.items()))
+    return result

@@ -1,0 +1,334 @@
+"""Read the kernel banner (what /proc/version shows) out of a kernel image that is not running.
+
+Precompiled driver packages are matched against /proc/version, which embeds the compiler and
+the build time, so the banner of a release's vmlinuz identifies the exact kernel build.
+Supported: x86 bzImage, arm64 Image (plain or gzip-compressed) and EFI zboot images; anything
+else is scanned for compressed streams as scripts/extract-vmlinux does.
+"""
+
+from __future__ import annotations
+
+import bz2
+import lzma
+import re
+import struct
+import tempfile
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nvidia_driver.commands import Commands
+from nvidia_driver.errors import DriverError
+
+BANNER_PREFIX = b"Linux version "
+# A template ("Linux version %s …", or "… #" without a build number) must not match.
+_REAL_BANNER = re.compile(r"Linux version (?P<release>[^\s%]+) \(.*\) #\d+ ")
+_MAX_BANNER_BYTES = 1024
+_TOOL_TIMEOUT_SECONDS = 600.0
+_LZMA_MEMLIMIT = 1 << 30  # a false magic in a scan must not allocate a huge dictionary
+
+# x86 boot protocol (Documentation/arch/x86/boot.rst)
+_SETUP_SECTS = 0x1F1
+_HEADER_MAGIC = 0x202
+_BOOT_PROTOCOL = 0x206
+_PAYLOAD_FIELDS = 0x248  # payload_offset, payload_length: protocol 2.08+
+_FIRST_PAYLOAD_PROTOCOL = 0x0208
+_SECTOR = 512
+
+# EFI zboot header (drivers/firmware/efi/libstub/zboot-header.S)
+_ZBOOT_MAGIC = b"zimg"
+_ZBOOT_MAGIC_OFFSET = 4
+_ZBOOT_PAYLOAD_FIELDS = 8  # payload offset, payload size
+_ZBOOT_COMPRESSION = 24  # NUL-terminated name, e.g. "gzip" or "zstd22"
+_ZBOOT_COMPRESSION_MAX = 32
+
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_ZSTD_BLOCK_HEADER = 3
+_ZSTD_RLE_BLOCK = 1  # stores the one byte it repeats
+_ZSTD_RESERVED_BLOCK = 3
+
+
+class _NotAStreamError(Exception):
+    """The bytes at a candidate offset did not decompress."""
+
+
+def _gunzip(data: bytes, _commands: Commands) -> bytes:
+    # A decompress object stops at the end of the stream and ignores what follows.
+    return zlib.decompressobj(wbits=31).decompress(data)
+
+
+def _bunzip2(data: bytes, _commands: Commands) -> bytes:
+    return bz2.BZ2Decompressor().decompress(data)
+
+
+def _unlzma(data: bytes, _commands: Commands) -> bytes:
+    decompressor = lzma.LZMADecompressor(lzma.FORMAT_ALONE, memlimit=_LZMA_MEMLIMIT)
+    return decompressor.decompress(data)
+
+
+def _unxz(data: bytes, _commands: Commands) -> bytes:
+    return lzma.LZMADecompressor(lzma.FORMAT_XZ, memlimit=_LZMA_MEMLIMIT).decompress(data)
+
+
+def _zstd_frame_end(data: bytes, start: int) -> int:
+    """Where the zstd frame at ``start`` ends (RFC 8878 §3.1.1)."""
+    descriptor = data[start + 4]
+    content_size_flag, single_segment = descriptor >> 6, descriptor >> 5 & 1
+    has_checksum, dictionary_flag = descriptor >> 2 & 1, descriptor & 3
+    header = (
+        1
+        + (0 if single_segment else 1)
+        + (0, 1, 2, 4)[dictionary_flag]
+        + (single_segment, 2, 4, 8)[content_size_flag]
+    )
+    offset = start + 4 + header
+    while True:
+        if offset + _ZSTD_BLOCK_HEADER > len(data):
+            raise _NotAStreamError("zstd frame is truncated")
+        block = int.from_bytes(data[offset : offset + _ZSTD_BLOCK_HEADER], "little")
+        block_type, block_size = block >> 1 & 3, block >> 3
+        if block_type == _ZSTD_RESERVED_BLOCK:
+            raise _NotAStreamError("not a zstd frame")
+        offset += _ZSTD_BLOCK_HEADER + (1 if block_type == _ZSTD_RLE_BLOCK else block_size)
+        if block & 1:
+            return offset + 4 * has_checksum
+
+
+def _zstd_frames(data: bytes) -> bytes:
+    """The zstd frames at the start of ``data`` without what follows.
+
+    zstd refuses trailing bytes and then deletes its output, and the kernel build appends
+    the uncompressed size to the stream.
+    """
+    end = 0
+    while data.startswith(ZSTD_MAGIC, end):
+        end = _zstd_frame_end(data, end)
+    return data[:end]
+
+
+def _run_tool(
+    commands: Commands, tool: str, data: bytes, arguments: Callable[[Path, Path], list[str | Path]]
+) -> bytes:
+    """Decompress with a command given the input and the output file.
+
+    Files, not pipes: the Commands seam captures text, and a kernel is binary.
+    """
+    with tempfile.TemporaryDirectory(prefix="vmlinuz-") as scratch:
+        source, target = Path(scratch, "in"), Path(scratch, "out")
+        source.write_bytes(data)
+        result = commands.run(
+            tool, *arguments(source, target), check=False, timeout=_TOOL_TIMEOUT_SECONDS
+        )
+        # lz4 and lzop write the whole stream and then fail on the size the kernel build
+        # appends to it: what they wrote counts, and the banner search judges it.
+        output = target.read_bytes() if target.exists() else b""
+    if not output:
+        reason = result.stderr.strip().splitlines()
+        raise _NotAStreamError(f"{tool}: {reason[0] if reason else 'no output'}")
+    return output
+
+
+def _unzstd(data: bytes, commands: Commands) -> bytes:
+    return _run_tool(
+        commands, "zstd", _zstd_frames(data), lambda src, dst: ["-d", "-q", "-f", src, "-o", dst]
+    )
+
+
+def _unlz4(data: bytes, commands: Commands) -> bytes:
+    return _run_tool(commands, "lz4", data, lambda src, dst: ["-d", "-q", "-f", src, dst])
+
+
+def _unlzo(data: bytes, commands: Commands) -> bytes:
+    return _run_tool(commands, "lzop", data, lambda src, dst: ["-d", "-q", "-f", "-o", dst, src])
+
+
+@dataclass(frozen=True)
+class Codec:
+    name: str
+    magic: bytes
+    decompress: Callable[[bytes, Commands], bytes] = field(repr=False)
+    tool: str | None = None  # the command used for formats outside Python's standard library
+
+    def available(self, commands: Commands) -> bool:
+        return self.tool is None or commands.which(self.tool) is not None
+
+
+# The magics lib/decompress.c recognises, lengthened where the formats allow.
+CODECS = (
+    Codec("gzip", b"\x1f\x8b\x08", _gunzip),
+    Codec("bzip2", b"BZh", _bunzip2),
+    Codec("lzma", b"\x5d\x00\x00", _unlzma),
+    Codec("xz", b"\xfd7zXZ\x00", _unxz),
+    Codec("lzo", b"\x89LZO\x00\r\n\x1a\n", _unlzo, tool="lzop"),
+    Codec("lz4", b"\x02\x21\x4c\x18", _unlz4, tool="lz4"),  # legacy frame, as the kernel uses
+    Codec("zstd", ZSTD_MAGIC, _unzstd, tool="zstd"),
+)
+_CODEC_BY_NAME = {codec.name: codec for codec in CODECS}
+# Makefile.zboot writes the make command's name: gzip, lz4, lzma, lzo, xzkern, zstd22.
+_ZBOOT_NAMES = {"xzkern": "xz", "zstd22": "zstd"}
+
+
+def codec_at(data: bytes, offset: int = 0) -> Codec | None:
+    return next((codec for codec in CODECS if data.startswith(codec.magic, offset)), None)
+
+
+@dataclass(frozen=True)
+class _Stream:
+    """A compressed stream whose place a container header states."""
+
+    container: str
+    start: int
+    end: int
+    codec: Codec
+
+
+def _bzimage_stream(image: bytes) -> _Stream | None:
+    if len(image) < _PAYLOAD_FIELDS + 8 or image[_HEADER_MAGIC : _HEADER_MAGIC + 4] != b"HdrS":
+        return None
+    (protocol,) = struct.unpack_from("<H", image, _BOOT_PROTOCOL)
+    if protocol < _FIRST_PAYLOAD_PROTOCOL:
+        return None
+    setup_sectors = image[_SETUP_SECTS] or 4  # 0 means 4, for historical reasons
+    offset, length = struct.unpack_from("<II", image, _PAYLOAD_FIELDS)
+    start = (setup_sectors + 1) * _SECTOR + offset  # relative to the protected-mode code
+    codec = codec_at(image, start)
+    return None if codec is None else _Stream("bzImage", start, start + length, codec)
+
+
+def _zboot_stream(image: bytes) -> _Stream | None:
+    magic_end = _ZBOOT_MAGIC_OFFSET + len(_ZBOOT_MAGIC)
+    if len(image) < _ZBOOT_COMPRESSION or image[_ZBOOT_MAGIC_OFFSET:magic_end] != _ZBOOT_MAGIC:
+        return None
+    start, size = struct.unpack_from("<II", image, _ZBOOT_PAYLOAD_FIELDS)
+    field_end = _ZBOOT_COMPRESSION + _ZBOOT_COMPRESSION_MAX
+    name = image[_ZBOOT_COMPRESSION:field_end].split(b"\0", 1)[0].decode("ascii", "replace")
+    codec = _CODEC_BY_NAME.get(_ZBOOT_NAMES.get(name, name)) or codec_at(image, start)
+    return None if codec is None else _Stream("EFI zboot", start, start + size, codec)
+
+
+def _whole_file_stream(image: bytes) -> _Stream | None:
+    codec = codec_at(image)  # e.g. Image.gz, as arm64 distributions ship it
+    return None if codec is None else _Stream(codec.name, 0, len(image), codec)
+
+
+def _stated_streams(image: bytes) -> Iterator[_Stream]:
+    for find in (_bzimage_stream, _zboot_stream, _whole_file_stream):
+        stream = find(image)
+        if stream is not None:
+            yield stream
+
+
+def _scanned_streams(image: bytes, commands: Commands) -> list[tuple[int, Codec]]:
+    """Every offset where the magic of a usable codec appears, in file order."""
+    found = [
+        (match.start(), codec)
+        for codec in CODECS
+        if codec.available(commands)
+        for match in re.finditer(re.escape(codec.magic), image)
+    ]
+    return sorted(found, key=lambda pair: pair[0])
+
+
+def _try_decompress(codec: Codec, data: bytes, commands: Commands) -> bytes:
+    try:
+        return codec.decompress(data, commands)
+    except (zlib.error, OSError, EOFError, lzma.LZMAError, IndexError) as exc:
+        raise _NotAStreamError(f"{codec.name}: {exc}") from None
+
+
+@dataclass
+class _Search:
+    """Banners looked for across the candidate decodings of one image."""
+
+    kernel_release: str | None
+    other_releases: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+    def banner_in(self, data: bytes) -> str | None:
+        for banner in real_banners(data):
+            release = banner_release(banner)
+            if self.kernel_release is None or release == self.kernel_release:
+                return banner
+            if release not in self.other_releases:
+                self.other_releases.append(release)
+        return None
+
+
+def real_banners(data: bytes) -> Iterator[str]:
+    """Each "Linux version …" line in ``data`` that is a real banner, not a template."""
+    start = data.find(BANNER_PREFIX)
+    while start != -1:
+        raw = data[start : start + _MAX_BANNER_BYTES]
+        line = re.split(rb"[\0\n]", raw, maxsplit=1)[0].decode("utf-8", "replace")
+        if _REAL_BANNER.match(line):
+            yield line
+        start = data.find(BANNER_PREFIX, start + 1)
+
+
+def banner_release(banner: str) -> str:
+    """The kernel release (uname -r) a banner names."""
+    match = _REAL_BANNER.match(banner)
+    if match is None:
+        raise DriverError(f"not a kernel banner: {banner[:80]!r}")
+    return match["release"]
+
+
+def _decodings(image: bytes, commands: Commands, search: _Search) -> Iterator[bytes]:
+    # An uncompressed arm64 Image ("ARM\x64" at 0x38) or vmlinux carries its banner as is.
+    yield image
+    tried = set()
+    for stream in _stated_streams(image):
+        tried.add(stream.start)
+        if stream.codec.tool:
+            # A missing decompressor is the operator's to fix: its DriverError propagates.
+            commands.require(stream.codec.tool)
+        try:
+            yield _try_decompress(stream.codec, image[stream.start : stream.end], commands)
+        except _NotAStreamError as exc:
+            search.failures.append(f"{stream.container} payload: {exc}")
+    for start, codec in _scanned_streams(image, commands):
+        if start not in tried:
+            try:
+                yield _try_decompress(codec, image[start:], commands)
+            except _NotAStreamError:
+                continue  # magics also occur by chance inside compressed data
+
+
+def kernel_banner(
+    image: bytes,
+    *,
+    kernel_release: str | None = None,
+    commands: Commands | None = None,
+    source: str = "kernel image",
+) -> str:
+    """The banner of the kernel in ``image``; with ``kernel_release``, that kernel's banner."""
+    commands = commands or Commands()
+    search = _Search(kernel_release)
+    for data in _decodings(image, commands, search):
+        banner = search.banner_in(data)
+        if banner is not None:
+            return banner
+    if search.other_releases:
+        raise DriverError(
+            f"{source} is kernel {', '.join(search.other_releases)}, not {kernel_release}: "
+            "use the image of the kernel the node runs"
+        )
+    details = f" ({'; '.join(search.failures)})" if search.failures else ""
+    raise DriverError(
+        f"no kernel banner found in {source}: the image format/compression was not "
+        f"recognised{details}; pass a bzImage, an arm64 Image, Image.gz or EFI zboot image"
+    )
+
+
+def kernel_banner_from_file(
+    path: Path | str,
+    *,
+    kernel_release: str | None = None,
+    commands: Commands | None = None,
+) -> str:
+    try:
+        image = Path(path).read_bytes()
+    except OSError as exc:
+        raise DriverError(f"cannot read kernel image {path}: {exc.strerror}") from None
+    return kernel_banner(image, kernel_release=kernel_release, commands=commands, source=str(path))

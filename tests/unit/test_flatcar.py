@@ -1,0 +1,352 @@
+from __future__ import annotations
+
+import copy
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from nvidia_driver.errors import DriverError
+from nvidia_driver.flatcar import (
+    DEFAULT_RELEASE_BASE_URL,
+    DEFAULT_RELEASES_URL,
+    Artifact,
+    Channel,
+    FlatcarVersion,
+    ReleaseServer,
+    board_of,
+    channel_of,
+    current_releases,
+    normalise_arch,
+    parse_releases,
+    parse_shell_assignments,
+    parse_version_txt,
+    release_server_from_env,
+    releases_url_from_env,
+)
+
+# --- versions, channels, boards ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("version", "channel"),
+    [
+        ("4790.0.0", Channel.ALPHA),
+        ("4694.0.1", Channel.ALPHA),
+        ("4757.1.0", Channel.BETA),
+        ("4593.2.5", Channel.STABLE),
+        ("4081.3.10", Channel.LTS),
+    ],
+)
+def test_channel_of(version: str, channel: Channel) -> None:
+    assert channel_of(version) == channel
+
+
+@pytest.mark.parametrize("version", ["4593.2", "stable", "current", "4593.2.5+nightly-1", ""])
+def test_malformed_version_is_refused(version: str) -> None:
+    with pytest.raises(DriverError) as caught:
+        channel_of(version)
+    message = str(caught.value)
+    assert message.startswith(f"invalid Flatcar version {version!r}: expected MAJOR.MINOR.PATCH")
+    assert "\n" not in message
+
+
+def test_minor_without_channel_is_refused() -> None:
+    with pytest.raises(DriverError, match=r"4593\.4\.0: minor 4 names no channel"):
+        channel_of("4593.4.0")
+
+
+def test_versions_order_numerically() -> None:
+    versions = ["4081.3.10", "4081.3.9", "4593.2.5", "3975.2.2"]
+    ordered = sorted(FlatcarVersion.parse(version) for version in versions)
+    assert [str(version) for version in ordered] == [
+        "3975.2.2",
+        "4081.3.9",
+        "4081.3.10",
+        "4593.2.5",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("arch", "board", "name"),
+    [
+        ("amd64", "amd64-usr", "amd64"),
+        ("x86_64", "amd64-usr", "amd64"),
+        ("arm64", "arm64-usr", "arm64"),
+        ("aarch64", "arm64-usr", "arm64"),
+    ],
+)
+def test_board_of(arch: str, board: str, name: str) -> None:
+    assert board_of(arch) == board
+    assert normalise_arch(arch) == name
+
+
+def test_unknown_arch_is_refused() -> None:
+    with pytest.raises(DriverError, match=r"unsupported architecture 'riscv64': .*amd64"):
+        board_of("riscv64")
+
+
+# --- release server ------------------------------------------------------------------------
+
+
+def test_stable_amd64_kernel_image_url() -> None:
+    server = ReleaseServer()
+    assert server.artifact_url("4593.2.5", "amd64", Artifact.KERNEL_IMAGE) == (
+        "https://stable.release.flatcar-linux.net/amd64-usr/4593.2.5/"
+        "flatcar_production_image.vmlinuz"
+    )
+
+
+def test_lts_arm64_developer_container_urls() -> None:
+    server = ReleaseServer()
+    base = "https://lts.release.flatcar-linux.net/arm64-usr/4081.3.10/"
+    name = Artifact.DEVELOPER_CONTAINER
+    assert server.release_url("4081.3.10", "aarch64") == base
+    assert server.artifact_url("4081.3.10", "arm64", name) == (
+        base + "flatcar_developer_container.bin.bz2"
+    )
+    assert server.digests_url("4081.3.10", "arm64", name) == (
+        base + "flatcar_developer_container.bin.bz2.DIGESTS"
+    )
+    assert server.signature_url("4081.3.10", "arm64", name) == (
+        base + "flatcar_developer_container.bin.bz2.sig"
+    )
+
+
+def test_every_artifact_of_a_release() -> None:
+    urls = ReleaseServer().artifact_urls("4757.1.0", "x86_64")
+    base = "https://beta.release.flatcar-linux.net/amd64-usr/4757.1.0/"
+    assert [artifact.name for artifact in urls] == [
+        "version.txt",
+        "flatcar-container.tar.gz",
+        "flatcar_production_image.vmlinuz",
+        "flatcar_production_image_kernel_config.txt",
+        "flatcar_developer_container.bin.bz2",
+    ]
+    for artifact in urls:
+        assert artifact.url == base + artifact.name
+        assert artifact.digests_url == artifact.url + ".DIGESTS"
+        assert artifact.signature_url == artifact.url + ".sig"
+
+
+def test_mirror_template_keeps_the_channel_split() -> None:
+    server = ReleaseServer("http://127.0.0.1:8080/flatcar/{channel}/")
+    assert server.artifact_url("4790.0.0", "amd64", "version.txt") == (
+        "http://127.0.0.1:8080/flatcar/alpha/amd64-usr/4790.0.0/version.txt"
+    )
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "https://mirror.example/flatcar",
+        "https://{channel}.example/{board}",
+        "https://{channel!r}.example",
+        "https://{channel}.example/{",
+        "https://{}.example",
+    ],
+)
+def test_template_must_hold_exactly_the_channel(template: str) -> None:
+    with pytest.raises(DriverError, match="invalid release server URL template"):
+        ReleaseServer(template)
+
+
+def test_release_urls_refuse_a_bad_version() -> None:
+    with pytest.raises(DriverError, match="invalid Flatcar version 'current'"):
+        ReleaseServer().release_url("current", "amd64")
+
+
+def test_urls_from_the_environment() -> None:
+    assert release_server_from_env({}) == ReleaseServer(DEFAULT_RELEASE_BASE_URL)
+    assert release_server_from_env({"FLATCAR_RELEASE_BASE_URL": ""}).base_url == (
+        DEFAULT_RELEASE_BASE_URL
+    )
+    mirror = "https://mirror.example/{channel}"
+    assert release_server_from_env({"FLATCAR_RELEASE_BASE_URL": mirror}).base_url == mirror
+    assert releases_url_from_env({}) == DEFAULT_RELEASES_URL
+    feed = "http://127.0.0.1/releases.json"
+    assert releases_url_from_env({"FLATCAR_RELEASES_URL": feed}) == feed
+
+
+# --- version.txt ---------------------------------------------------------------------------
+
+VERSION_TXT_4593_2_5 = """\
+FLATCAR_BUILD=4593
+FLATCAR_BRANCH=2
+FLATCAR_PATCH=5
+FLATCAR_VERSION=4593.2.5
+FLATCAR_VERSION_ID=4593.2.5
+FLATCAR_BUILD_ID="2026-08-11-2350"
+FLATCAR_SDK_VERSION=4593.0.0
+"""
+
+
+def test_version_txt_with_quoted_values() -> None:
+    info = parse_version_txt(VERSION_TXT_4593_2_5)
+    assert info.version == "4593.2.5"
+    assert info.version_id == "4593.2.5"
+    assert info.build_id == "2026-08-11-2350"
+    assert info.sdk_version == "4593.0.0"
+    assert info.channel == Channel.STABLE
+
+
+def test_version_txt_of_a_nightly() -> None:
+    text = (
+        "FLATCAR_VERSION=4803.0.0+nightly-20260822-2100\nFLATCAR_VERSION_ID='4803.0.0'\n"
+        "FLATCAR_BUILD_ID=nightly-20260822-2100\nFLATCAR_SDK_VERSION=4790.0.0\n"
+    )
+    info = parse_version_txt(text)
+    assert info.version == "4803.0.0+nightly-20260822-2100"
+    assert info.channel == Channel.ALPHA
+
+
+def test_shell_assignments_keep_every_key() -> None:
+    values = parse_shell_assignments(VERSION_TXT_4593_2_5 + "\n# comment\n")
+    assert values["FLATCAR_BRANCH"] == "2"
+    assert len(values) == 7
+
+
+def test_version_txt_missing_keys() -> None:
+    with pytest.raises(
+        DriverError, match=r"version\.txt lacks FLATCAR_BUILD_ID, FLATCAR_SDK_VERSION"
+    ):
+        parse_version_txt("FLATCAR_VERSION=4593.2.5\nFLATCAR_VERSION_ID=4593.2.5\n")
+
+
+@pytest.mark.parametrize(
+    "line", ["<html><body>404</body></html>", 'FLATCAR_BUILD_ID="unterminated']
+)
+def test_version_txt_that_is_not_one(line: str) -> None:
+    with pytest.raises(DriverError, match=r"version\.txt line 2: "):
+        parse_version_txt(f"FLATCAR_BUILD=4593\n{line}\n")
+
+
+# --- releases.json -------------------------------------------------------------------------
+
+
+def _entry(channel: str, released: str, kernel: str) -> dict[str, Any]:
+    return {
+        "channel": channel,
+        "architectures": ["amd64", "arm64"],
+        "release_date": released,
+        "major_software": {
+            "containerd": ["2.1.5"],
+            "kernel": [kernel],
+            "systemd": ["257"],
+        },
+        "release_notes": " _Changes since **Stable 4593.2.4**_\n",
+    }
+
+
+def _feed() -> dict[str, Any]:
+    """A cut of the combined releases.json (values from flatcar-releases-recent.tsv)."""
+    feed = {
+        "4081.3.9": _entry("lts", "2026-07-09 11:02:41 +0000", "6.6.144"),
+        "4081.3.10": _entry("lts", "2026-08-13 09:14:05 +0000", "6.6.150"),
+        "3510.3.8": _entry("lts", "2025-08-19 12:00:00 +0000", "5.15.189"),  # illustrative
+        "4593.2.4": _entry("stable", "2026-07-09 10:57:13 +0000", "6.12.95"),
+        "4593.2.5": _entry("stable", "2026-08-13 09:26:25 +0000", "6.12.102"),
+        "4722.1.0": _entry("beta", "2026-07-09 10:59:02 +0000", "6.12.95"),
+        "4757.1.0": _entry("beta", "2026-08-13 09:20:44 +0000", "6.12.102"),
+        "4757.0.0": _entry("alpha", "2026-07-13 15:40:11 +0000", "6.12.95"),
+        "4790.0.0": _entry("alpha", "2026-08-13 09:23:30 +0000", "6.12.102"),
+    }
+    feed["current"] = copy.deepcopy(feed["4593.2.5"])
+    feed["current-2024"] = copy.deepcopy(feed["4081.3.10"])
+    feed["current-2023"] = copy.deepcopy(feed["3510.3.8"])
+    return feed
+
+
+def test_feed_releases() -> None:
+    releases = parse_releases(json.dumps(_feed()))
+    assert [str(release.version) for release in releases] == [
+        "3510.3.8",
+        "4081.3.9",
+        "4081.3.10",
+        "4593.2.4",
+        "4593.2.5",
+        "4722.1.0",
+        "4757.0.0",
+        "4757.1.0",
+        "4790.0.0",
+    ]
+    stable = releases[4]
+    assert stable.channel == "stable"
+    assert stable.kernel_release == "6.12.102-flatcar"
+    assert stable.arches == ("amd64", "arm64")
+    assert stable.release_date == datetime(2026, 8, 13, 9, 26, 25, tzinfo=UTC)
+
+
+def test_current_release_of_each_stream() -> None:
+    current = current_releases(json.dumps(_feed()))
+    summary = {
+        stream: (str(release.version), release.kernel_release)
+        for stream, release in current.items()
+    }
+    assert summary == {
+        "alpha": ("4790.0.0", "6.12.102-flatcar"),
+        "beta": ("4757.1.0", "6.12.102-flatcar"),
+        "stable": ("4593.2.5", "6.12.102-flatcar"),
+        "lts-2023": ("3510.3.8", "5.15.189-flatcar"),
+        "lts-2024": ("4081.3.10", "6.6.150-flatcar"),
+    }
+
+
+def test_current_marker_wins_over_version_order() -> None:
+    feed = _feed()
+    feed["current"] = copy.deepcopy(feed["4593.2.4"])
+    assert str(current_releases(feed)["stable"].version) == "4593.2.4"
+
+
+def test_channel_feed_without_markers_reports_its_newest_release() -> None:
+    feed = {key: entry for key, entry in _feed().items() if key.startswith("4081.")}
+    current = current_releases(feed)
+    assert list(current) == ["lts"]
+    assert str(current["lts"].version) == "4081.3.10"
+
+
+def test_release_without_kernel_is_named() -> None:
+    feed = _feed()
+    feed["4593.2.5"]["major_software"]["kernel"] = []
+    with pytest.raises(DriverError) as caught:
+        parse_releases(feed)
+    message = str(caught.value)
+    assert message.startswith("releases feed: release 4593.2.5: has no major_software.kernel; ")
+    assert "FLATCAR_RELEASES_URL" in message
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (lambda entry: entry.pop("channel"), "has no channel"),
+        (lambda entry: entry.update(architectures="amd64"), "architectures is not a list"),
+        (lambda entry: entry.update(release_date="13 Aug 2026"), "release_date '13 Aug 2026'"),
+        (lambda entry: entry.pop("major_software"), "has no major_software.kernel"),
+    ],
+)
+def test_malformed_release_is_named(change: Any, reason: str) -> None:
+    feed = _feed()
+    change(feed["4790.0.0"])
+    with pytest.raises(DriverError, match=f"release 4790.0.0: {reason}"):
+        current_releases(feed)
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("<html>", "releases feed: not JSON"),
+        ("[]", "releases feed: unexpected top level"),
+        ('{"4593.2.5": "stable"}', "releases feed: release 4593.2.5: entry is not an object"),
+    ],
+)
+def test_malformed_feed(text: str, reason: str) -> None:
+    with pytest.raises(DriverError, match=reason):
+        current_releases(text)
+
+
+def test_current_marker_without_its_release() -> None:
+    feed = _feed()
+    del feed["3510.3.8"]
+    with pytest.raises(DriverError, match="'current-2023': matches no versioned lts release"):
+        current_releases(feed)
