@@ -1,0 +1,511 @@
+"""Downloading Flatcar artifacts: verified by DIGESTS and signature, cached, retried, streamed."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import shutil
+import socket
+import subprocess
+import tarfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from fetch_gpg import Signer
+from fetch_server import ReleaseServer, flatcar_digests
+
+from nvidia_driver.commands import Commands
+from nvidia_driver.errors import DriverError
+from nvidia_driver.fetch import (
+    FLATCAR_IMAGE_SIGNING_KEY,
+    Backoff,
+    Fetcher,
+    dearmor,
+    keyring_from_env,
+    sha512_from_digests,
+    signature_problem,
+)
+
+RELEASE = "amd64-usr/4593.2.5"
+ARTIFACT = f"{RELEASE}/flatcar_production_image.vmlinuz"
+ARCHIVE = f"{RELEASE}/flatcar-container.tar.gz"
+CONTENT = bytes(range(256)) * 4096 + b"tail"  # 1 MiB and a bit: more than one read chunk
+BACKOFF = Backoff(attempts=3, first_delay=0.25, multiplier=2.0)
+
+FLATCAR_PRIMARY = "F88CFEDEFF29A5B4D9523864E25D9AED0593B34A"
+FLATCAR_DOCUMENTED_SUBKEY = "858A560F97C9AEB22EC1C732961DDDD5250D4A42"
+FLATCAR_NEWEST_SUBKEY = "52F145DFD00BBDCD928CBB5A32DA80F91EF52974"
+
+
+@dataclass(frozen=True)
+class Keys:
+    trusted: Signer
+    other: Signer
+    armored: Path  # the trusted public key, as FLATCAR_KEYRING may name it
+    binary: Path
+
+
+@pytest.fixture(scope="session")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Keys]:
+    missing = [tool for tool in ("gpg", "gpgv", "gpgconf") if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not installed (CI installs gnupg)")
+    base = tmp_path_factory.mktemp("gpg")
+    trusted = Signer.create(base / "trusted", "Test Release Builder <trusted@example.invalid>")
+    other = Signer.create(base / "other", "Somebody Else <other@example.invalid>")
+    try:
+        yield Keys(
+            trusted,
+            other,
+            armored=trusted.export(base / "keyring.asc", armor=True),
+            binary=trusted.export(base / "keyring.gpg", armor=False),
+        )
+    finally:
+        trusted.stop_agent()
+        other.stop_agent()
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[ReleaseServer]:
+    with ReleaseServer(tmp_path / "release") as release_server:
+        yield release_server
+
+
+@pytest.fixture
+def sleeps() -> list[float]:
+    return []
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> Path:
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def fetcher(cache: Path, keys: Keys, sleeps: list[float]) -> Fetcher:
+    return make_fetcher(cache, keys.armored, sleeps)
+
+
+def make_fetcher(cache: Path, keyring: Path, sleeps: list[float]) -> Fetcher:
+    # sleep=sleeps.append: the backoff is recorded, not waited for.
+    return Fetcher(cache, Commands(), keyring, BACKOFF, sleep=sleeps.append, timeout=10)
+
+
+def publish(root: Path, name: str, content: bytes, signer: Signer) -> Path:
+    """Put an artifact with its DIGESTS file and detached signature on the release server."""
+    artifact = root / name
+    artifact.parent.mkdir(parents=True, exist_ok=True)
+    artifact.write_bytes(content)
+    artifact.with_name(f"{artifact.name}.DIGESTS").write_text(
+        flatcar_digests(artifact.name, content)
+    )
+    signer.sign(artifact)
+    return artifact
+
+
+def corrupt(content: bytes) -> bytes:
+    """The same length, one byte changed: only the digest can tell."""
+    return content[:-1] + bytes([content[-1] ^ 0xFF])
+
+
+def tarball(files: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        for name, content in files.items():
+            member = tarfile.TarInfo(name)
+            member.size = len(content)
+            archive.addfile(member, io.BytesIO(content))
+    return buffer.getvalue()
+
+
+def leftovers(cache: Path) -> list[str]:
+    """Everything in the cache but its two (possibly empty) directories."""
+    skeleton = {cache / "sha512", cache / "urls"}
+    return sorted(str(path.relative_to(cache)) for path in cache.rglob("*") if path not in skeleton)
+
+
+def sha512(content: bytes) -> str:
+    return hashlib.sha512(content).hexdigest()
+
+
+# --- pure helpers ---------------------------------------------------------------------------
+
+
+def test_sha512_from_digests_reads_the_sha512_section_of_flatcar_digests() -> None:
+    digests = flatcar_digests("flatcar-container.tar.gz", b"rootfs") + flatcar_digests(
+        "flatcar_production_image.vmlinuz", b"kernel"
+    )
+
+    assert sha512_from_digests(digests, "flatcar-container.tar.gz") == sha512(b"rootfs")
+    assert sha512_from_digests(digests, "flatcar_production_image.vmlinuz") == sha512(b"kernel")
+    assert sha512_from_digests(digests, "version.txt") is None
+
+
+def test_sha512_from_digests_ignores_md5_and_sha1_lines() -> None:
+    md5_only = f"# MD5 HASH\n{hashlib.md5(b'x').hexdigest()}  a.bin\n"  # noqa: S324 (as Flatcar)
+
+    assert sha512_from_digests(md5_only, "a.bin") is None
+
+
+def test_sha512_from_digests_accepts_binary_marks_and_directories() -> None:
+    digests = f"# SHA512 HASH\n{sha512(b'x').upper()} *build/images/a.bin\n"
+
+    assert sha512_from_digests(digests, "a.bin") == sha512(b"x")
+
+
+def test_backoff_grows_exponentially_up_to_its_cap() -> None:
+    backoff = Backoff(attempts=6, first_delay=1.0, multiplier=3.0, max_delay=20.0)
+
+    assert backoff.delays() == (1.0, 3.0, 9.0, 20.0, 20.0)
+    assert Backoff(attempts=1).delays() == ()
+
+
+def test_backoff_needs_at_least_one_attempt() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        Backoff(attempts=0)
+
+
+def test_keyring_defaults_to_the_shipped_flatcar_key() -> None:
+    assert keyring_from_env({}) == FLATCAR_IMAGE_SIGNING_KEY
+    assert keyring_from_env({"FLATCAR_KEYRING": " "}) == FLATCAR_IMAGE_SIGNING_KEY
+    assert keyring_from_env({"FLATCAR_KEYRING": "/etc/test.gpg"}) == Path("/etc/test.gpg")
+
+
+@pytest.mark.parametrize(
+    ("returncode", "output", "problem"),
+    [
+        (0, "[GNUPG:] GOODSIG 0A Flatcar\n[GNUPG:] VALIDSIG 0A 2026-01-01", None),
+        # Signed by a subkey that has expired since: Flatcar's older releases look like this.
+        (0, "[GNUPG:] KEYEXPIRED 1\n[GNUPG:] EXPKEYSIG 0A Flatcar\n[GNUPG:] VALIDSIG 0A", None),
+        (1, "[GNUPG:] BADSIG 0A Flatcar\ngpgv: BAD signature", "BAD signature"),
+        (0, "[GNUPG:] REVKEYSIG 0A Flatcar\n[GNUPG:] VALIDSIG 0A", "revoked"),
+        (2, "[GNUPG:] ERRSIG 0A 22\n[GNUPG:] NO_PUBKEY 0A", "not in the keyring"),
+        (2, "gpgv: keyblock resource '/k': No such file", "gpgv: keyblock resource"),
+        (0, "", "gpgv exited with 0"),
+    ],
+)
+def test_signature_problem_reads_gpgv_status_lines(
+    returncode: int, output: str, problem: str | None
+) -> None:
+    found = signature_problem(returncode, output)
+
+    assert found == problem if problem is None else problem in (found or "")
+
+
+# --- the shipped key ------------------------------------------------------------------------
+
+
+def test_shipped_key_is_flatcars_image_signing_key(keys: Keys, tmp_path: Path) -> None:
+    show_keys = ["gpg", "--homedir", str(tmp_path), "--batch", "--with-colons", "--show-keys"]
+    listing = subprocess.run(
+        [*show_keys, "--with-subkey-fingerprints", str(FLATCAR_IMAGE_SIGNING_KEY)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    fingerprints = [line.split(":")[9] for line in listing.splitlines() if line[:4] == "fpr:"]
+
+    assert fingerprints[0] == FLATCAR_PRIMARY
+    assert {FLATCAR_DOCUMENTED_SUBKEY, FLATCAR_NEWEST_SUBKEY} <= set(fingerprints)
+
+
+def test_dearmor_matches_gpg_dearmor(keys: Keys, tmp_path: Path) -> None:
+    binary = tmp_path / "flatcar.gpg"
+    dearmor_with_gpg = ["gpg", "--homedir", str(tmp_path), "--batch", "--dearmor"]
+    subprocess.run(
+        [*dearmor_with_gpg, "--output", str(binary), str(FLATCAR_IMAGE_SIGNING_KEY)], check=True
+    )
+
+    assert dearmor(FLATCAR_IMAGE_SIGNING_KEY.read_text()) == binary.read_bytes()
+
+
+def test_dearmor_rejects_damaged_key_text() -> None:
+    text = FLATCAR_IMAGE_SIGNING_KEY.read_text()
+    damaged = text.replace("mQINBFqUFawBEACdnSVB", "mQINBFqUFawBEACdnSVC", 1)
+
+    with pytest.raises(ValueError, match="checksum"):
+        dearmor(damaged)
+    with pytest.raises(ValueError, match="no armored"):
+        dearmor("not a key")
+
+
+# --- file mode ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("armor", [True, False], ids=["armored-keyring", "binary-keyring"])
+def test_fetch_returns_the_verified_file_from_a_content_addressed_cache(
+    server: ReleaseServer, cache: Path, keys: Keys, sleeps: list[float], armor: bool
+) -> None:
+    publish(server.root, ARTIFACT, CONTENT, keys.trusted)
+    fetcher = make_fetcher(cache, keys.armored if armor else keys.binary, sleeps)
+
+    path = fetcher.fetch(server.url(ARTIFACT))
+
+    assert path == cache / "sha512" / sha512(CONTENT)
+    assert path.read_bytes() == CONTENT
+    assert [name.split("/")[0] for name in leftovers(cache)] == ["sha512", "urls"]
+    assert sleeps == []
+
+
+def test_fetch_from_a_warm_cache_sends_no_request(
+    server: ReleaseServer, cache: Path, keys: Keys, fetcher: Fetcher, sleeps: list[float]
+) -> None:
+    publish(server.root, ARTIFACT, CONTENT, keys.trusted)
+    first = fetcher.fetch(server.url(ARTIFACT))
+    requests_after_first = sum(server.requests.values())
+
+    again = make_fetcher(cache, keys.armored, sleeps).fetch(server.url(ARTIFACT))
+
+    assert again == first
+    assert sum(server.requests.values()) == requests_after_first == 3  # DIGESTS, sig, artifact
+
+
+def test_fetch_downloads_again_when_the_cached_file_is_damaged(
+    server: ReleaseServer, keys: Keys, fetcher: Fetcher
+) -> None:
+    publish(server.root, ARTIFACT, CONTENT, keys.trusted)
+    path = fetcher.fetch(server.url(ARTIFACT))
+    path.write_bytes(b"bit rot")
+
+    assert fetcher.fetch(server.url(ARTIFACT)).read_bytes() == CONTENT
+    assert server.requests[f"/{ARTIFACT}"] == 2
+
+
+def test_fetch_reuses_bytes_another_url_brought_after_checking_the_signature(
+    server: ReleaseServer, keys: Keys, fetcher: Fetcher
+) -> None:
+    publish(server.root, ARTIFACT, CONTENT, keys.trusted)
+    publish(server.root, f"mirror/{ARTIFACT}", CONTENT, keys.trusted)
+    fetcher.fetch(server.url(ARTIFACT))
+
+    path = fetcher.fetch(server.url(f"mirror/{ARTIFACT}"))
+
+    assert path.read_bytes() == CONTENT
+    assert server.requests[f"/mirror/{ARTIFACT}.sig"] == 1
+    assert server.requests[f"/mirror/{ARTIFACT}"] == 0
+
+
+def test_fetch_reads_file_urls(tmp_path: Path, cache: Path, keys: Keys, fetcher: Fetcher) -> None:
+    artifact = publish(tmp_path / "mirror", ARTIFACT, CONTENT, keys.trusted)
+
+    assert fetcher.fetch(artifact.as_uri()).read_bytes() == CONTENT
+
+
+def test_fetch_refuses_a_corrupted_download_and_keeps_nothing(
+    server: ReleaseServer, cache: Path, keys: Keys, fetcher: Fetcher
+) -> None:
+    artifact = publish(server.root, ARTIFACT, CONTENT, keys.trusted)
+    artifact.write_bytes(corrupt(CONTENT))
+
+    with pytest.raises(DriverError, match=r"SHA512 of .* does not match its DIGESTS file"):
+        fetcher.fetch(server.url(ARTIFACT))
+    assert leftovers(cache) == []
+
+
+def test_fetch_retries_a_truncated_download_then_gives_up_and_keeps_nothing(
+    server: ReleaseServer, cache: Path, keys: Keys, fetcher: Fetcher, sleeps: list[float]
+) -> None:
+    publish(server.root, ARTIFACT, CONTENT, keys.trusted)
+    server.truncated.add(f"/{ARTIFACT}")
+
+    with pytest.raises(DriverError) as raised:
+        fetcher.fetch(server.url(ARTIFACT))
+
+    message = str(raised.value)
+    assert f"truncated: got {len(CONTENT) // 2} of {len(CONTENT)} bytes" in message
+    assert "gave up after 3 attempts" in message
+    assert "\n" not in message
+    assert server.requests[f"/{ARTIFACT}"] == 3
+    assert sleeps == [0.25, 0.5]
+    assert leftovers(cache) == []
+
+
+def test_fetch_refuses_a_signature_by_another_key_and_keeps_nothing(
+    server: ReleaseServer, cache: Path, keys: Keys, fetcher: Fetcher
+) -> None:
+    publish(server.root, ARTIFACT, CONTENT, keys.other)
+
+    with pytest.raises(DriverError, match="signed by a key that is not in the keyring"):
+        fetcher.fetch(server.url(ARTIFACT))
+    assert leftovers(cache) == []
+
+
+def test_fetch_refuses_a_tampered_file_whose_digests_were_rewritten(
+    server: ReleaseServer, cache: Path, keys: Keys, fetcher: Fetcher
+) -> None:
+    artifact = publish(server.root, ARTIFACT, CONTENT, keys.trusted)
+    artifact.write_bytes(b"tampered")
+    artifact.with_name(f"{artifact.name}.DIGESTS").write_text(
+        flatcar_digests(artifact.name, b"tampered")
+    )
+
+    with pytest.raises(DriverError, match="BAD signature"):
+        fetcher.fetch(server.url(ARTIFACT))
+    assert leftovers(cache) == []
+
+
+def test_fetch_reports_an_unknown_release_without_retrying(
+    server: ReleaseServer, cache: Path, keys: Keys, fetcher: Fetcher, sleeps: list[float]
+) -> None:
+    url = server.url("amd64-usr/9999.9.9/flatcar_production_image.vmlinuz")
+
+    with pytest.raises(DriverError) as raised:
+        fetcher.fetch(url)
+
+    message = str(raised.value)
+    assert f"{url}.DIGESTS does not exist (HTTP 404)" in message
+    assert "check the Flatcar version" in message
+    assert sum(server.requests.values()) == 1
+    assert sleeps == []
+    assert leftovers(cache) == []
+
+
+def test_fetch_retries_server_errors_with_exponential_backoff(
+    server: ReleaseServer, keys: Keys, fetcher: Fetcher, sleeps: list[float]
+) -> None:
+    publish(server.root, ARTIFACT, CONTENT, keys.trusted)
+    server.failures[f"/{ARTIFACT}"] = 2
+
+    assert fetcher.fetch(server.url(ARTIFACT)).read_bytes() == CONTENT
+    assert server.requests[f"/{ARTIFACT}"] == 3
+    assert sleeps == [0.25, 0.5]
+
+
+def test_fetch_gives_up_on_an_unreachable_server(
+    cache: Path, fetcher: Fetcher, sleeps: list[float]
+) -> None:
+    with socket.socket() as probe:  # a port nobody listens on once the probe is closed
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/{ARTIFACT}"
+
+    with pytest.raises(DriverError, match=r"cannot reach .* \(gave up after 3 attempts\)"):
+        fetcher.fetch(url)
+    assert sleeps == [0.25, 0.5]
+    assert leftovers(cache) == []
+
+
+def test_fetch_checks_the_keyring_before_downloading_the_artifact(
+    server: ReleaseServer, cache: Path, keys: Keys, tmp_path: Path, sleeps: list[float]
+) -> None:
+    publish(server.root, ARTIFACT, CONTENT, keys.trusted)
+    fetcher = make_fetcher(cache, tmp_path / "missing.gpg", sleeps)
+
+    with pytest.raises(DriverError, match=r"cannot read the keyring .*FLATCAR_KEYRING"):
+        fetcher.fetch(server.url(ARTIFACT))
+    assert server.requests[f"/{ARTIFACT}"] == 0
+    assert leftovers(cache) == []
+
+
+def test_fetch_refuses_unsupported_url_schemes(fetcher: Fetcher) -> None:
+    with pytest.raises(DriverError, match="only http, https and file URLs"):
+        fetcher.fetch("ftp://example.invalid/flatcar.bin")
+
+
+# --- streaming mode -------------------------------------------------------------------------
+
+
+def test_stream_unpacks_a_verified_archive_without_caching_it(
+    server: ReleaseServer, cache: Path, keys: Keys, fetcher: Fetcher, tmp_path: Path
+) -> None:
+    files = {"usr/lib/modules/6.12.81-flatcar/build/Makefile": CONTENT, "etc/os-release": b"x"}
+    publish(server.root, ARCHIVE, tarball(files), keys.trusted)
+    staging = tmp_path / "staging"
+
+    with (
+        fetcher.stream(server.url(ARCHIVE)) as stream,
+        tarfile.open(fileobj=stream, mode="r|gz") as archive,
+    ):
+        archive.extractall(staging, filter="data")
+
+    for name, content in files.items():
+        assert (staging / name).read_bytes() == content
+    assert server.requests[f"/{ARCHIVE}"] == 1
+    assert leftovers(cache) == []
+
+
+def test_stream_verifies_what_the_caller_left_unread(
+    server: ReleaseServer, keys: Keys, fetcher: Fetcher
+) -> None:
+    publish(server.root, ARTIFACT, CONTENT, keys.trusted)
+
+    with fetcher.stream(server.url(ARTIFACT)) as stream:
+        assert stream.read(10) == CONTENT[:10]
+
+
+def test_stream_refuses_a_corrupted_archive_when_the_block_ends(
+    server: ReleaseServer, cache: Path, keys: Keys, fetcher: Fetcher
+) -> None:
+    artifact = publish(server.root, ARTIFACT, CONTENT, keys.trusted)
+    artifact.write_bytes(corrupt(CONTENT))
+    consumed = b""
+
+    with (
+        pytest.raises(DriverError, match="does not match its DIGESTS file"),
+        fetcher.stream(server.url(ARTIFACT)) as stream,
+    ):
+        consumed = stream.read()
+
+    assert consumed == corrupt(CONTENT)  # the caller saw it all; only the exit refuses it
+    assert leftovers(cache) == []
+
+
+def test_stream_refuses_a_signature_by_another_key_when_the_block_ends(
+    server: ReleaseServer, cache: Path, keys: Keys, fetcher: Fetcher
+) -> None:
+    publish(server.root, ARTIFACT, CONTENT, keys.other)
+
+    with (
+        pytest.raises(DriverError, match="signed by a key that is not in the keyring"),
+        fetcher.stream(server.url(ARTIFACT)) as stream,
+    ):
+        stream.read()
+    assert leftovers(cache) == []
+
+
+def test_stream_fails_mid_read_on_a_truncated_body(
+    server: ReleaseServer, cache: Path, keys: Keys, fetcher: Fetcher
+) -> None:
+    publish(server.root, ARTIFACT, CONTENT, keys.trusted)
+    server.truncated.add(f"/{ARTIFACT}")
+
+    with (
+        pytest.raises(DriverError, match=r"truncated: .*discard what was unpacked"),
+        fetcher.stream(server.url(ARTIFACT)) as stream,
+    ):
+        stream.read()
+    assert leftovers(cache) == []
+
+
+def test_stream_retries_before_the_first_byte(
+    server: ReleaseServer, keys: Keys, fetcher: Fetcher, sleeps: list[float]
+) -> None:
+    publish(server.root, ARTIFACT, CONTENT, keys.trusted)
+    server.failures[f"/{ARTIFACT}"] = 2
+
+    with fetcher.stream(server.url(ARTIFACT)) as stream:
+        assert stream.read() == CONTENT
+    assert sleeps == [0.25, 0.5]
+
+
+def test_stream_reports_an_unknown_release(
+    server: ReleaseServer, cache: Path, keys: Keys, fetcher: Fetcher
+) -> None:
+    with (
+        pytest.raises(DriverError, match=r"does not exist .*check the Flatcar version"),
+        fetcher.stream(server.url("amd64-usr/9999.9.9/flatcar-container.tar.gz")),
+    ):
+        pass
+    assert leftovers(cache) == []
+
+
+def test_stream_passes_the_callers_error_through_and_keeps_nothing(
+    server: ReleaseServer, cache: Path, keys: Keys, fetcher: Fetcher
+) -> None:
+    publish(server.root, ARTIFACT, CONTENT, keys.trusted)
+
+    with pytest.raises(RuntimeError, match="disk full"), fetcher.stream(server.url(ARTIFACT)):
+        raise RuntimeError("disk full")
+    assert leftovers(cache) == []
