@@ -101,6 +101,8 @@ class Commands:
             if process.poll() is None:
                 process.kill()
             process.wait()
+            if process.stdout is not None:
+                process.stdout.close()
 
 
 def lines(stream: IO[str] | None) -> Iterator[str]:
