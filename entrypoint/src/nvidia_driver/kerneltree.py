@@ -1,0 +1,1378 @@
+"""Kernel build trees for the runtime build, from the cheapest provider to the most expensive.
+
+1. ``host_tree``: the node's own ``/usr/lib/modules/<kernel>/build``, read through PID 1's root
+   (the Operator gives the pod hostPID). It is copied, because the host's /usr is read-only and
+   the copy's host tools must be pointed at the host's glibc (see 4).
+2. ``extract_container_tree``: the release's flatcar-container.tar.gz. Since 4230.1.0 it holds a
+   complete extmod tree. The 377 MiB archive is read once, as a stream: only the kernel's
+   ``build``/``source`` and the shared libraries are written.
+3. ``extract_developer_container``: the release's developer container. Its gcc built the kernel;
+   the result is a root to chroot into (``developer_container_tree`` describes its tree).
+4. ``relocate_host_tools``: kbuild's host tools (fixdep, modpost, objtool, sign-file...) in a
+   Flatcar tree are linked against Flatcar's glibc, which is newer than the container's. Their
+   PT_INTERP (/lib64/ld-linux-x86-64.so.2) exists in the container too, but it is the
+   container's loader with the container's libc, so the tools fail with "GLIBC_2.xx not found".
+   So every dynamically linked tool is renamed to ``<tool>.real``, and a shell wrapper runs it
+   with the loader and the libraries it was linked against. The wrapper finds them relative to
+   its own canonical path, so the tree can be renamed or bind-mounted elsewhere.
+
+Library selection: a tool's libraries are the transitive closure of the DT_NEEDED entries
+(read by a small ELF parser below), looked up in usr/lib64, lib64, usr/lib, lib and gcc's
+versioned runtime directory. The archive stream can be read only once and its members come in
+no useful order, so every shared library of those directories is written to a scratch
+directory, and only the closure is kept. This costs some scratch space, but no allowlist can
+fall behind a new Flatcar dependency.
+
+ext4 reader: the developer container is a GPT disk whose partition 9 holds ext4. It is read by
+the small read-only ext4 reader below, not by ``debugfs -R rdump``. debugfs exits 0 when a
+command fails (a missing path shows only on stderr), rdump copies hard links as separate files
+and writes holes as zeros, and the image would need e2fsprogs. Reading needs only the
+superblock, the group descriptors (32/64-bit, meta_bg), inodes, extent trees and the older block
+maps, inline data, directories (htree directories are read linearly, which the format allows)
+and symlinks. The partition is read in place from the sparse image. Checksums (metadata_csum)
+are not verified: the download as a whole was verified before (SHA512 and GPG). orphan_file is a
+compat feature that changes nothing for a reader.
+
+Safety: writes never follow a symlink, so nothing is written outside the destination. Archive
+members named absolute or with ".." are refused. Symlink targets are checked lexically:
+absolute ones are rewritten relative to the extracted root, and ones that climb out of it are
+refused. Each tree is built in a staging directory beside the destination and renamed into place
+only when complete.
+"""
+
+from __future__ import annotations
+
+import bz2
+import errno
+import os
+import posixpath
+import re
+import shlex
+import shutil
+import stat
+import struct
+import tarfile
+import tempfile
+import uuid
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import IO, BinaryIO, NamedTuple
+
+from nvidia_driver.errors import DriverError
+from nvidia_driver.host import resolve_within
+from nvidia_driver.log import say, warn
+from nvidia_driver.paths import Paths
+
+# Where a tree came from (KernelTree.origin).
+HOST = "host"
+CONTAINER_TARBALL = "flatcar-container.tar.gz"
+DEVELOPER_CONTAINER = "flatcar_developer_container"
+
+MODULES_DIR = PurePosixPath("usr/lib/modules")
+RUNTIME_LIB_DIR = PurePosixPath("usr/lib64")  # where a tree's host tools find their glibc
+_TREE_ENTRIES = ("build", "source")
+_TOOL_DIRS = ("scripts", "tools")
+_LIBRARY_DIRS = ("usr/lib64", "lib64", "usr/lib", "lib")
+_GCC_RUNTIME_DIRS = "usr/lib/gcc/*/*"  # Gentoo keeps libgcc_s and libstdc++ there
+_LIBRARY_NAME = re.compile(r"^[^/]+\.so(\.[0-9][^/]*)?$")
+_REAL_SUFFIX = ".real"  # a wrapped host tool's own binary
+_CHUNK = 1 << 20
+_MAX_SYMLINKS = 40
+
+
+@dataclass(frozen=True)
+class KernelTree:
+    """A kernel build tree ready for ``make M=``.
+
+    ``toolchain_root`` is set when the tree is to be built from a chroot of that root (the
+    developer container, whose gcc built the kernel). Otherwise the tree's host tools already
+    run in this container.
+    """
+
+    build_dir: Path
+    source_dir: Path
+    kernel_release: str
+    toolchain_root: Path | None
+    origin: str
+
+    def in_toolchain_root(self, path: Path) -> Path:
+        """``path`` as seen from inside the chroot of ``toolchain_root``."""
+        if self.toolchain_root is None:
+            return path
+        return Path("/") / path.relative_to(self.toolchain_root)
+
+
+# ELF: just enough to read PT_INTERP and DT_NEEDED.
+
+_ELF_MAGIC = b"\x7fELF"
+_ELF_IDENT_SIZE = 16
+_ELFCLASS64 = 2
+_ELFDATA2MSB = 2
+_PT_LOAD, _PT_DYNAMIC, _PT_INTERP = 1, 2, 3
+_DT_NULL, _DT_NEEDED, _DT_STRTAB = 0, 1, 5
+_MAX_PROGRAM_HEADERS = 512
+_MAX_NAME = 4096
+# The ELF machine this container runs, for `uname -m` values we know.
+_MACHINES = {"x86_64": 62, "aarch64": 183, "arm64": 183}
+
+
+@dataclass(frozen=True)
+class ElfInfo:
+    machine: int
+    interpreter: str | None  # PT_INTERP: set for dynamically linked executables
+    needed: tuple[str, ...]  # DT_NEEDED
+
+
+class _Segment(NamedTuple):
+    kind: int
+    offset: int
+    vaddr: int
+    filesz: int
+
+
+def _read_at(file: IO[bytes], offset: int, size: int) -> bytes:
+    file.seek(offset)
+    data = file.read(size)
+    if len(data) != size:
+        raise ValueError("truncated ELF file")
+    return data
+
+
+def _segments(file: IO[bytes], ident: bytes) -> tuple[int, list[_Segment]]:
+    endian = ">" if ident[5] == _ELFDATA2MSB else "<"
+    is64 = ident[4] == _ELFCLASS64
+    header = endian + ("HHIQQQIHHH" if is64 else "HHIIIIIHHH")
+    fields = struct.unpack(header, _read_at(file, _ELF_IDENT_SIZE, struct.calcsize(header)))
+    machine, phoff, phentsize, phnum = fields[1], fields[4], fields[8], fields[9]
+    if phnum > _MAX_PROGRAM_HEADERS:
+        raise ValueError("too many program headers")
+    entry = endian + ("IIQQQQQQ" if is64 else "IIIIIIII")
+    segments = []
+    for index in range(phnum):
+        raw = struct.unpack_from(entry, _read_at(file, phoff + index * phentsize, phentsize))
+        # ELF64 puts p_flags second; ELF32 puts it seventh.
+        kind, offset, vaddr, filesz = (
+            (raw[0], raw[2], raw[3], raw[5]) if is64 else (raw[0], raw[1], raw[2], raw[4])
+        )
+        segments.append(_Segment(kind, offset, vaddr, filesz))
+    return machine, segments
+
+
+def _file_offset(segments: list[_Segment], vaddr: int) -> int:
+    for segment in segments:
+        if segment.kind == _PT_LOAD and segment.vaddr <= vaddr < segment.vaddr + segment.filesz:
+            return vaddr - segment.vaddr + segment.offset
+    raise ValueError("address outside the loaded segments")
+
+
+def _needed(file: IO[bytes], ident: bytes, segments: list[_Segment]) -> tuple[str, ...]:
+    dynamic = next((s for s in segments if s.kind == _PT_DYNAMIC), None)
+    if dynamic is None:
+        return ()
+    endian = ">" if ident[5] == _ELFDATA2MSB else "<"
+    entry = endian + ("qQ" if ident[4] == _ELFCLASS64 else "iI")
+    table = _read_at(file, dynamic.offset, dynamic.filesz)
+    table = table[: len(table) - len(table) % struct.calcsize(entry)]
+    names: list[int] = []
+    strtab = None
+    for tag, value in struct.iter_unpack(entry, table):
+        if tag == _DT_NULL:
+            break
+        if tag == _DT_NEEDED:
+            names.append(value)
+        elif tag == _DT_STRTAB:
+            strtab = _file_offset(segments, value)
+    if strtab is None:
+        return ()
+    return tuple(_string_at(file, strtab + offset) for offset in names)
+
+
+def _string_at(file: IO[bytes], offset: int) -> str:
+    file.seek(offset)
+    return file.read(_MAX_NAME).split(b"\0", 1)[0].decode(errors="surrogateescape")
+
+
+def read_elf(path: Path) -> ElfInfo | None:
+    """The dynamic-linking facts of an ELF file; None if it is not a readable ELF file."""
+    try:
+        with path.open("rb") as file:
+            ident = file.read(_ELF_IDENT_SIZE)
+            if len(ident) < _ELF_IDENT_SIZE or not ident.startswith(_ELF_MAGIC):
+                return None
+            machine, segments = _segments(file, ident)
+            interp = next((s for s in segments if s.kind == _PT_INTERP), None)
+            interpreter = None
+            if interp is not None:
+                raw = _read_at(file, interp.offset, min(interp.filesz, _MAX_NAME))
+                interpreter = raw.split(b"\0", 1)[0].decode(errors="surrogateescape")
+            return ElfInfo(machine, interpreter, _needed(file, ident, segments))
+    except (OSError, ValueError, struct.error):
+        return None
+
+
+# The host tools and the glibc they were linked against.
+
+
+def _dynamic_executables(build_dir: Path) -> list[tuple[Path, ElfInfo]]:
+    """kbuild's dynamically linked ELF host tools in the tree (wrappers are not ELF files)."""
+    found = []
+    for top in _TOOL_DIRS:
+        for directory, _, files in sorted(os.walk(build_dir / top)):
+            for name in sorted(files):
+                path = Path(directory) / name
+                if name.endswith(_REAL_SUFFIX) or path.is_symlink():
+                    continue
+                if not path.stat().st_mode & 0o111:
+                    continue
+                info = read_elf(path)
+                if info is not None and info.interpreter:
+                    found.append((path, info))
+    return found
+
+
+def _library_dirs(root: Path) -> list[Path]:
+    candidates = [resolve_within(root, root / name) for name in _LIBRARY_DIRS]
+    candidates += sorted(root.glob(_GCC_RUNTIME_DIRS), reverse=True)
+    unique: list[Path] = []
+    for directory in candidates:
+        if directory.is_dir() and directory.resolve() not in {d.resolve() for d in unique}:
+            unique.append(directory)
+    return unique
+
+
+def _is_library(path: Path) -> bool:
+    return bool(_LIBRARY_NAME.match(path.name))
+
+
+def _find_library(name: str, directories: list[Path], root: Path) -> Path | None:
+    for directory in directories:
+        candidate = directory / name
+        if candidate.is_symlink() or candidate.exists():
+            resolved = resolve_within(root, candidate)
+            if resolved.is_file():
+                return resolved
+    return None
+
+
+def install_runtime(executables: Iterable[Path], source_root: Path, lib_dir: Path) -> list[str]:
+    """Copy to lib_dir the loader and every library the executables need, from source_root.
+
+    Libraries are followed transitively through DT_NEEDED; the names installed are returned.
+    """
+    directories = _library_dirs(source_root)
+    pending: list[tuple[str, Path]] = []
+    for executable in executables:
+        pending += _dependencies(executable)
+    installed: set[str] = set()
+    lib_dir.mkdir(parents=True, exist_ok=True)
+    while pending:
+        name, user = pending.pop()
+        if name in installed:
+            continue
+        found = _find_library(name, directories, source_root)
+        if found is None:
+            raise DriverError(
+                f"{name}, needed by the kernel tree's {user.name}, is not in the libraries of "
+                f"{source_root}: the tree's host tools cannot run; report this with the Flatcar "
+                "version"
+            )
+        shutil.copyfile(found, lib_dir / name)
+        (lib_dir / name).chmod(0o755)
+        installed.add(name)
+        pending += _dependencies(found)
+    return sorted(installed)
+
+
+def _dependencies(path: Path) -> list[tuple[str, Path]]:
+    info = read_elf(path)
+    if info is None:
+        return []
+    names = [*([info.interpreter] if info.interpreter else []), *info.needed]
+    # Only the file name counts: the libraries are installed flat into one directory.
+    return [(PurePosixPath(name).name, path) for name in names if PurePosixPath(name).name]
+
+
+_WRAPPER = """#!/bin/sh
+# Written by nvidia-driver: {tool} is linked against Flatcar's glibc, newer than this
+# container's, so run it with the loader and the libraries it was linked against.
+here=$(readlink -f -- "$0") || exit 127
+here=${{here%/*}}
+exec "$here"/{loader} --inhibit-cache --library-path {library_path} "$here"/{real} "$@"
+"""
+
+
+def _check_machine(tool: Path, info: ElfInfo) -> None:
+    machine = os.uname().machine
+    expected = _MACHINES.get(machine)
+    if expected is not None and info.machine != expected:
+        raise DriverError(
+            f"the kernel tree's {tool.name} is built for ELF machine {info.machine}, not for "
+            f"this {machine} node: the tree is for another architecture; use the developer "
+            "container"
+        )
+
+
+def _write_wrapper(tool: Path, loader: Path, library_dirs: list[Path]) -> None:
+    here = tool.parent.resolve()
+    real = tool.with_name(tool.name + _REAL_SUFFIX)
+    tool.rename(real)
+    library_path = ":".join(
+        f'"$here"/{shlex.quote(os.path.relpath(d.resolve(), here))}' for d in library_dirs
+    )
+    tool.write_text(
+        _WRAPPER.format(
+            tool=tool.name,
+            loader=shlex.quote(os.path.relpath(loader.resolve(), here)),
+            library_path=library_path,
+            real=shlex.quote(real.name),
+        )
+    )
+    tool.chmod(0o755)
+    # kbuild compares timestamps: the wrapper must not look newer than the tool was.
+    status = real.stat()
+    os.utime(tool, ns=(status.st_atime_ns, status.st_mtime_ns))
+
+
+def relocate_host_tools(build_dir: Path, runtime_root: Path) -> list[Path]:
+    """Make the tree's dynamically linked host tools run with runtime_root's loader and libraries.
+
+    Each tool becomes a shell wrapper beside ``<tool>.real``; the wrapped tools are returned.
+    """
+    directories = _library_dirs(runtime_root)
+    # Only directories that hold libraries go on the tools' library path.
+    library_path = [d for d in directories if any(map(_is_library, d.iterdir()))]
+    tools = _dynamic_executables(build_dir)
+    for tool, info in tools:
+        _check_machine(tool, info)
+        interpreter = PurePosixPath(info.interpreter or "").name
+        loader = _find_library(interpreter, directories, runtime_root)
+        if loader is None:
+            raise DriverError(
+                f"no {interpreter} under {runtime_root} for the kernel tree's {tool.name}: "
+                "its host tools cannot run; report this with the Flatcar version"
+            )
+        _write_wrapper(tool, loader, library_path)
+    return [tool for tool, _ in tools]
+
+
+def _make_tools_runnable(build_dir: Path, libraries_from: Path, root: Path) -> None:
+    tools = [tool for tool, _ in _dynamic_executables(build_dir)]
+    if tools:
+        install_runtime(tools, libraries_from, root / RUNTIME_LIB_DIR)
+        relocate_host_tools(build_dir, root)
+
+
+# Building a tree beside its destination.
+
+
+@contextmanager
+def _staged(destination: Path) -> Iterator[Path]:
+    """A new directory that replaces destination only if the block completes."""
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
+    try:
+        staging.chmod(0o755)
+        yield staging
+        _replace(staging, destination)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _replace(new: Path, destination: Path) -> None:
+    if not destination.exists() and not destination.is_symlink():
+        new.rename(destination)
+        return
+    trash = Path(tempfile.mkdtemp(prefix=f".{destination.name}.old.", dir=destination.parent))
+    previous = trash / "previous"
+    try:
+        destination.rename(previous)
+        try:
+            new.rename(destination)
+        except OSError:
+            previous.rename(destination)
+            raise
+    finally:
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+@contextmanager
+def _scratch(destination: Path) -> Iterator[Path]:
+    """A temporary directory beside destination (same filesystem), removed afterwards."""
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(
+        prefix=f".{destination.name}.scratch.",
+        dir=destination.parent,
+        ignore_cleanup_errors=True,
+    ) as name:
+        yield Path(name)
+
+
+_STORAGE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+
+
+@contextmanager
+def _one_line(what: str, directory: Path, otherwise: str) -> Iterator[None]:
+    """Report an OSError as one line, telling a full or read-only disk from a bad input."""
+    try:
+        yield
+    except OSError as exc:
+        advice = otherwise
+        if exc.errno in _STORAGE_ERRORS:
+            advice = f"make room in {directory} (or make it writable) and retry"
+        raise DriverError(f"cannot {what}: {exc}; {advice}") from exc
+
+
+def _normalized(base: PurePosixPath, target: str, clamp: bool) -> list[str] | None:
+    """target's components resolved lexically from base; None if it climbs out (clamp: stay)."""
+    parts = list(base.parts)
+    for part in target.split("/"):
+        if part in ("", "."):
+            continue
+        if part != "..":
+            parts.append(part)
+        elif parts:
+            parts.pop()
+        elif not clamp:
+            return None
+    return parts
+
+
+def _contained_link_target(link: PurePosixPath, target: str) -> str | None:
+    """A symlink target that stays under the root; absolute ones become relative to the link."""
+    if not target:
+        return None
+    if target.startswith("/"):
+        parts = _normalized(PurePosixPath(), target, clamp=True) or []
+        return posixpath.relpath("/" + "/".join(parts), "/" + str(link.parent))
+    return target if _normalized(link.parent, target, clamp=False) is not None else None
+
+
+def _write_all(fd: int, data: bytes | memoryview, offset: int | None = None) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view) if offset is None else os.pwrite(fd, view, offset)
+        view = view[written:]
+        if offset is not None:
+            offset += written
+
+
+@dataclass
+class _Writer:
+    """Creates entries under root, never through a symlink, so never outside it."""
+
+    root: Path
+    _directories: set[PurePosixPath] = field(default_factory=lambda: {PurePosixPath()})
+
+    def directory(self, rel: PurePosixPath) -> Path:
+        path, done = self.root, PurePosixPath()
+        for part in rel.parts:
+            path, done = path / part, done / part
+            if done in self._directories:
+                continue
+            if path.is_symlink():
+                raise DriverError(
+                    f"{done} is a symbolic link in the extracted tree: refusing to write "
+                    "through it; the download is not a Flatcar image, fetch it again"
+                )
+            if path.exists() and not path.is_dir():
+                path.unlink()
+            path.mkdir(mode=0o755, exist_ok=True)
+            self._directories.add(done)
+        return path
+
+    def _vacate(self, rel: PurePosixPath) -> Path:
+        path = self.directory(rel.parent) / rel.name
+        if path.is_dir() and not path.is_symlink():
+            raise DriverError(f"{rel} is both a directory and a file in the download")
+        path.unlink(missing_ok=True)
+        return path
+
+    def file(
+        self, rel: PurePosixPath, mode: int, mtime: float, fill: Callable[[int], None]
+    ) -> Path:
+        path = self._vacate(rel)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(path, flags, 0o600)
+        try:
+            fill(fd)
+            os.fchmod(fd, mode & 0o777)
+        finally:
+            os.close(fd)
+        os.utime(path, (mtime, mtime))
+        return path
+
+    def symlink(self, rel: PurePosixPath, target: str, mtime: float) -> None:
+        path = self._vacate(rel)
+        path.symlink_to(target)
+        os.utime(path, (mtime, mtime), follow_symlinks=False)
+
+    def hardlink(self, rel: PurePosixPath, existing: Path) -> None:
+        self._vacate(rel).hardlink_to(existing)
+
+
+def _kernels_in(root: Path) -> set[str]:
+    modules = root / MODULES_DIR
+    if not modules.is_dir():
+        return set()
+    return {
+        entry.name
+        for entry in modules.iterdir()
+        if (entry / "build").is_symlink() or (entry / "build").exists()
+    }
+
+
+def _single_kernel(available: set[str], wanted: str | None, label: str) -> str:
+    listed = ", ".join(sorted(available)) or "none"
+    if wanted is not None:
+        if wanted in available:
+            return wanted
+        raise DriverError(
+            f"{label} has no build tree for kernel {wanted} (it has: {listed}): "
+            "is it the release the node runs?"
+        )
+    if len(available) == 1:
+        return next(iter(available))
+    if not available:
+        raise DriverError(
+            f"{label} holds no kernel build tree (usr/lib/modules/<kernel>/build): releases "
+            "before 4230.1.0 ship none there; use the developer container"
+        )
+    raise DriverError(f"{label} holds several kernels ({listed}): name the one to use")
+
+
+def _tree_at(root: Path, release: str, toolchain_root: Path | None, origin: str) -> KernelTree:
+    modules = root / MODULES_DIR / release
+    build = resolve_within(root, modules / "build")
+    if not (build / "Makefile").is_file():
+        raise DriverError(
+            f"the kernel build tree for {release} from {origin} has no Makefile ({build}): "
+            "it is incomplete; report this with the Flatcar version"
+        )
+    source_link = modules / "source"
+    source = build
+    if source_link.is_symlink() or source_link.exists():
+        source = resolve_within(root, source_link)
+    return KernelTree(
+        build_dir=build,
+        source_dir=source if source.is_dir() else build,
+        kernel_release=release,
+        toolchain_root=toolchain_root,
+        origin=origin,
+    )
+
+
+# 1. The host's own tree.
+
+
+def _resolved_host_dir(host_root: Path, path: Path) -> Path | None:
+    if not (path.is_symlink() or path.exists()):
+        return None
+    resolved = resolve_within(host_root, path)
+    return resolved if resolved.is_dir() else None
+
+
+def _contain_symlinks(root: Path) -> None:
+    """Rewrite absolute symlinks relative to root; drop the ones that would leave it."""
+    for directory, directories, files in os.walk(root):
+        for name in [*directories, *files]:
+            path = Path(directory) / name
+            if not path.is_symlink():
+                continue
+            rel = PurePosixPath(path.relative_to(root).as_posix())
+            target = _contained_link_target(rel, str(path.readlink()))
+            if target is None:
+                warn(f"{rel} points outside the kernel tree ({path.readlink()}); left out")
+                path.unlink()
+            elif target != str(path.readlink()):
+                path.unlink()
+                path.symlink_to(target)
+
+
+def host_tree(paths: Paths, kernel_release: str, destination: Path) -> KernelTree | None:
+    """A copy of the node's own build tree at destination; None when the node has none."""
+    destination = destination.absolute()  # make runs with -C: relative paths would break
+    host_root = paths.host_filesystem
+    build = _resolved_host_dir(host_root, paths.host_kernel_tree(kernel_release))
+    if build is None or not (build / "Makefile").is_file():
+        say(f"The host has no usable kernel build tree at /{MODULES_DIR}/{kernel_release}/build")
+        return None
+    source = _resolved_host_dir(host_root, paths.host_kernel_tree(kernel_release).parent / "source")
+    say(f"Copying the host's kernel build tree for {kernel_release}...")
+    what = f"copy the host's kernel build tree to {destination}"
+    with (
+        _one_line(what, destination.parent, "check the node's /usr/lib/modules"),
+        _staged(destination) as staging,
+    ):
+        modules = staging / MODULES_DIR / kernel_release
+        shutil.copytree(build, modules / "build", symlinks=True)
+        if source is None or source.resolve() == build.resolve():
+            (modules / "source").symlink_to("build")
+        else:
+            shutil.copytree(source, modules / "source", symlinks=True)
+        _contain_symlinks(staging)
+        _make_tools_runnable(modules / "build", host_root, staging)
+    return _tree_at(destination, kernel_release, None, HOST)
+
+
+# 2. flatcar-container.tar.gz.
+
+
+class _Placement(NamedTuple):
+    area: str  # "tree" (the kernel's build/source) or "runtime" (a shared library)
+    path: PurePosixPath
+    kernel: str
+
+
+def _member_path(name: str) -> PurePosixPath:
+    parts = [part for part in name.split("/") if part not in ("", ".")]
+    if name.startswith("/") or ".." in parts:
+        raise DriverError(
+            f"{CONTAINER_TARBALL} has a member that would land outside the extraction "
+            f"directory ({name!r}): refusing the archive; fetch it again or report it"
+        )
+    return PurePosixPath(*parts)
+
+
+def _placement(path: PurePosixPath) -> _Placement | None:
+    parts = path.parts
+    modules = MODULES_DIR.parts
+    if len(parts) > len(modules) + 1 and parts[: len(modules)] == modules:
+        if parts[len(modules) + 1] in _TREE_ENTRIES:
+            return _Placement("tree", path, parts[len(modules)])
+        return None
+    name = path.name
+    if not _LIBRARY_NAME.match(name):
+        return None
+    parent = path.parent
+    is_library_dir = str(parent) in _LIBRARY_DIRS or parent.match(_GCC_RUNTIME_DIRS)
+    return _Placement("runtime", path, "") if is_library_dir else None
+
+
+@dataclass
+class _ContainerExtraction:
+    archive: tarfile.TarFile
+    tree: _Writer
+    runtime: _Writer
+    kernel_release: str | None
+    kernels: set[str] = field(default_factory=set)
+
+    def writer(self, placement: _Placement) -> _Writer:
+        return self.tree if placement.area == "tree" else self.runtime
+
+    def member(self, member: tarfile.TarInfo) -> None:
+        placement = _placement(_member_path(member.name))
+        if placement is None:
+            return
+        if placement.area == "tree":
+            self.kernels.add(placement.kernel)
+            if self.kernel_release not in (None, placement.kernel):
+                return
+        writer, rel = self.writer(placement), placement.path
+        if member.isdir():
+            writer.directory(rel).chmod(member.mode & 0o777 | 0o700)
+        elif member.issym():
+            self.symlink(writer, rel, member)
+        elif member.islnk():
+            self.hardlink(placement, member)
+        elif member.isfile():
+            data = self.archive.extractfile(member)
+            if data is not None:
+                writer.file(rel, member.mode, member.mtime, lambda fd: _copy_stream(data, fd))
+        # Devices and fifos have no place in a build tree.
+
+    @staticmethod
+    def symlink(writer: _Writer, rel: PurePosixPath, member: tarfile.TarInfo) -> None:
+        target = _contained_link_target(rel, member.linkname)
+        if target is None:
+            raise DriverError(
+                f"{CONTAINER_TARBALL} has a symbolic link out of the extraction directory "
+                f"({member.name} -> {member.linkname}): refusing the archive; report it"
+            )
+        writer.symlink(rel, target, member.mtime)
+
+    def hardlink(self, placement: _Placement, member: tarfile.TarInfo) -> None:
+        writer = self.writer(placement)
+        source = _placement(_member_path(member.linkname))
+        existing = writer.root / source.path if source and source.area == placement.area else None
+        if existing is not None and _is_extracted_file(existing, writer.root):
+            writer.hardlink(placement.path, existing)
+        elif placement.area == "tree":
+            raise DriverError(
+                f"{CONTAINER_TARBALL}: {member.name} is a hard link to {member.linkname}, "
+                "which is not part of the kernel tree; report this with the Flatcar version"
+            )
+        # A library linked to something not extracted is not needed: the closure decides.
+
+
+def _is_extracted_file(path: Path, root: Path) -> bool:
+    return (
+        path.is_file() and not path.is_symlink() and path.resolve().is_relative_to(root.resolve())
+    )
+
+
+def _copy_stream(source: IO[bytes], fd: int) -> None:
+    while chunk := source.read(_CHUNK):
+        _write_all(fd, chunk)
+
+
+def _drain(stream: BinaryIO) -> None:
+    # Read to the end so that a verifying stream has seen every byte of the download.
+    while stream.read(_CHUNK):
+        pass
+
+
+def _read_container_archive(
+    stream: BinaryIO, tree_root: Path, libraries_root: Path, kernel_release: str | None
+) -> set[str]:
+    """Write the wanted members; return the kernels that have a tree in the archive."""
+    try:
+        with tarfile.open(fileobj=stream, mode="r|gz") as archive:
+            extraction = _ContainerExtraction(
+                archive, _Writer(tree_root), _Writer(libraries_root), kernel_release
+            )
+            for member in archive:
+                extraction.member(member)
+        _drain(stream)
+    except (tarfile.TarError, EOFError, zlib.error) as exc:
+        raise DriverError(
+            f"cannot extract {CONTAINER_TARBALL}: {exc}; delete the download and fetch it again"
+        ) from exc
+    return extraction.kernels
+
+
+def extract_container_tree(
+    stream: BinaryIO, destination: Path, kernel_release: str | None
+) -> KernelTree:
+    """Extract the kernel build tree of a flatcar-container.tar.gz read once, as a stream.
+
+    destination becomes a small root: usr/lib/modules/<kernel>/{build,source} and, in
+    usr/lib64, the loader and libraries the tree's host tools need (the tools are wrapped to
+    use them). kernel_release None takes the only kernel in the archive.
+    """
+    say(f"Extracting the kernel build tree from {CONTAINER_TARBALL}...")
+    destination = destination.absolute()  # make runs with -C: relative paths would break
+    what = f"extract {CONTAINER_TARBALL} to {destination}"
+    with (
+        _one_line(what, destination.parent, "delete the download and fetch it again"),
+        _staged(destination) as staging,
+        _scratch(destination) as libraries,
+    ):
+        kernels = _read_container_archive(stream, staging, libraries, kernel_release)
+        release = _single_kernel(kernels, kernel_release, CONTAINER_TARBALL)
+        tree = _tree_at(staging, release, None, CONTAINER_TARBALL)
+        _make_tools_runnable(tree.build_dir, libraries, staging)
+    return _tree_at(destination, release, None, CONTAINER_TARBALL)
+
+
+# 3. The developer container: bz2 -> sparse disk image -> GPT -> ext4.
+
+_SPARSE_BLOCK = 4096
+
+
+def _write_nonzero(fd: int, data: bytes, offset: int) -> None:
+    """Write the non-zero blocks of data at offset; zero blocks stay holes."""
+    zero = bytes(_SPARSE_BLOCK)
+    view = memoryview(data)
+    run_start: int | None = None
+    for position in range(0, len(data), _SPARSE_BLOCK):
+        block = data[position : position + _SPARSE_BLOCK]
+        is_zero = block == zero[: len(block)]
+        if is_zero and run_start is not None:
+            _write_all(fd, view[run_start:position], offset + run_start)
+            run_start = None
+        elif not is_zero and run_start is None:
+            run_start = position
+    if run_start is not None:
+        _write_all(fd, view[run_start:], offset + run_start)
+
+
+def decompress_sparse(source: Path, target: Path) -> int:
+    """Decompress a .bz2 file into target, leaving zero blocks as holes; return its size."""
+    size = 0
+    zero_chunk = bytes(_CHUNK)
+    what = f"decompress {source.name}"
+    with _one_line(what, target.parent, "delete it and fetch it again"):
+        try:
+            with bz2.open(source, "rb") as compressed, target.open("wb") as out:
+                while chunk := compressed.read(_CHUNK):
+                    if chunk != zero_chunk[: len(chunk)]:
+                        _write_nonzero(out.fileno(), chunk, size)
+                    size += len(chunk)
+                out.truncate(size)
+        except EOFError as exc:
+            raise DriverError(f"cannot {what}: {exc}; delete it and fetch it again") from exc
+    return size
+
+
+_SECTOR = 512
+_GPT_SIGNATURE = b"EFI PART"
+_GPT_HEADER_MIN, _GPT_ENTRY_MIN = 92, 128
+_GPT_MAX_TABLE = 1 << 20
+LINUX_FILESYSTEM = uuid.UUID("0fc63daf-8483-4772-8e79-3d69d8477de4")
+ROOT_PARTITION = 9
+ROOT_LABEL = "ROOT"
+
+
+@dataclass(frozen=True)
+class Partition:
+    number: int
+    name: str
+    type_guid: uuid.UUID
+    offset: int  # bytes from the start of the disk
+    size: int  # bytes
+
+
+def _pread_exact(fd: int, size: int, offset: int, label: str) -> bytes:
+    data = os.pread(fd, size, offset)
+    if len(data) != size:
+        raise DriverError(f"{label} is truncated at byte {offset}: delete it and fetch it again")
+    return data
+
+
+def _gpt_table(fd: int, label: str) -> tuple[bytes, int, int]:
+    """The partition entry array, the number of entries and their size, CRCs checked."""
+    header = _pread_exact(fd, _SECTOR, _SECTOR, label)
+    if not header.startswith(_GPT_SIGNATURE):
+        raise DriverError(
+            f"{label} has no GPT (no 'EFI PART' at LBA 1): delete it and fetch it again"
+        )
+    (header_size, header_crc) = struct.unpack_from("<II", header, 12)
+    entries_lba, count, entry_size, entries_crc = struct.unpack_from("<QIII", header, 72)
+    if not _GPT_HEADER_MIN <= header_size <= _SECTOR or entry_size < _GPT_ENTRY_MIN:
+        raise DriverError(f"{label} has a malformed GPT header: delete it and fetch it again")
+    if zlib.crc32(header[:16] + bytes(4) + header[20:header_size]) != header_crc:
+        raise DriverError(f"{label}: the GPT header's CRC does not match; fetch it again")
+    if count * entry_size > _GPT_MAX_TABLE:
+        raise DriverError(f"{label} has an implausible GPT ({count} entries): fetch it again")
+    table = _pread_exact(fd, count * entry_size, entries_lba * _SECTOR, label)
+    if zlib.crc32(table) != entries_crc:
+        raise DriverError(f"{label}: the GPT partition table's CRC does not match; fetch it again")
+    return table, count, entry_size
+
+
+def read_gpt(fd: int, label: str) -> list[Partition]:
+    """The partitions of the GPT disk image open as fd (512-byte sectors)."""
+    table, count, entry_size = _gpt_table(fd, label)
+    partitions = []
+    for index in range(count):
+        entry = table[index * entry_size : (index + 1) * entry_size]
+        type_guid = uuid.UUID(bytes_le=entry[:16])
+        if type_guid.int == 0:
+            continue
+        first, last = struct.unpack_from("<QQ", entry, 32)
+        name = entry[56:128].decode("utf-16-le", errors="replace").split("\0", 1)[0]
+        size = (last - first + 1) * _SECTOR
+        partitions.append(Partition(index + 1, name, type_guid, first * _SECTOR, size))
+    return partitions
+
+
+def root_partition(partitions: list[Partition], disk_size: int, label: str) -> Partition:
+    """Partition 9, "ROOT", the developer container's single filesystem."""
+    for partition in partitions:
+        is_root = partition.type_guid == LINUX_FILESYSTEM or partition.name == ROOT_LABEL
+        if partition.number == ROOT_PARTITION and is_root:
+            if partition.size <= 0 or partition.offset + partition.size > disk_size:
+                raise DriverError(f"{label}: partition 9 lies beyond the image; fetch it again")
+            return partition
+    raise DriverError(
+        f"{label} has no partition 9 ({ROOT_LABEL}, a Linux filesystem): it is not a Flatcar "
+        "developer container; delete it and fetch it again"
+    )
+
+
+# The read-only ext4 reader.
+
+_EXT4_SUPERBLOCK = 1024
+_EXT4_MAGIC = 0xEF53
+_EXT4_ROOT_INODE = 2
+_EXT4_GOOD_OLD_INODE_SIZE = 128
+_EXT4_MIN_BLOCK, _EXT4_MAX_BLOCK = 1024, 65536
+_EXT4_MIN_DESC, _EXT4_MAX_DESC = 32, 1024
+_EXT4_DESC_64BIT = 0x2C  # a descriptor long enough for bg_inode_table_hi
+_COMPAT_SPARSE_SUPER2 = 0x200
+_RO_COMPAT_SPARSE_SUPER = 0x1
+_INCOMPAT_FILETYPE = 0x2
+_INCOMPAT_RECOVER = 0x4
+_INCOMPAT_META_BG = 0x10
+_INCOMPAT_64BIT = 0x80
+_INCOMPAT_UNSUPPORTED = {0x1: "compression", 0x8: "journal_dev", 0x1000: "dirdata"}
+_ENCRYPT_FL = 0x800
+_EXTENTS_FL = 0x80000
+_INLINE_DATA_FL = 0x10000000
+_EXTENT_MAGIC = 0xF30A
+_EXTENT_INIT_MAX = 32768
+_EXTENT_MAX_DEPTH = 5
+_BLOCK_POINTERS = 15  # i_block: 12 direct, then single, double and triple indirect
+_DIRECT_POINTERS = 12
+_INLINE_SIZE = 60  # bytes of i_block, where fast symlinks and inline data live
+_XATTR_MAGIC = 0xEA020000
+_XATTR_SYSTEM = 7
+_DIRENT_HEADER = 8
+_MAX_METADATA = 256 << 20  # directories and symlinks are read whole; refuse absurd sizes
+
+
+class _Run(NamedTuple):
+    logical: int  # first block in the file
+    physical: int  # first block on the filesystem
+    length: int  # blocks
+
+
+@dataclass(frozen=True)
+class _Inode:
+    number: int
+    mode: int
+    size: int
+    mtime: int
+    links: int
+    flags: int
+    block: bytes  # i_block
+    xattrs: bytes  # the in-inode extended attribute area
+
+    @property
+    def kind(self) -> int:
+        return stat.S_IFMT(self.mode)
+
+
+@dataclass
+class _Extraction:
+    writer: _Writer
+    hardlinks: dict[int, Path] = field(default_factory=dict)
+    directories: set[int] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class _Superblock:
+    inodes_count: int
+    blocks_count: int
+    first_data_block: int
+    block_size: int
+    blocks_per_group: int
+    inodes_per_group: int
+    inode_size: int
+    desc_size: int
+    first_meta_bg: int
+    backup_groups: tuple[int, ...]  # sparse_super2's two backup groups
+    compat: int
+    incompat: int
+    ro_compat: int
+
+
+def _parse_superblock(raw: bytes) -> _Superblock:
+    def field_at(offset: int, kind: str = "I") -> int:
+        return int(struct.unpack_from("<" + kind, raw, offset)[0])
+
+    incompat = field_at(0x60)
+    is64 = bool(incompat & _INCOMPAT_64BIT)
+    return _Superblock(
+        inodes_count=field_at(0x0),
+        blocks_count=field_at(0x4) | (field_at(0x150) << 32 if is64 else 0),
+        first_data_block=field_at(0x14),
+        block_size=_EXT4_MIN_BLOCK << min(field_at(0x18), 8),
+        blocks_per_group=field_at(0x20),
+        inodes_per_group=field_at(0x28),
+        # Revision 0 filesystems have fixed 128-byte inodes.
+        inode_size=field_at(0x58, "H") if field_at(0x4C) else _EXT4_GOOD_OLD_INODE_SIZE,
+        desc_size=field_at(0xFE, "H") if is64 else _EXT4_MIN_DESC,
+        first_meta_bg=field_at(0x104),
+        backup_groups=(field_at(0x24C), field_at(0x250)),
+        compat=field_at(0x5C),
+        incompat=incompat,
+        ro_compat=field_at(0x64),
+    )
+
+
+class Ext4:
+    """Reads an ext4 filesystem at ``offset`` in the file open as ``fd``."""
+
+    def __init__(self, fd: int, offset: int, size: int, label: str) -> None:
+        self._fd, self._offset, self._size, self._label = fd, offset, size, label
+        raw = self._read(_EXT4_SUPERBLOCK, 1024)
+        if struct.unpack_from("<H", raw, 0x38)[0] != _EXT4_MAGIC:
+            raise DriverError(f"{label}: partition 9 holds no ext4 filesystem; fetch it again")
+        self.sb = _parse_superblock(raw)
+        self._tables: dict[int, int] = {}
+        self._check_geometry()
+        self._check_features()
+
+    def _check_geometry(self) -> None:
+        sane = (
+            _EXT4_MIN_BLOCK <= self.sb.block_size <= _EXT4_MAX_BLOCK
+            and _EXT4_GOOD_OLD_INODE_SIZE <= self.sb.inode_size <= self.sb.block_size
+            and _EXT4_MIN_DESC <= self.sb.desc_size <= _EXT4_MAX_DESC
+            and self.sb.blocks_per_group > 0
+            and self.sb.inodes_per_group > 0
+        )
+        if not sane:
+            self._corrupt("implausible superblock geometry")
+        if self.sb.blocks_count * self.sb.block_size > self._size:
+            self._corrupt("the filesystem is larger than its partition")
+
+    def _check_features(self) -> None:
+        for flag, name in _INCOMPAT_UNSUPPORTED.items():
+            if self.sb.incompat & flag:
+                raise DriverError(
+                    f"{self._label}: its ext4 filesystem uses {name}, which this reader does "
+                    "not support; report this with the Flatcar version"
+                )
+        if self.sb.incompat & _INCOMPAT_RECOVER:
+            warn(f"{self._label}: its ext4 journal was not replayed; reading it as it is")
+
+    def _corrupt(self, detail: str) -> None:
+        raise DriverError(
+            f"{self._label}: its ext4 filesystem is corrupt ({detail}); "
+            "delete it and fetch it again"
+        )
+
+    def _read(self, position: int, length: int) -> bytes:
+        if position < 0 or length < 0 or position + length > self._size:
+            self._corrupt(f"a read at byte {position} lies beyond the partition")
+        data = os.pread(self._fd, length, self._offset + position)
+        if len(data) != length:
+            self._corrupt(f"the image ends inside the filesystem, at byte {position}")
+        return data
+
+    def _blocks(self, number: int, count: int = 1) -> bytes:
+        if number + count > self.sb.blocks_count:
+            self._corrupt(f"block {number} lies beyond the filesystem")
+        return self._read(number * self.sb.block_size, count * self.sb.block_size)
+
+    # Group descriptors and inodes.
+
+    def _has_superblock(self, group: int) -> bool:
+        if group <= 1:
+            return True
+        if self.sb.compat & _COMPAT_SPARSE_SUPER2:
+            return group in self.sb.backup_groups
+        if not self.sb.ro_compat & _RO_COMPAT_SPARSE_SUPER:
+            return True
+        for base in (3, 5, 7):
+            power = base
+            while power < group:
+                power *= base
+            if power == group:
+                return True
+        return False
+
+    def _descriptor_position(self, group: int) -> int:
+        per_block = self.sb.block_size // self.sb.desc_size
+        index, slot = divmod(group, per_block)
+        if self.sb.incompat & _INCOMPAT_META_BG and index >= self.sb.first_meta_bg:
+            # meta_bg: each meta group's descriptors sit in its own first group.
+            first = index * per_block
+            block = self.sb.first_data_block + first * self.sb.blocks_per_group
+            block += 1 if self._has_superblock(first) else 0
+        else:
+            block = self.sb.first_data_block + 1 + index
+        return block * self.sb.block_size + slot * self.sb.desc_size
+
+    def _inode_table(self, group: int) -> int:
+        if group not in self._tables:
+            descriptor = self._read(self._descriptor_position(group), self.sb.desc_size)
+            (low,) = struct.unpack_from("<I", descriptor, 0x8)
+            high = 0
+            if self.sb.incompat & _INCOMPAT_64BIT and self.sb.desc_size >= _EXT4_DESC_64BIT:
+                (high,) = struct.unpack_from("<I", descriptor, 0x28)
+            self._tables[group] = int(low) | int(high) << 32
+        return self._tables[group]
+
+    def inode(self, number: int) -> _Inode:
+        if not 1 <= number <= self.sb.inodes_count:
+            self._corrupt(f"inode {number} out of range")
+        group, index = divmod(number - 1, self.sb.inodes_per_group)
+        position = self._inode_table(group) * self.sb.block_size + index * self.sb.inode_size
+        raw = self._read(position, self.sb.inode_size)
+        mode, _, size_lo, _, _, mtime, _, _, links, _, flags = struct.unpack_from(
+            "<HHIIIIIHHII", raw, 0
+        )
+        (size_hi,) = struct.unpack_from("<I", raw, 0x6C)
+        xattrs = b""
+        if self.sb.inode_size > _EXT4_GOOD_OLD_INODE_SIZE:
+            (extra,) = struct.unpack_from("<H", raw, _EXT4_GOOD_OLD_INODE_SIZE)
+            xattrs = raw[_EXT4_GOOD_OLD_INODE_SIZE + extra :]
+        if flags & _ENCRYPT_FL:
+            raise DriverError(f"{self._label}: inode {number} is encrypted and cannot be read")
+        block = raw[0x28 : 0x28 + _INLINE_SIZE]
+        return _Inode(number, mode, size_lo | size_hi << 32, mtime, links, flags, block, xattrs)
+
+    # File contents.
+
+    def _runs(self, inode: _Inode) -> list[_Run]:
+        if inode.flags & _EXTENTS_FL:
+            return list(self._extent_runs(inode.block, _EXTENT_MAX_DEPTH))
+        return self._blockmap_runs(inode)
+
+    def _extent_runs(self, node: bytes, depth_left: int) -> Iterator[_Run]:
+        magic, entries, _, depth = struct.unpack_from("<HHHH", node, 0)
+        if magic != _EXTENT_MAGIC or depth > depth_left or 12 + 12 * entries > len(node):
+            self._corrupt("a bad extent tree node")
+        for index in range(entries):
+            position = 12 + 12 * index
+            if depth == 0:
+                logical, length, start_hi, start_lo = struct.unpack_from("<IHHI", node, position)
+                # Longer than the maximum: unwritten (preallocated) blocks, which read as zeros.
+                if length <= _EXTENT_INIT_MAX:
+                    yield _Run(logical, start_hi << 32 | start_lo, length)
+            else:
+                _, leaf_lo, leaf_hi = struct.unpack_from("<IIH", node, position)
+                child = self._blocks(leaf_hi << 32 | leaf_lo)
+                if struct.unpack_from("<H", child, 6)[0] != depth - 1:
+                    self._corrupt("an extent tree of inconsistent depth")
+                yield from self._extent_runs(child, depth - 1)
+
+    def _blockmap_runs(self, inode: _Inode) -> list[_Run]:
+        pointers = struct.unpack("<15I", inode.block)
+        wanted = -(-inode.size // self.sb.block_size)
+        per_block = self.sb.block_size // 4
+        mapped: list[tuple[int, int]] = [
+            (index, block) for index, block in enumerate(pointers[:_DIRECT_POINTERS]) if block
+        ]
+        logical = _DIRECT_POINTERS
+        for level in range(1, _BLOCK_POINTERS - _DIRECT_POINTERS + 1):
+            root = pointers[_DIRECT_POINTERS + level - 1]
+            if root and logical < wanted:
+                mapped += self._indirect(root, level, logical, wanted)
+            logical += per_block**level
+        return _coalesce(mapped)
+
+    def _indirect(self, block: int, level: int, logical: int, wanted: int) -> list[tuple[int, int]]:
+        per_block = self.sb.block_size // 4
+        span = per_block ** (level - 1)
+        mapped: list[tuple[int, int]] = []
+        for index, child in enumerate(struct.unpack(f"<{per_block}I", self._blocks(block))):
+            start = logical + index * span
+            if start >= wanted:
+                break
+            if child and level == 1:
+                mapped.append((start, child))
+            elif child:
+                mapped += self._indirect(child, level - 1, start, wanted)
+        return mapped
+
+    def _inline_data(self, inode: _Inode) -> bytes:
+        """The part of an inline-data inode stored in its system.data attribute."""
+        area = inode.xattrs
+        if area[:4] != struct.pack("<I", _XATTR_MAGIC):
+            return b""
+        entries = area[4:]
+        position = 0
+        while position + 16 <= len(entries) and entries[position : position + 4] != bytes(4):
+            name_len, index, value_offset, _, value_size = struct.unpack_from(
+                "<BBHII", entries, position
+            )
+            name = entries[position + 16 : position + 16 + name_len]
+            if index == _XATTR_SYSTEM and name == b"data":
+                return entries[value_offset : value_offset + value_size]
+            position += (16 + name_len + 3) & ~3
+        return b""
+
+    def _content(self, inode: _Inode) -> bytes:
+        """A small file's whole content (directories, slow symlinks)."""
+        if inode.size > _MAX_METADATA:
+            self._corrupt(f"inode {inode.number} claims {inode.size} bytes")
+        if inode.flags & _INLINE_DATA_FL:
+            return (inode.block + self._inline_data(inode))[: inode.size]
+        content = bytearray(inode.size)
+        for run in self._runs(inode):
+            start = run.logical * self.sb.block_size
+            if start < inode.size:
+                data = self._blocks(run.physical, run.length)
+                content[start : start + len(data)] = data[: inode.size - start]
+        return bytes(content[: inode.size])
+
+    def copy_to(self, inode: _Inode, fd: int) -> None:
+        """Write a regular file's content to fd, leaving its holes as holes."""
+        if inode.flags & _INLINE_DATA_FL:
+            _write_all(fd, self._content(inode))
+            return
+        for run in self._runs(inode):
+            start = run.logical * self.sb.block_size
+            length = min(run.length * self.sb.block_size, inode.size - start)
+            if length <= 0:
+                continue
+            if run.physical + run.length > self.sb.blocks_count:
+                self._corrupt(f"inode {inode.number} points beyond the filesystem")
+            for done in range(0, length, _CHUNK):
+                piece = min(_CHUNK, length - done)
+                data = self._read(run.physical * self.sb.block_size + done, piece)
+                _write_all(fd, data, start + done)
+        os.ftruncate(fd, inode.size)
+
+    def link_target(self, inode: _Inode) -> str:
+        is_fast = inode.size < _INLINE_SIZE and not inode.flags & (_EXTENTS_FL | _INLINE_DATA_FL)
+        raw = inode.block[: inode.size] if is_fast else self._content(inode)
+        return os.fsdecode(raw.split(b"\0", 1)[0])
+
+    # Directories and paths.
+
+    def _dirents(self, data: bytes) -> Iterator[tuple[bytes, int]]:
+        position = 0
+        while position + _DIRENT_HEADER <= len(data):
+            number, rec_len, name_len, file_type = struct.unpack_from("<IHBB", data, position)
+            if not self.sb.incompat & _INCOMPAT_FILETYPE:
+                name_len |= file_type << 8
+            if rec_len in (0, 0xFFFF) and len(data) == _EXT4_MAX_BLOCK:
+                rec_len = _EXT4_MAX_BLOCK
+            if rec_len < _DIRENT_HEADER or position + rec_len > len(data):
+                self._corrupt("a bad directory entry")
+            name = data[position + _DIRENT_HEADER : position + _DIRENT_HEADER + name_len]
+            if number and name not in (b"", b".", b".."):
+                yield name, number
+            position += rec_len
+
+    def entries(self, directory: _Inode) -> Iterator[tuple[bytes, int]]:
+        if directory.flags & _INLINE_DATA_FL:
+            # The parent's inode number comes first, then entries, continued in system.data.
+            yield from self._dirents(directory.block[4:])
+            yield from self._dirents(self._inline_data(directory))
+            return
+        data = self._content(directory)
+        for start in range(0, len(data), self.sb.block_size):
+            yield from self._dirents(data[start : start + self.sb.block_size])
+
+    def _child(self, directory: _Inode, name: str) -> int | None:
+        wanted = os.fsencode(name)
+        return next((number for entry, number in self.entries(directory) if entry == wanted), None)
+
+    def resolve(self, path: str) -> tuple[PurePosixPath, _Inode] | None:
+        """Look path up as if the filesystem were /, following symlinks but in the last part."""
+        pending = [part for part in path.split("/") if part not in ("", ".")]
+        resolved: list[tuple[str, _Inode]] = []
+        root = self.inode(_EXT4_ROOT_INODE)
+        followed = 0
+        while pending:
+            name = pending.pop(0)
+            if name == "..":
+                if resolved:
+                    resolved.pop()
+                continue
+            directory = resolved[-1][1] if resolved else root
+            number = self._child(directory, name) if directory.kind == stat.S_IFDIR else None
+            if number is None:
+                return None
+            inode = self.inode(number)
+            if inode.kind == stat.S_IFLNK and pending:
+                followed += 1
+                if followed > _MAX_SYMLINKS:
+                    self._corrupt(f"too many levels of symbolic links in {path}")
+                target = self.link_target(inode)
+                if target.startswith("/"):
+                    resolved = []
+                pending = [p for p in target.split("/") if p not in ("", ".")] + pending
+                continue
+            resolved.append((name, inode))
+        return PurePosixPath(*(name for name, _ in resolved)), resolved[-1][1] if resolved else root
+
+    # Extraction.
+
+    def extract(self, wanted: Iterable[str], destination: Path) -> list[PurePosixPath]:
+        """Copy the wanted paths (and all below them) under destination; return those found."""
+        found = []
+        for path in wanted:
+            resolved = self.resolve(path)
+            if resolved is None:
+                warn(f"/{path.lstrip('/')} is not in the developer container; skipped")
+            else:
+                found.append(resolved)
+        destination.mkdir(parents=True, exist_ok=True)
+        extraction = _Extraction(_Writer(destination))
+        done: list[PurePosixPath] = []
+        # Parents first, so that a path inside another one is found already done.
+        for rel, inode in sorted(found, key=lambda item: len(item[0].parts)):
+            if any(rel == path or path in rel.parents for path in done):
+                continue
+            say(f"Extracting /{rel} from the developer container...")
+            self._extract(inode, rel, extraction)
+            done.append(rel)
+        return done
+
+    def _extract(self, inode: _Inode, rel: PurePosixPath, extraction: _Extraction) -> None:
+        if inode.kind == stat.S_IFDIR:
+            self._extract_directory(inode, rel, extraction)
+        elif inode.kind == stat.S_IFREG:
+            self._extract_file(inode, rel, extraction)
+        elif inode.kind == stat.S_IFLNK:
+            target = _contained_link_target(rel, self.link_target(inode))
+            if target is None:
+                warn(f"/{rel} points outside the developer container; left out")
+            else:
+                extraction.writer.symlink(rel, target, inode.mtime)
+        # Devices, fifos and sockets have no place in a build root.
+
+    def _extract_directory(
+        self, inode: _Inode, rel: PurePosixPath, extraction: _Extraction
+    ) -> None:
+        if inode.number in extraction.directories:
+            self._corrupt(f"directory inode {inode.number} appears twice")
+        extraction.directories.add(inode.number)
+        path = extraction.writer.directory(rel)
+        for raw_name, number in self.entries(inode):
+            name = os.fsdecode(raw_name)
+            if "/" in name or "\0" in name:
+                self._corrupt(f"a file name with a slash in /{rel}")
+            self._extract(self.inode(number), rel / name, extraction)
+        path.chmod(inode.mode & 0o777 | 0o700)
+        os.utime(path, (inode.mtime, inode.mtime))
+
+    def _extract_file(self, inode: _Inode, rel: PurePosixPath, extraction: _Extraction) -> None:
+        earlier = extraction.hardlinks.get(inode.number)
+        if earlier is not None:
+            extraction.writer.hardlink(rel, earlier)
+            return
+        path = extraction.writer.file(
+            rel, inode.mode, inode.mtime, lambda fd: self.copy_to(inode, fd)
+        )
+        if inode.links > 1:
+            extraction.hardlinks[inode.number] = path
+
+
+def _coalesce(mapped: list[tuple[int, int]]) -> list[_Run]:
+    runs: list[_Run] = []
+    for logical, physical in sorted(mapped):
+        last = runs[-1] if runs else None
+        if (
+            last
+            and last.logical + last.length == logical
+            and last.physical + last.length == physical
+        ):
+            runs[-1] = last._replace(length=last.length + 1)
+        else:
+            runs.append(_Run(logical, physical, 1))
+    return runs
+
+
+def extract_developer_container(image_bz2: Path, destination: Path, wanted: list[str]) -> Path:
+    """Extract the wanted paths of a flatcar_developer_container.bin.bz2 into destination.
+
+    The image is decompressed sparse beside destination (about 6 GiB apparent, only its data
+    on disk) and removed afterwards; no loop device is needed. Absolute symlinks are rewritten
+    relative, which means the same inside a chroot of destination. Returns destination.
+    """
+    label = image_bz2.name
+    destination = destination.absolute()
+    with (
+        _one_line(f"extract {label} to {destination}", destination.parent, "retry"),
+        _staged(destination) as staging,
+        _scratch(destination) as scratch,
+    ):
+        disk = scratch / "disk.bin"
+        say(f"Decompressing {label} (about 6 GiB, written sparse)...")
+        size = decompress_sparse(image_bz2, disk)
+        with disk.open("rb") as image:
+            partition = root_partition(read_gpt(image.fileno(), label), size, label)
+            filesystem = Ext4(image.fileno(), partition.offset, partition.size, label)
+            extracted = filesystem.extract(wanted, staging)
+        if not extracted:
+            raise DriverError(
+                f"none of {', '.join(wanted)} is in {label}: is it a developer container?"
+            )
+    return destination
+
+
+def developer_container_tree(root: Path, kernel_release: str | None) -> KernelTree:
+    """The kernel build tree inside an extracted developer container, built from a chroot."""
+    root = root.absolute()
+    release = _single_kernel(_kernels_in(root), kernel_release, DEVELOPER_CONTAINER)
+    return _tree_at(root, release, root, DEVELOPER_CONTAINER)
