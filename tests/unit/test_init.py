@@ -82,7 +82,9 @@ def test_a_banner_one_character_off_does_not_match_and_builds_at_runtime(
     host: SimulatedHost,
 ) -> None:
     host.add_package("open", banner=BANNER[:-1] + "7")  # built in 2027, not 2026
-    tree = host.add_host_kernel_tree()
+    host.add_host_kernel_tree()
+    # The host's tree is copied into the cache (never built in place on the host).
+    tree = host.path(f"/run/nvidia/cache/trees/host-{KERNEL}/usr/lib/modules/{KERNEL}/build")
     driver = host.start("init")
     driver.wait_for("Done, now waiting for signal")
 
@@ -381,7 +383,7 @@ def test_build_packages_without_loading(host: SimulatedHost, tmp_path: object) -
     output = host.root.parent / "out"
     result = host.run("build", "--module-type", "open", "--output", str(output))
     assert result.returncode == 0, result.stderr
-    assert (output / f"{KERNEL}-{_banner_key()}" / "metadata.json").is_file()
+    assert (output / "open" / f"{KERNEL}-{_banner_key()}" / "metadata.json").is_file()
     assert not host.calls("modprobe")
     assert f"DRIVER {DRIVER}" not in result.stdout
 

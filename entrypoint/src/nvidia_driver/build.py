@@ -18,6 +18,7 @@ from pathlib import Path
 
 from nvidia_driver.commands import Commands, lines
 from nvidia_driver.errors import DriverError
+from nvidia_driver.kerneltree import KernelTree
 from nvidia_driver.log import say
 from nvidia_driver.moduletype import OPEN, SOURCE_DIRS
 from nvidia_driver.packages import (
@@ -27,6 +28,7 @@ from nvidia_driver.packages import (
     package_name,
     write_package,
 )
+from nvidia_driver.patches import apply_patches, select_patches
 
 # Modules whose closed core must not be redistributed linked: (module, interface, core object).
 _CLOSED_CORES = (
@@ -48,12 +50,40 @@ class BuildRequest:
     module_type: str
     kernel_release: str
     banner: str
-    kernel_tree: Path
+    tree: KernelTree
     driver_sources: Path  # /usr/src/nvidia-<version>, holding kernel/ and kernel-open/
     output: Path  # the package directory to create
     log_dir: Path
     jobs: int = 0
     flatcar_version: str = ""
+
+    @property
+    def driver_branch(self) -> int:
+        return int(self.driver_version.split(".", 1)[0])
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """Where compilers run: in this image, or chrooted into a developer container."""
+
+    root: Path | None = None
+
+    def argv(self, name: str, *args: str | Path) -> tuple[str, list[str | Path]]:
+        if self.root is None:
+            return name, list(args)
+        return "chroot", [self.root, name, *args]
+
+    def inside(self, path: Path) -> Path:
+        """``path`` as the compiler sees it."""
+        return path if self.root is None else Path("/") / path.relative_to(self.root)
+
+    def has(self, name: str, commands: Commands) -> bool:
+        if self.root is None:
+            return commands.which(name) is not None
+        return any((self.root / prefix / name).exists() for prefix in ("usr/bin", "bin"))
+
+    def describe(self) -> str:
+        return "this image" if self.root is None else f"the developer container at {self.root}"
 
 
 def kernel_config(tree: Path) -> dict[str, str]:
@@ -79,24 +109,35 @@ def kernel_gcc_major(tree: Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def choose_compiler(tree: Path, commands: Commands) -> tuple[str, str]:
+def _compiler_output(commands: Commands, toolchain: Toolchain, *argv: str) -> str:
+    program, args = toolchain.argv(*argv)
+    return commands.run(program, *args).stdout.strip()
+
+
+class CompilerMismatchError(DriverError):
+    """No gcc of the kernel's major version where the build would run."""
+
+
+def choose_compiler(
+    tree: Path, commands: Commands, toolchain: Toolchain = Toolchain()
+) -> tuple[str, str]:
     """A gcc of the kernel's major version: (command, its version line)."""
     wanted = kernel_gcc_major(tree)
     candidates = [f"gcc-{wanted}", "gcc"] if wanted else ["gcc"]
     seen = []
     for name in candidates:
-        if commands.which(name) is None:
+        if not toolchain.has(name, commands):
             continue
-        version = commands.run(name, "-dumpfullversion", "-dumpversion").stdout.strip()
-        seen.append(f"{name} {version}")
-        if wanted is None or version.split(".", 1)[0] == str(wanted):
-            banner = commands.run(name, "--version").stdout.splitlines()[0]
+        number = _compiler_output(commands, toolchain, name, "-dumpfullversion", "-dumpversion")
+        seen.append(f"{name} {number}")
+        if wanted is None or number.split(".", 1)[0] == str(wanted):
+            banner = _compiler_output(commands, toolchain, name, "--version").splitlines()[0]
             return name, banner
     available = ", ".join(seen) or "none"
-    raise DriverError(
-        f"the kernel was built with gcc {wanted} and no gcc {wanted} is available "
-        f"(found: {available}); use an image that carries gcc-{wanted} or build with the "
-        "release's developer container"
+    raise CompilerMismatchError(
+        f"the kernel was built with gcc {wanted} and no gcc {wanted} is available in "
+        f"{toolchain.describe()} (found: {available}); use an image that carries gcc-{wanted} "
+        "or build with the release's developer container"
     )
 
 
@@ -116,7 +157,13 @@ def _progress(done: int, total: int) -> str:
     return f"  [{'#' * filled}{' ' * (_BAR_WIDTH - filled)}] {percent}%"
 
 
-def run_make(workdir: Path, request: BuildRequest, compiler: str, commands: Commands) -> Path:
+def run_make(
+    workdir: Path,
+    request: BuildRequest,
+    compiler: str,
+    commands: Commands,
+    toolchain: Toolchain = Toolchain(),
+) -> Path:
     """Run ``make modules``, showing progress; keep the whole log for a failure."""
     request.log_dir.mkdir(parents=True, exist_ok=True)
     log_path = request.log_dir / f"build-{request.kernel_release}-{request.module_type}.log"
@@ -124,18 +171,18 @@ def run_make(workdir: Path, request: BuildRequest, compiler: str, commands: Comm
     jobs = request.jobs or os.cpu_count() or 1
     args: list[str | Path] = [
         "-C",
-        workdir,
+        toolchain.inside(workdir),
         f"-j{jobs}",
         "modules",
-        f"SYSSRC={request.kernel_tree}",
-        f"SYSOUT={request.kernel_tree}",
+        f"SYSSRC={toolchain.inside(request.tree.source_dir)}",
+        f"SYSOUT={toolchain.inside(request.tree.build_dir)}",
         f"CC={compiler}",
         "IGNORE_CC_MISMATCH=1",
     ]
     say("Building kernel modules:")
     compiled, shown = 0, -1
     first_error = ""
-    with log_path.open("w") as log, commands.stream("make", args) as process:
+    with log_path.open("w") as log, commands.stream(*toolchain.argv("make", *args)) as process:
         for line in lines(process.stdout):
             log.write(line + "\n")
             if _COMPILE_LINE.match(line):
@@ -199,16 +246,23 @@ def build_package(request: BuildRequest, commands: Commands) -> Package:
         raise DriverError(
             f"no {request.module_type} module sources at {source_dir}: the image is incomplete"
         )
-    if not (request.kernel_tree / "Makefile").is_file():
-        raise DriverError(f"no kernel build tree at {request.kernel_tree}")
-    compiler, compiler_version = choose_compiler(request.kernel_tree, commands)
+    if not (request.tree.build_dir / "Makefile").is_file():
+        raise DriverError(f"no kernel build tree at {request.tree.build_dir}")
+    # A developer container's tree is built chrooted into it, with the gcc that built the kernel.
+    toolchain = Toolchain(request.tree.toolchain_root)
+    compiler, compiler_version = choose_compiler(request.tree.build_dir, commands, toolchain)
     say(f"Compiling NVIDIA driver kernel modules with {compiler_version}...")
     request.output.parent.mkdir(parents=True, exist_ok=True)
-    workdir = Path(tempfile.mkdtemp(prefix=".build.", dir=request.output.parent))
+    # The compile must see its sources: inside the developer container when chrooted.
+    scratch = request.output.parent if toolchain.root is None else toolchain.root / "var" / "tmp"
+    scratch.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix=".build.", dir=scratch))
     try:
         shutil.copytree(source_dir, workdir, dirs_exist_ok=True, symlinks=True)
-        run_make(workdir, request, compiler, commands)
-        script = request.kernel_tree / "scripts" / "module.lds"
+        patches = select_patches(request.driver_branch, request.kernel_release, source_dir.name)
+        apply_patches(patches, workdir, commands)
+        run_make(workdir, request, compiler, commands, toolchain)
+        script = request.tree.build_dir / "scripts" / "module.lds"
         if script.is_file():
             shutil.copyfile(script, workdir / "module.lds")
         sources, modules, linked = _package_sources(workdir, request.module_type)
@@ -221,6 +275,7 @@ def build_package(request: BuildRequest, commands: Commands) -> Package:
             source_digest=tree_digest([source_dir]),
             modules=modules,
             linked=linked,
+            patches=[patch.name for patch in patches],
             flatcar_version=request.flatcar_version,
         )
         say(f"Building NVIDIA driver package {package_name(request.kernel_release)}...")

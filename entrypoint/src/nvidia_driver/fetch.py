@@ -214,7 +214,7 @@ class Fetcher:
         cached = self._cached(url)
         if cached is not None:
             return cached
-        expected = self._expected_sha512(url)
+        expected = self.expected_sha512(url)
         blob = self._blobs / expected
         with self._scratch() as scratch:
             keyring = self._binary_keyring(scratch)  # before any download: fail fast
@@ -240,7 +240,7 @@ class Fetcher:
         raised unless the bytes matched the DIGESTS file and the signature: the caller stages
         what it makes of the bytes and publishes it only after a clean exit.
         """
-        expected = self._expected_sha512(url)
+        expected = self.expected_sha512(url)
         with self._scratch() as scratch:
             keyring = self._binary_keyring(scratch)
             signature = self._save(f"{url}.sig", scratch / "signature")
@@ -326,7 +326,8 @@ class Fetcher:
         binary.write_bytes(packets)
         return binary
 
-    def _expected_sha512(self, url: str) -> str:
+    def expected_sha512(self, url: str) -> str:
+        """The SHA512 the release publishes for ``url``, from its DIGESTS file."""
         digests_url = f"{url}.DIGESTS"
         name = _filename(url)
         digests = self._get_small(digests_url).decode("utf-8", errors="replace")

@@ -10,7 +10,7 @@ import shutil
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 
@@ -20,6 +20,7 @@ from nvidia_driver.config import DriverConfig
 from nvidia_driver.daemons import DaemonManager
 from nvidia_driver.errors import CaughtSignalError, DriverError
 from nvidia_driver.host import HostFacts, read_host_facts
+from nvidia_driver.kerneltree import KernelTree, host_tree
 from nvidia_driver.kmod import (
     BUSY_MESSAGE,
     load_host_prerequisites,
@@ -31,7 +32,9 @@ from nvidia_driver.modparams import configure_firmware_search_path, write_modpro
 from nvidia_driver.moduletype import ModuleTypeChoice, resolve_module_type
 from nvidia_driver.packages import Package, find_matching, install_package
 from nvidia_driver.paths import Paths
+from nvidia_driver.release import ReleaseSources, cache_dir
 from nvidia_driver.rootfs import mount_rootfs, unmount_rootfs
+from nvidia_driver.vmlinuz import banner_release
 
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 FLATCAR_DOCS = "https://www.flatcar.org/docs/latest/setup/customization/using-nvidia/"
@@ -176,8 +179,12 @@ class Lifecycle:
         say(f"Using the {choice.module_type} kernel modules ({choice.reason})")
         return choice
 
+    @property
+    def cache(self) -> Path:
+        return cache_dir(self.paths.build_cache, self.commands.env)
+
     def package_dirs(self) -> list[Path]:
-        return [self.paths.precompiled, self.paths.build_cache / "packages"]
+        return [self.paths.precompiled, self.cache / "packages"]
 
     def find_package(self, choice: ModuleTypeChoice) -> Package | None:
         return find_matching(
@@ -187,28 +194,35 @@ class Lifecycle:
             choice.module_type,
         )
 
+    def node_kernel_tree(self, sources: ReleaseSources) -> KernelTree:
+        """The node's own build tree if it has one, else its release's; with a fitting gcc."""
+        kernel = self.facts.kernel_release
+        tree = host_tree(self.paths, kernel, self.cache / "trees" / f"host-{kernel}")
+        version = self.facts.version_id
+        if tree is None:
+            if not version:
+                raise DriverError(
+                    f"no kernel build tree for {kernel}: the host has none and its os-release "
+                    "names no VERSION_ID to fetch one for"
+                )
+            tree = sources.tree(version, self.config.target_arch, kernel)
+        return sources.with_compiler(tree, version, self.config.target_arch)
+
     def runtime_build(self, choice: ModuleTypeChoice) -> Package:
         kernel = self.facts.kernel_release
         say(f"No precompiled NVIDIA driver package matches kernel {kernel}; building one")
-        banner_key = hashlib.sha256(self.facts.proc_version.encode()).hexdigest()[:12]
-        cache = self.paths.build_cache
-        request = BuildRequest(
-            driver_version=self.config.driver_version,
-            module_type=choice.module_type,
-            kernel_release=kernel,
+        sources = ReleaseSources.from_env(self.commands, self.cache, self.commands.env)
+        tree = self.node_kernel_tree(sources)
+        return build_into_cache(
+            self.paths,
+            self.commands,
+            self.config,
+            self.cache,
+            choice.module_type,
             banner=self.facts.proc_version,
-            kernel_tree=self.paths.host_kernel_tree(kernel),
-            driver_sources=self.paths.driver_sources(self.config.driver_version),
-            output=cache
-            / "packages"
-            / self.config.driver_version
-            / choice.module_type
-            / f"{kernel}-{banner_key}",
-            log_dir=cache / "logs",
-            jobs=self.config.max_threads,
+            tree=tree,
             flatcar_version=self.facts.version_id,
         )
-        return build_package(request, self.commands)
 
     def install(self, package: Package) -> None:
         kernel = self.facts.kernel_release
@@ -319,6 +333,38 @@ def unload_standalone(ctx: Context, config: DriverConfig) -> int:
     return 0
 
 
+def build_into_cache(
+    paths: Paths,
+    commands: Commands,
+    config: DriverConfig,
+    cache: Path,
+    module_type: str,
+    *,
+    banner: str,
+    tree: KernelTree,
+    flatcar_version: str,
+) -> Package:
+    """Compile and package for one exact kernel banner, into the package cache."""
+    banner_key = hashlib.sha256(banner.encode()).hexdigest()[:12]
+    request = BuildRequest(
+        driver_version=config.driver_version,
+        module_type=module_type,
+        kernel_release=tree.kernel_release,
+        banner=banner,
+        tree=tree,
+        driver_sources=paths.driver_sources(config.driver_version),
+        output=cache
+        / "packages"
+        / config.driver_version
+        / module_type
+        / f"{tree.kernel_release}-{banner_key}",
+        log_dir=cache / "logs",
+        jobs=config.max_threads,
+        flatcar_version=flatcar_version,
+    )
+    return build_package(request, commands)
+
+
 def build_standalone(
     ctx: Context,
     config: DriverConfig,
@@ -327,24 +373,55 @@ def build_standalone(
     flatcar_version: str | None,
     output: Path | None,
 ) -> Package:
-    """``nvidia-driver build``: compile and package, without loading anything."""
-    if flatcar_version:
-        raise DriverError(
-            f"building for Flatcar {flatcar_version} needs its kernel tree from the release "
-            "server, which this version cannot fetch yet; run 'build' on a node of that release"
-        )
-    facts = read_host_facts(ctx.paths)
+    """``nvidia-driver build``: compile and package, without loading anything.
+
+    With a Flatcar version, for that release (as the precompiled images are built); without,
+    for the running node.
+    """
     if module_type and module_type != "auto":
-        config = DriverConfig(**{**config.__dict__, "kernel_module_type": module_type})
-    lifecycle = Lifecycle(ctx, config, facts)
-    choice = lifecycle.resolve_module_type()
-    package = lifecycle.runtime_build(choice)
+        config = replace(config, kernel_module_type=module_type)
+    if flatcar_version:
+        package = build_for_release(ctx, config, flatcar_version)
+    else:
+        lifecycle = Lifecycle(ctx, config, read_host_facts(ctx.paths))
+        choice = lifecycle.resolve_module_type()
+        package = lifecycle.find_package(choice) or lifecycle.runtime_build(choice)
     if output is not None:
         output.mkdir(parents=True, exist_ok=True)
-        destination = output / package.path.name
+        destination = output / package.metadata.module_type / package.path.name
         if destination.exists():
             shutil.rmtree(destination)
         shutil.copytree(package.path, destination)
         package = Package(destination, package.metadata)
     say(f"Packaged NVIDIA driver package {package.name} into {package.path}")
     return package
+
+
+def build_for_release(ctx: Context, config: DriverConfig, flatcar_version: str) -> Package:
+    """Build for a Flatcar release that need not be running here (no GPU needed)."""
+    # Without GPUs to look at, "auto" follows the branch.
+    choice = resolve_module_type(config.kernel_module_type, config.driver_branch, [])
+    say(f"Using the {choice.module_type} kernel modules ({choice.reason})")
+    cache = cache_dir(ctx.paths.build_cache, ctx.commands.env)
+    sources = ReleaseSources.from_env(ctx.commands, cache, ctx.commands.env)
+    banner = sources.banner(flatcar_version, config.target_arch)
+    say(f"Kernel of Flatcar {flatcar_version}: {banner}")
+    cached = find_matching([cache / "packages"], banner, config.driver_version, choice.module_type)
+    if cached is not None:
+        return cached
+    kernel = banner_release(banner)
+    tree = sources.with_compiler(
+        sources.tree(flatcar_version, config.target_arch, kernel),
+        flatcar_version,
+        config.target_arch,
+    )
+    return build_into_cache(
+        ctx.paths,
+        ctx.commands,
+        config,
+        cache,
+        choice.module_type,
+        banner=banner,
+        tree=tree,
+        flatcar_version=flatcar_version,
+    )

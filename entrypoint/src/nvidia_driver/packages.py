@@ -64,6 +64,7 @@ class PackageMetadata:
     modules: list[str]
     linked: list[LinkedModule] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)
+    patches: list[str] = field(default_factory=list)
     flatcar_version: str = ""
     format: int = FORMAT
 

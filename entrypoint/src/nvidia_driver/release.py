@@ -1,0 +1,189 @@
+"""Kernel banners and build trees for any Flatcar release, from its release server.
+
+Everything is verified (DIGESTS and signature, see fetch.py) and cached under one directory:
+
+    <cache>/downloads/       verified artifacts, content-addressed (fetch.py)
+    <cache>/banners/<key>    the kernel banner read from a release's vmlinuz
+    <cache>/trees/<key>/     a release's kernel build tree from flatcar-container.tar.gz
+    <cache>/devcontainers/<key>/  an unpacked developer container (its gcc built the kernel)
+
+<key> is derived from the artifact's versioned URL: release artifacts never change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nvidia_driver.build import CompilerMismatchError, Toolchain, choose_compiler
+from nvidia_driver.commands import Commands
+from nvidia_driver.errors import DriverError
+from nvidia_driver.fetch import Fetcher, keyring_from_env
+from nvidia_driver.flatcar import Artifact, FlatcarVersion, ReleaseServer, release_server_from_env
+from nvidia_driver.kerneltree import (
+    CONTAINER_TARBALL,
+    KernelTree,
+    developer_container_tree,
+    extract_container_tree,
+    extract_developer_container,
+)
+from nvidia_driver.log import say
+from nvidia_driver.vmlinuz import kernel_banner_from_file
+
+CACHE_ENV = "NVIDIA_DRIVER_CACHE_DIR"
+# The first releases whose flatcar-container.tar.gz carries a complete module build tree.
+FIRST_CONTAINER_TREE = {
+    "alpha": FlatcarVersion(4277, 0, 0),
+    "beta": FlatcarVersion(4230, 1, 0),
+    "stable": FlatcarVersion(4230, 2, 0),
+}
+# What a chrooted build needs from the developer container: gcc, binutils, make, their
+# libraries and the kernel's build tree (under usr/lib/modules).
+DEVELOPER_CONTAINER_PATHS = [
+    "bin", "sbin", "lib", "lib64", "etc",
+    "usr/bin", "usr/sbin", "usr/lib", "usr/lib64", "usr/libexec", "usr/include",
+    "usr/x86_64-cros-linux-gnu", "usr/aarch64-cros-linux-gnu",
+]  # fmt: skip
+_DEVICES = {"null": (1, 3), "zero": (1, 5), "urandom": (1, 9)}
+
+
+def cache_dir(paths_default: Path, env: Mapping[str, str]) -> Path:
+    configured = env.get(CACHE_ENV, "").strip()
+    return Path(configured) if configured else paths_default
+
+
+def _key(url: str) -> str:
+    return hashlib.sha256(url.encode()).hexdigest()[:24]
+
+
+def has_container_tree(version: str) -> bool:
+    parsed = FlatcarVersion.parse(version)
+    first = FIRST_CONTAINER_TREE.get(str(parsed.channel))
+    return first is not None and parsed >= first
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(text)
+    temporary.replace(path)
+
+
+def _provide_devices(root: Path) -> None:
+    """gcc and make write to /dev/null; a developer container unpacked from disk has no /dev."""
+    dev = root / "dev"
+    dev.mkdir(exist_ok=True)
+    for name, (major, minor) in _DEVICES.items():
+        node = dev / name
+        if not node.exists():
+            os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(major, minor))
+
+
+@dataclass
+class ReleaseSources:
+    """Fetches what a Flatcar release offers to build modules against."""
+
+    commands: Commands
+    cache: Path
+    server: ReleaseServer = field(default_factory=ReleaseServer)
+    fetcher: Fetcher = field(init=False)
+    keyring: Path | None = None
+
+    def __post_init__(self) -> None:
+        downloads = self.cache / "downloads"
+        if self.keyring is None:
+            self.fetcher = Fetcher(downloads, self.commands)
+        else:
+            self.fetcher = Fetcher(downloads, self.commands, keyring=self.keyring)
+
+    @classmethod
+    def from_env(cls, commands: Commands, cache: Path, env: Mapping[str, str]) -> ReleaseSources:
+        return cls(
+            commands, cache, server=release_server_from_env(env), keyring=keyring_from_env(env)
+        )
+
+    def url(self, version: str, arch: str, artifact: Artifact) -> str:
+        return self.server.artifact_url(version, arch, artifact)
+
+    def banner(self, version: str, arch: str) -> str:
+        """The exact /proc/version of the release's kernel, read from its vmlinuz."""
+        url = self.url(version, arch, Artifact.KERNEL_IMAGE)
+        cached = self.cache / "banners" / _key(url)
+        if cached.is_file():
+            return cached.read_text().rstrip("\n")
+        say(f"Reading the kernel banner of Flatcar {version} ({arch})...")
+        banner = kernel_banner_from_file(self.fetcher.fetch(url), commands=self.commands)
+        _write_atomically(cached, banner + "\n")
+        return banner
+
+    def container_tree(self, version: str, arch: str, kernel_release: str) -> KernelTree:
+        """The build tree from flatcar-container.tar.gz, streamed: it never lands whole."""
+        url = self.url(version, arch, Artifact.CONTAINER_TARBALL)
+        final = self.cache / "trees" / _key(url)
+        if (final / "usr/lib/modules" / kernel_release / "build/Makefile").is_file():
+            say(f"Using the cached kernel build tree of Flatcar {version} in {final}")
+            return _tree_in(final, kernel_release)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        # Extracted beside its final place and published only once the stream has verified.
+        with tempfile.TemporaryDirectory(dir=final.parent, prefix=".incoming-") as incoming:
+            staged = Path(incoming) / "tree"
+            with self.fetcher.stream(url) as stream:
+                extract_container_tree(stream, staged, kernel_release)
+            if final.exists():
+                shutil.rmtree(final)
+            staged.rename(final)
+        return _tree_in(final, kernel_release)
+
+    def developer_container(self, version: str, arch: str, kernel_release: str) -> KernelTree:
+        """The release's developer container, unpacked: its gcc built the kernel."""
+        url = self.url(version, arch, Artifact.DEVELOPER_CONTAINER)
+        root = self.cache / "devcontainers" / _key(url)
+        if not (root / "usr/lib/modules" / kernel_release / "build/Makefile").is_file():
+            image = self.fetcher.fetch(url)
+            say(f"Unpacking the developer container of Flatcar {version}...")
+            extract_developer_container(image, root, DEVELOPER_CONTAINER_PATHS)
+        _provide_devices(root)
+        return developer_container_tree(root, kernel_release)
+
+    def tree(self, version: str, arch: str, kernel_release: str) -> KernelTree:
+        """The cheapest complete build tree the release offers."""
+        if has_container_tree(version):
+            return self.container_tree(version, arch, kernel_release)
+        say(f"Flatcar {version} ships no module build tree in its container image")
+        return self.developer_container(version, arch, kernel_release)
+
+    def with_compiler(self, tree: KernelTree, version: str, arch: str) -> KernelTree:
+        """``tree`` if this image has the kernel's gcc, else the developer container's tree."""
+        if tree.toolchain_root is not None:
+            return tree
+        try:
+            choose_compiler(tree.build_dir, self.commands, Toolchain())
+        except CompilerMismatchError as mismatch:
+            if not version:
+                raise
+            say(f"{mismatch}; using the developer container of Flatcar {version}")
+            try:
+                return self.developer_container(version, arch, tree.kernel_release)
+            except DriverError as unavailable:
+                raise CompilerMismatchError(
+                    f"{mismatch} (the developer container is unavailable: {unavailable})"
+                ) from unavailable
+        return tree
+
+
+def _tree_in(root: Path, kernel_release: str) -> KernelTree:
+    modules = root / "usr/lib/modules" / kernel_release
+    source = modules / "source"
+    return KernelTree(
+        build_dir=modules / "build",
+        source_dir=source if source.is_dir() else modules / "build",
+        kernel_release=kernel_release,
+        toolchain_root=None,
+        origin=CONTAINER_TARBALL,
+    )
