@@ -1,0 +1,60 @@
+"""Fixtures shared by the integration tests (root: ``pytest tests/integration -m integration``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from fixtures.gpg import SigningKey, generate_signing_key
+from fixtures.kernel import KernelTree, kernel_tree
+from fixtures.release_server import (
+    TEST_RELEASE,
+    FlatcarReleaseServer,
+    ReleaseArtifacts,
+    build_release_artifacts,
+    sign_release,
+)
+
+
+@pytest.fixture(scope="session")
+def flatcar_kernel_tree() -> KernelTree:
+    """Debian's 6.12.95+deb12-cloud-amd64 as a Flatcar-shaped, cached kernel tree."""
+    return kernel_tree(TEST_RELEASE.kernel)
+
+
+@pytest.fixture(scope="session")
+def flatcar_release_artifacts(flatcar_kernel_tree: KernelTree) -> ReleaseArtifacts:
+    """The test release's cached artifacts (vmlinuz, config, tarball, devcontainer, DIGESTS)."""
+    return build_release_artifacts(TEST_RELEASE, flatcar_kernel_tree)
+
+
+@pytest.fixture(scope="session")
+def flatcar_signing_key(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SigningKey]:
+    """A throwaway release signing key; .public_keyring is what gpgv --keyring takes."""
+    key = generate_signing_key(tmp_path_factory.mktemp("flatcar-signing-key"))
+    yield key
+    key.close()
+
+
+@pytest.fixture(scope="session")
+def flatcar_release_server_session(
+    flatcar_release_artifacts: ReleaseArtifacts,
+    flatcar_signing_key: SigningKey,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[FlatcarReleaseServer]:
+    """The release server for the whole session; tests should use flatcar_release_server."""
+    signatures = sign_release(
+        flatcar_release_artifacts, flatcar_signing_key, tmp_path_factory.mktemp("flatcar-sigs")
+    )
+    server = FlatcarReleaseServer(flatcar_release_artifacts, signatures, flatcar_signing_key)
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def flatcar_release_server(
+    flatcar_release_server_session: FlatcarReleaseServer,
+) -> Iterator[FlatcarReleaseServer]:
+    """The release server, with the faults and request counts of this test cleared after it."""
+    yield flatcar_release_server_session
+    flatcar_release_server_session.reset()
