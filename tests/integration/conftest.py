@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from fixtures.debian import ensure_debian_sources, ensure_packages
 from fixtures.gpg import SigningKey, generate_signing_key
 from fixtures.kernel import KernelTree, kernel_tree
 from fixtures.release_server import (
@@ -14,6 +15,19 @@ from fixtures.release_server import (
     build_release_artifacts,
     sign_release,
 )
+
+# What the integration tests run on a fresh Debian 12 machine, besides what fixtures fetch.
+HOST_PACKAGES = (
+    "gcc-12", "make", "dwarves", "kmod", "patch", "gnupg", "gpgv", "zstd", "xz-utils",
+    "e2fsprogs", "debootstrap", "cpio",
+)  # fmt: skip
+
+
+@pytest.fixture(scope="session", autouse=True)
+def debian_host_packages() -> None:
+    """The project's Debian sources (NVIDIA, backports, trixie pinned low) and the host tools."""
+    ensure_debian_sources()
+    ensure_packages(HOST_PACKAGES)
 
 
 @pytest.fixture(scope="session")
