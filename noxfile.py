@@ -40,7 +40,7 @@ def typecheck(session: nox.Session) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """Run the unit tests against simulated hosts."""
-    _install(session, "pytest")
+    _install(session, "pytest", "invoke")
     session.install(ENTRYPOINT)
     session.run("pytest", "tests/unit", *session.posargs)
 

@@ -1,33 +1,180 @@
-"""Image tasks (``invoke --list``). Each task is a thin wrapper over the ``gdc`` tooling."""
+"""Image tasks (``invoke --list``). Each task is a thin wrapper over the ``gdc`` tooling.
+
+    invoke tags  [--variant precompiled] [--driver-version V] [--flatcar-version V] [--prefix P]
+    invoke build [same] [--arch amd64|arm64|all] [--registry R] [--push]
+    invoke push  [same]
+
+Defaults: the newest driver in versions.toml, Flatcar's current stable release (from the
+releases feed: $FLATCAR_RELEASES_URL or --releases-url for a mirror), this machine's arch.
+"""
 
 from __future__ import annotations
 
-from invoke.collection import Collection
-from invoke.context import Context
-from invoke.exceptions import Exit
-from invoke.tasks import task
+import os
+import sys
+from pathlib import Path
+
+# The tooling and the entrypoint package it reuses (the Flatcar feed parser) live in this
+# repository, not in the environment that runs invoke.
+_ROOT = Path(__file__).resolve().parent
+for _path in (_ROOT / "tooling", _ROOT / "entrypoint" / "src"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+from invoke.collection import Collection  # noqa: E402
+from invoke.context import Context  # noqa: E402
+from invoke.exceptions import Exit  # noqa: E402
+from invoke.tasks import task  # noqa: E402
+
+from gdc import images, plan  # noqa: E402
+from gdc.docker_api import Buildx, Docker, DockerError, DockerSDK  # noqa: E402
+from gdc.releases import ReleaseError  # noqa: E402
+from gdc.tags import TagError  # noqa: E402
+from gdc.versions import VersionsError, load_versions  # noqa: E402
+
+FAILURES = (VersionsError, ReleaseError, TagError, DockerError)
+
+SELECTION_HELP = {
+    "variant": "build (compiles on the node) or precompiled (one per Flatcar release)",
+    "driver_version": "NVIDIA driver version or branch (default: newest in versions.toml)",
+    "flatcar_version": "Flatcar release (default: current stable, from the releases feed)",
+    "arch": "amd64, arm64, a comma list, or 'all' (multi-arch: buildx, needs --push)",
+    "registry": "repository prefix, as the Operator's driver.repository (e.g. ghcr.io/me)",
+    "image": "image name, as the Operator's driver.image (default: driver)",
+    "prefix": "tag prefix for test builds, e.g. flatcar-test-<sha8>",
+    "releases_url": "Flatcar releases.json URL (default: $FLATCAR_RELEASES_URL or flatcar.org)",
+}
+BUILD_HELP = {
+    **SELECTION_HELP,
+    "push": "push every tag after building",
+    "base_image": "base image of the build image (default in the Dockerfile: debian:trixie-slim)",
+    "driver_sha256": "the .run's SHA-256 (HEX or amd64=HEX,arm64=HEX) instead of versions.toml",
+    "driver_base_url": "where NVIDIA-Linux-*.run files are (default: NVIDIA's tesla downloads)",
+    "fabricmanager_base_url": "NVIDIA's redist base for fabric manager archives (or a mirror)",
+    "release_base_url": "Flatcar release server template with {channel}, for mirrors and tests",
+    "flatcar_keyring": "keyring that signs the mirror's Flatcar artifacts (default: Flatcar's)",
+    "network": "network of build steps (default: host)",
+    "docker_host": "dockerd to use (default: $DOCKER_HOST or the local socket)",
+}
 
 
-@task(
-    help={
-        "variant": "build (compiles at runtime) or precompiled (one per Flatcar release)",
-        "driver_version": "the NVIDIA driver version (default: newest in versions file)",
-        "flatcar_version": "the Flatcar release (default: current stable)",
-    }
-)
-def build(
+def connect_docker(docker_host: str, multi_arch: bool) -> Docker:
+    """The Docker adapter; unit tests replace this function with a fake."""
+    sdk = DockerSDK(docker_host or None)
+    return Buildx(sdk, docker_host=docker_host) if multi_arch else sdk
+
+
+def _git(c: Context, command: str) -> str:
+    result = c.run(f"git {command}", hide=True, warn=True)
+    return result.stdout.strip() if result is not None and result.ok else "unknown"
+
+
+def _request(c: Context, options: plan.Options) -> plan.Request:
+    return plan.resolve(
+        options,
+        load_versions(),
+        os.environ,
+        git_commit=_git(c, "rev-parse HEAD"),
+        source_url=_git(c, "remote get-url origin"),
+    )
+
+
+def _print(text: str) -> None:
+    print(text, end="", flush=True)
+
+
+@task(help=SELECTION_HELP, auto_shortflags=False)
+def tags(  # noqa: PLR0917 - invoke maps each option to a parameter
     c: Context,
     variant: str = "precompiled",
     driver_version: str = "",
     flatcar_version: str = "",
+    arch: str = "",
+    registry: str = "",
+    image: str = "driver",
+    prefix: str = "",
+    releases_url: str = "",
 ) -> None:
-    """Build a driver image."""
-    del c, driver_version, flatcar_version
-    raise Exit(
-        f"image builds (variant {variant}) are not available yet: the Dockerfiles and the "
-        "build tooling land with the images issue; see README.md",
-        code=2,
-    )
+    """Print the tags a build would get, building nothing."""
+    options = plan.Options(variant, driver_version, flatcar_version, arch, registry, image,
+                           prefix, releases_url)  # fmt: skip
+    try:
+        request = _request(c, options)
+        for planned in images.planned_tags(request):
+            for reference in planned.references:
+                print(reference)
+    except FAILURES as exc:
+        raise Exit(f"invoke tags: {exc}", code=1) from None
 
 
-ns = Collection(build)
+@task(help=BUILD_HELP, auto_shortflags=False)
+def build(  # noqa: PLR0917 - invoke maps each option to a parameter
+    c: Context,
+    variant: str = "precompiled",
+    driver_version: str = "",
+    flatcar_version: str = "",
+    arch: str = "",
+    registry: str = "",
+    image: str = "driver",
+    prefix: str = "",
+    releases_url: str = "",
+    push: bool = False,
+    base_image: str = "",
+    driver_sha256: str = "",
+    driver_base_url: str = "",
+    fabricmanager_base_url: str = "",
+    release_base_url: str = "",
+    flatcar_keyring: str = "",
+    network: str = "host",
+    docker_host: str = "",
+) -> None:
+    """Build a driver image (a precompiled build also builds its build image)."""
+    sources = plan.Sources(base_image, driver_base_url, fabricmanager_base_url, release_base_url,
+                           Path(flatcar_keyring) if flatcar_keyring else None)  # fmt: skip
+    options = plan.Options(variant, driver_version, flatcar_version, arch, registry, image,
+                           prefix, releases_url, driver_sha256, network, sources)  # fmt: skip
+    try:
+        request = _request(c, options)
+        if request.multi_arch and not push:
+            raise Exit("invoke build: a multi-arch build is pushed as it is built: add --push")
+        docker = connect_docker(docker_host, request.multi_arch)
+        built = images.build_images(request, docker, _print)
+        images.report(built)
+        if push:
+            images.push_images(built, docker, _print)
+    except FAILURES as exc:
+        raise Exit(f"invoke build: {exc}", code=1) from None
+
+
+@task(
+    name="push",
+    help={**SELECTION_HELP, "docker_host": BUILD_HELP["docker_host"]},
+    auto_shortflags=False,
+)
+def push_(  # noqa: PLR0917 - invoke maps each option to a parameter
+    c: Context,
+    variant: str = "precompiled",
+    driver_version: str = "",
+    flatcar_version: str = "",
+    arch: str = "",
+    registry: str = "",
+    image: str = "driver",
+    prefix: str = "",
+    releases_url: str = "",
+    docker_host: str = "",
+) -> None:
+    """Push the tags of an earlier invoke build (same options) to the registry."""
+    options = plan.Options(variant, driver_version, flatcar_version, arch, registry, image,
+                           prefix, releases_url)  # fmt: skip
+    try:
+        request = _request(c, options)
+        docker = connect_docker(docker_host, False)  # noqa: FBT003 - the seam tests replace
+        built = images.local_images(request, docker)
+        images.report(built)
+        for reference, digest in images.push_images(built, docker, _print).items():
+            print(f"pushed {reference}@{digest}")
+    except FAILURES as exc:
+        raise Exit(f"invoke push: {exc}", code=1) from None
+
+
+ns = Collection(tags, build, push_)

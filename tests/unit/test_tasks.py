@@ -1,0 +1,246 @@
+"""invoke tags, build and push with MockContext and a fake Docker: no dockerd, no network."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tasks
+from invoke.context import MockContext
+from invoke.exceptions import Exit
+from invoke.runners import Result
+
+from gdc.docker_api import BuildJob, Buildx, ImageInfo, Progress
+
+SUM = "ab" * 32
+KERNEL = "6.12.102-flatcar"
+NEWEST = "610.57.04"
+
+
+def _entry(channel: str, released: str, kernel: str) -> dict[str, Any]:
+    return {
+        "channel": channel,
+        "architectures": ["amd64", "arm64"],
+        "release_date": released,
+        "major_software": {"kernel": [kernel]},
+    }
+
+
+@pytest.fixture
+def feed_url(tmp_path: Path) -> str:
+    """A releases.json with a current stable, beta and one LTS stream."""
+    feed = {
+        "4593.2.4": _entry("stable", "2026-07-09 10:57:13 +0000", "6.12.95"),
+        "4593.2.5": _entry("stable", "2026-08-13 09:26:25 +0000", "6.12.102"),
+        "4757.1.0": _entry("beta", "2026-08-13 09:20:44 +0000", "6.12.102"),
+        "4790.0.0": _entry("alpha", "2026-08-13 09:23:30 +0000", "6.12.102"),
+        "4081.3.10": _entry("lts", "2026-08-13 09:14:05 +0000", "6.6.150"),
+    }
+    feed["current"] = feed["4593.2.5"]
+    feed["current-2024"] = feed["4081.3.10"]
+    path = tmp_path / "releases.json"
+    path.write_text(json.dumps(feed))
+    return path.as_uri()
+
+
+@dataclass
+class FakeDocker:
+    """Records what the tasks ask of dockerd; a precompiled image adds one layer to its base."""
+
+    kernel: str = KERNEL
+    jobs: list[BuildJob] = field(default_factory=list)
+    images: dict[str, ImageInfo] = field(default_factory=dict)
+    tagged: list[tuple[str, str]] = field(default_factory=list)
+    pushed: list[str] = field(default_factory=list)
+
+    def build(self, job: BuildJob, progress: Progress) -> str:
+        self.jobs.append(job)
+        progress(f"Step 1/1 : {job.dockerfile}\n")
+        base = self.images.get(job.buildargs.get("BUILD_IMAGE", ""))
+        layers = (*base.layers, "precompiled") if base else ("debian", "driver")
+        info = ImageInfo(f"sha256:{len(self.jobs)}", 100 * len(layers), layers, ())
+        for reference in job.references:
+            self.images[reference] = info
+        return info.id
+
+    def tag(self, image: str, reference: str) -> None:
+        self.tagged.append((image, reference))
+        self.images[reference] = next(i for i in self.images.values() if i.id == image)
+
+    def push(self, reference: str, progress: Progress) -> str:
+        progress(f"{reference}: Pushed\n")
+        self.pushed.append(reference)
+        return "sha256:" + "0" * 64
+
+    def inspect(self, reference: str) -> ImageInfo:
+        return self.images[reference]
+
+    def exists(self, reference: str) -> bool:
+        return reference in self.images
+
+    def read_files(self, reference: str, directory: str) -> dict[str, bytes]:
+        assert "precompiled" in self.images[reference].layers
+        assert directory == "/opt/nvidia/precompiled"
+        metadata = json.dumps({"kernel_release": self.kernel}).encode()
+        return {"open/nvidia-modules-6.12.102/metadata.json": metadata}
+
+
+@pytest.fixture
+def docker(monkeypatch: pytest.MonkeyPatch) -> FakeDocker:
+    fake = FakeDocker()
+    monkeypatch.setattr(tasks, "connect_docker", lambda _host, _multi: fake)
+    return fake
+
+
+@pytest.fixture
+def c() -> MockContext:
+    return MockContext(
+        run={
+            "git rev-parse HEAD": Result("0123abcd" * 5 + "\n"),
+            "git remote get-url origin": Result("https://example.invalid/gdc.git\n"),
+        }
+    )
+
+
+def test_tags_prints_what_a_build_would_get(c: MockContext, feed_url: str, capsys: Any) -> None:
+    tasks.tags(c, releases_url=feed_url, registry="127.0.0.1:5000/gdc")
+    assert capsys.readouterr().out.splitlines() == [
+        f"127.0.0.1:5000/gdc/driver:{NEWEST}-flatcar",
+        f"127.0.0.1:5000/gdc/driver:{NEWEST}-flatcar-flatcar4081.3.10",
+        f"127.0.0.1:5000/gdc/driver:{NEWEST}-flatcar-flatcar4593.2.5",
+        f"127.0.0.1:5000/gdc/driver:{NEWEST}-flatcar-flatcar4757.1.0",
+        f"127.0.0.1:5000/gdc/driver:{NEWEST}-flatcar4593.2.5",
+        f"127.0.0.1:5000/gdc/driver:610-{KERNEL}-flatcar4593.2.5",
+    ]
+
+
+def test_tags_for_a_named_release_driver_and_prefix(
+    c: MockContext, feed_url: str, capsys: Any
+) -> None:
+    tasks.tags(c, driver_version="580", flatcar_version="4757.1.0", prefix="flatcar-test-0123abcd",
+               releases_url=feed_url)  # fmt: skip
+    assert capsys.readouterr().out.split() == [
+        "driver:flatcar-test-0123abcd-580.178.04-flatcar",
+        "driver:flatcar-test-0123abcd-580.178.04-flatcar-flatcar4757.1.0",
+        "driver:flatcar-test-0123abcd-580.178.04-flatcar4757.1.0",
+        f"driver:flatcar-test-0123abcd-580-{KERNEL}-flatcar4757.1.0",
+    ]
+
+
+def test_build_of_the_build_image(
+    c: MockContext, docker: FakeDocker, feed_url: str, capsys: Any
+) -> None:
+    tasks.build(c, variant="build", arch="amd64", releases_url=feed_url, driver_sha256=SUM,
+                base_image="gdc/debian:trixie")  # fmt: skip
+    [job] = docker.jobs
+    assert job.dockerfile == "images/build/Dockerfile"
+    assert job.buildargs["DRIVER_VERSION"] == NEWEST
+    assert job.buildargs["DRIVER_SHA256"] == SUM
+    assert job.buildargs["GIT_COMMIT"] == "0123abcd" * 5
+    assert job.buildargs["FLATCAR_VERSIONS"] == "4081.3.10 4593.2.5 4757.1.0"
+    assert job.references[0] == f"driver:{NEWEST}-flatcar"
+    assert docker.pushed == []
+    out = capsys.readouterr().out
+    assert "Step 1/1 : images/build/Dockerfile" in out
+    assert "image 200 B in 2 layers" in out
+
+
+def test_build_and_push_of_a_precompiled_image(
+    c: MockContext, docker: FakeDocker, feed_url: str, capsys: Any
+) -> None:
+    docker.kernel = "6.12.102+test"  # what the packages say wins over the feed
+    tasks.build(c, flatcar_version="4593.2.5", arch="amd64", registry="r", push=True,
+                releases_url=feed_url, driver_sha256=SUM)  # fmt: skip
+    build_job, precompiled_job = docker.jobs
+    assert precompiled_job.buildargs["BUILD_IMAGE"] == build_job.references[0]
+    assert precompiled_job.buildargs["FLATCAR_VERSION"] == "4593.2.5"
+    assert docker.pushed == [
+        f"r/driver:{NEWEST}-flatcar",
+        f"r/driver:{NEWEST}-flatcar-flatcar4593.2.5",
+        f"r/driver:{NEWEST}-flatcar4593.2.5",
+        "r/driver:610-6.12.102-test-flatcar4593.2.5",
+    ]
+    assert "shares 2 of the build image's 2 layers and adds 1" in capsys.readouterr().out
+
+
+def test_push_pushes_what_an_earlier_build_left(
+    c: MockContext, docker: FakeDocker, feed_url: str, capsys: Any
+) -> None:
+    tasks.build(c, arch="amd64", releases_url=feed_url, driver_sha256=SUM)
+    docker.pushed.clear()
+    tasks.push_(c, releases_url=feed_url)
+    assert docker.pushed[-1] == f"driver:610-{KERNEL}-flatcar4593.2.5"
+    assert f"pushed driver:{NEWEST}-flatcar@sha256:" in capsys.readouterr().out
+
+
+def test_push_before_build_says_what_to_do(
+    c: MockContext, docker: FakeDocker, feed_url: str
+) -> None:
+    with pytest.raises(Exit, match="is not in dockerd: run invoke build first"):
+        tasks.push_(c, variant="build", releases_url=feed_url)
+
+
+def test_build_without_a_recorded_checksum_says_where_to_put_one(
+    c: MockContext, docker: FakeDocker, feed_url: str
+) -> None:
+    with pytest.raises(Exit, match=r"versions\.toml, or pass --driver-sha256"):
+        tasks.build(c, arch="amd64", releases_url=feed_url)
+    assert docker.jobs == []
+
+
+def test_a_multi_arch_build_must_push(c: MockContext, feed_url: str) -> None:
+    with pytest.raises(Exit, match="add --push"):
+        tasks.build(c, arch="all", releases_url=feed_url, driver_sha256=f"amd64={SUM}")
+
+
+def test_a_multi_arch_build_goes_through_buildx(
+    c: MockContext, feed_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    commands: list[list[str]] = []
+    fake = FakeDocker()
+
+    def connect(host: str, multi_arch: bool) -> Buildx:
+        assert multi_arch
+        return Buildx(fake, lambda argv: commands.append(list(argv)) or 0, docker_host=host)
+
+    monkeypatch.setattr(tasks, "connect_docker", connect)
+    tasks.build(c, variant="build", arch="amd64,arm64", push=True, registry="ghcr.io/me",
+                releases_url=feed_url, driver_sha256=f"amd64={SUM},arm64={SUM}")  # fmt: skip
+    [argv] = commands
+    assert argv[:3] == ["docker", "buildx", "build"]
+    assert "--push" in argv
+    assert argv[argv.index("--platform") + 1] == "linux/amd64,linux/arm64"
+    assert f"DRIVER_SHA256=amd64={SUM},arm64={SUM}" in argv
+    assert not any(arg.startswith("TARGETARCH=") for arg in argv)
+    assert argv[argv.index("--tag") + 1] == f"ghcr.io/me/driver:{NEWEST}-flatcar"
+    assert fake.pushed == []  # buildx pushed it
+
+
+def test_an_unreachable_feed_is_an_exit_with_advice(c: MockContext, tmp_path: Path) -> None:
+    missing = (tmp_path / "none.json").as_uri()
+    with pytest.raises(Exit, match=r"cannot read the Flatcar releases feed .* --releases-url"):
+        tasks.tags(c, releases_url=missing)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"variant": "runtime"}, "unknown variant 'runtime'"),
+        ({"arch": "riscv64"}, "unknown architecture"),
+        ({"driver_version": "470"}, "driver 470 is not in versions.toml"),
+        ({"flatcar_version": "1.2.3"}, "Flatcar 1.2.3 is not in the releases feed"),
+        ({"prefix": "bad prefix"}, "invalid tag prefix"),
+    ],
+)
+def test_bad_options_are_an_exit_with_advice(
+    c: MockContext, feed_url: str, options: dict[str, str], message: str
+) -> None:
+    with pytest.raises(Exit, match=message):
+        tasks.tags(c, releases_url=feed_url, **options)
+
+
+def test_the_tasks_are_listed() -> None:
+    assert set(tasks.ns.task_names) == {"build", "push", "tags"}

@@ -1,0 +1,90 @@
+"""versions.toml: the supported drivers, their .run checksums, channels and arches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gdc.versions import (
+    VERSIONS_FILE,
+    VersionsError,
+    driver_branch,
+    load_versions,
+    parse_versions,
+)
+
+SUM = "ab" * 32
+
+
+def _data(**drivers: Any) -> dict[str, Any]:
+    return {
+        "images": {"channels": ["stable", "lts"], "arches": ["amd64"]},
+        "drivers": drivers or {"580.178.04": {"sha256": {"amd64": SUM, "arm64": "TODO"}}},
+    }
+
+
+def test_the_repository_file_lists_the_active_datacenter_branches() -> None:
+    versions = load_versions(VERSIONS_FILE)
+    assert [d.version for d in versions.drivers] == ["580.178.04", "595.91.07", "610.57.04"]
+    assert versions.newest.version == "610.57.04"
+    assert set(versions.arches) == {"amd64", "arm64"}
+    assert "stable" in versions.channels
+
+
+def test_checksums_are_recorded_or_clearly_missing() -> None:
+    """A TODO placeholder is never mistaken for a checksum."""
+    for driver in load_versions().drivers:
+        for arch, value in driver.sha256.items():
+            assert value is None or len(value) == 64, (driver.version, arch)
+
+
+def test_a_missing_checksum_says_how_to_supply_one() -> None:
+    driver = parse_versions(_data()).driver("580.178.04")
+    assert driver.checksum("amd64") == SUM
+    with pytest.raises(VersionsError, match=r"arm64: copy it .* or pass --driver-sha256"):
+        driver.checksum("arm64")
+
+
+def test_drivers_sort_numerically_and_a_branch_picks_its_newest() -> None:
+    versions = parse_versions(
+        _data(**{
+            "580.95.05": {"sha256": {}},
+            "580.105.08": {"sha256": {}},
+            "570.195.03": {"sha256": {}},
+        })
+    )  # fmt: skip
+    assert [d.version for d in versions.drivers] == ["570.195.03", "580.95.05", "580.105.08"]
+    assert versions.driver("580").version == "580.105.08"
+    assert versions.driver("580.95.05").branch == "580"
+    with pytest.raises(VersionsError, match=r"driver 999 is not in versions.toml"):
+        versions.driver("999")
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"drivers": {}}, "no \\[drivers"),
+        ({"drivers": {"580.1": {"sha256": {"amd64": "beef"}}}}, "64 hex digits or 'TODO'"),
+        ({"drivers": {"580.1": {"sha256": {"riscv": SUM}}}}, "unknown arch 'riscv'"),
+        ({"drivers": {"latest": {}}}, "invalid driver version 'latest'"),
+        ({"images": {"channels": ["edge"]}, "drivers": {"580.1": {}}}, "unknown edge"),
+        ({"images": {"arches": []}, "drivers": {"580.1": {}}}, "non-empty list"),
+    ],
+)
+def test_a_broken_versions_file_is_refused(data: dict[str, Any], message: str) -> None:
+    with pytest.raises(VersionsError, match=message):
+        parse_versions(data)
+
+
+def test_branch_of_a_driver_version() -> None:
+    assert driver_branch("595.91.07") == "595"
+    with pytest.raises(VersionsError):
+        driver_branch("r580")
+
+
+def test_an_unreadable_file_names_itself(tmp_path: Any) -> None:
+    broken = tmp_path / "versions.toml"
+    broken.write_text("[drivers\n")
+    with pytest.raises(VersionsError, match=r"cannot read .*versions.toml"):
+        load_versions(broken)

@@ -1,0 +1,243 @@
+"""Build, tag, measure and push the two images.
+
+A precompiled build first builds (or finds in the build cache) the build image of the same
+driver, then adds one layer on top of it. Its ``<branch>-<kernel>-flatcar<V>`` tag takes the
+kernel from the packages inside the built image, not from the feed: the packages are what the
+node's kernel has to match. A multi-arch build (buildx) pushes as it builds and so has to use
+the feed's kernel.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from gdc import context
+from gdc.docker_api import BuildJob, Docker, DockerError, ImageInfo, Progress
+from gdc.plan import Request
+from gdc.tags import ImageTags, Variant, build_image_tags, precompiled_tags, repository
+
+PRECOMPILED_DIR = "/opt/nvidia/precompiled"
+FLATCAR_VERSION_LABEL = "gpu-driver-container.flatcar-version"
+BUILD_INPUTS_LABEL = "gpu-driver-container.build-inputs"  # digest of the build context
+
+
+@dataclass(frozen=True)
+class Built:
+    tags: ImageTags
+    info: ImageInfo | None  # None for a multi-arch image pushed by buildx
+
+
+def build_tags(request: Request) -> ImageTags:
+    tags = build_image_tags(request.driver.version, request.aliases, request.prefix)
+    return ImageTags(repository(request.registry, request.image), tags)
+
+
+def precompiled_image_tags(request: Request, kernel_release: str) -> ImageTags:
+    tags = precompiled_tags(
+        request.driver.version, str(request.flatcar.version), kernel_release, request.prefix
+    )
+    return ImageTags(repository(request.registry, request.image), tags)
+
+
+def planned_tags(request: Request) -> list[ImageTags]:
+    """The tags a build of request gets (precompiled: with the feed's kernel)."""
+    planned = [build_tags(request)]
+    if request.variant is Variant.PRECOMPILED:
+        planned.append(precompiled_image_tags(request, request.flatcar.kernel_release))
+    return planned
+
+
+def platforms(request: Request) -> tuple[str, ...]:
+    return tuple(f"linux/{arch}" for arch in request.arches)
+
+
+def _optional(**values: str) -> dict[str, str]:
+    """Build arguments left out when empty, so the Dockerfile's defaults apply."""
+    return {key: value for key, value in values.items() if value}
+
+
+def build_job(request: Request, ctx: context.Context) -> BuildJob:
+    args = {
+        "DRIVER_VERSION": request.driver.version,
+        "DRIVER_BRANCH": request.driver.branch,
+        "DRIVER_SHA256": request.sha256_spec(),
+        "GIT_COMMIT": request.git_commit,
+        "SOURCE_URL": request.source_url,
+        "FLATCAR_VERSIONS": " ".join(request.aliases),
+        **_optional(
+            BASE_IMAGE=request.sources.base_image,
+            DRIVER_BASE_URL=request.sources.driver_base_url,
+            FABRICMANAGER_BASE_URL=request.sources.fabricmanager_base_url,
+        ),
+    }
+    if not request.multi_arch:
+        args["TARGETARCH"] = request.arches[0]  # buildx sets it per platform itself
+    return BuildJob(
+        context=ctx.directory,
+        dockerfile=ctx.dockerfile,
+        buildargs=args,
+        references=build_tags(request).references,
+        platforms=platforms(request),
+        network=request.network,
+        labels={BUILD_INPUTS_LABEL: ctx.digest()},
+    )
+
+
+def precompiled_job(request: Request, ctx: context.Context, build_image: str) -> BuildJob:
+    args = {
+        "BUILD_IMAGE": build_image,
+        "FLATCAR_VERSION": str(request.flatcar.version),
+        **_optional(
+            FLATCAR_RELEASE_BASE_URL=request.sources.release_base_url,
+            FLATCAR_KEYRING=ctx.keyring,
+        ),
+    }
+    tags = precompiled_image_tags(request, request.flatcar.kernel_release)
+    # Single-arch: only the kernel-free tag until the image says which kernel it serves.
+    references = tags.references if request.multi_arch else tags.references[:1]
+    return BuildJob(
+        context=ctx.directory,
+        dockerfile=ctx.dockerfile,
+        buildargs=args,
+        references=references,
+        platforms=platforms(request),
+        network=request.network,
+    )
+
+
+def kernel_of(docker: Docker, reference: str) -> str:
+    """The one kernel release the precompiled packages in the image were built for."""
+    files = docker.read_files(reference, PRECOMPILED_DIR)
+    kernels = {
+        json.loads(content)["kernel_release"]
+        for path, content in files.items()
+        if PurePosixPath(path).name == "metadata.json"
+    }
+    if len(kernels) != 1:
+        found = ", ".join(sorted(kernels)) or "no package"
+        raise DockerError(f"{reference}: expected packages for one kernel under "
+                          f"{PRECOMPILED_DIR}, found {found}")  # fmt: skip
+    return str(kernels.pop())
+
+
+def build_images(request: Request, docker: Docker, progress: Progress) -> list[Built]:
+    """Build what request asks for; return each image with its tags (build image first)."""
+    with tempfile.TemporaryDirectory(prefix="gdc-context.") as scratch:
+        build_ctx = context.assemble(Variant.BUILD, Path(scratch) / "build")
+        built = [_build(docker, build_job(request, build_ctx), build_tags(request), progress)]
+        if request.variant is Variant.PRECOMPILED:
+            ctx = context.assemble(
+                Variant.PRECOMPILED, Path(scratch) / "precompiled", request.sources.keyring
+            )
+            job = precompiled_job(request, ctx, built[0].tags.primary)
+            built.append(_build_precompiled(request, docker, job, progress))
+    return built
+
+
+def _build(docker: Docker, job: BuildJob, tags: ImageTags, progress: Progress) -> Built:
+    progress(f"Building {', '.join(job.references)}\n")
+    image_id = docker.build(job, progress)
+    return Built(tags, docker.inspect(tags.primary) if image_id else None)
+
+
+def _build_precompiled(
+    request: Request, docker: Docker, job: BuildJob, progress: Progress
+) -> Built:
+    progress(f"Building {', '.join(job.references)}\n")
+    image_id = docker.build(job, progress)
+    if not image_id:  # buildx pushed it under the feed's kernel
+        return Built(precompiled_image_tags(request, request.flatcar.kernel_release), None)
+    kernel = kernel_of(docker, job.references[0])
+    tags = precompiled_image_tags(request, kernel)
+    for reference in tags.references[1:]:
+        docker.tag(image_id, reference)
+    return Built(tags, docker.inspect(tags.primary))
+
+
+def local_images(request: Request, docker: Docker) -> list[Built]:
+    """What an earlier build of request left in dockerd (for push)."""
+    build = build_tags(request)
+    found = [Built(build, _inspect_existing(docker, build.primary))]
+    if request.variant is Variant.PRECOMPILED:
+        first = precompiled_image_tags(request, request.flatcar.kernel_release).primary
+        _inspect_existing(docker, first)
+        tags = precompiled_image_tags(request, kernel_of(docker, first))
+        found.append(Built(tags, _inspect_existing(docker, tags.primary)))
+    return found
+
+
+def _inspect_existing(docker: Docker, reference: str) -> ImageInfo:
+    if not docker.exists(reference):
+        raise DockerError(f"{reference} is not in dockerd: run invoke build first")
+    return docker.inspect(reference)
+
+
+def push_images(built: list[Built], docker: Docker, progress: Progress) -> dict[str, str]:
+    """Push every reference (the build image's first, so its layers go up once)."""
+    digests = {}
+    for image in built:
+        if image.info is None:
+            continue  # buildx pushed it already
+        for reference in image.tags.references:
+            docker.tag(image.info.id, reference)  # a stale local tag must not be pushed
+            progress(f"Pushing {reference}\n")
+            digests[reference] = docker.push(reference, progress)
+    return digests
+
+
+# --- report ------------------------------------------------------------------------------------
+
+
+def human_size(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "kB", "MB", "GB"):
+        if value < 1000 or unit == "GB":  # noqa: PLR2004 - decimal units, as docker prints
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} GB"
+
+
+def _short(created_by: str, width: int = 70) -> str:
+    text = " ".join(created_by.removeprefix("/bin/sh -c ").removeprefix("#(nop) ").split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def report(built: list[Built], say: Callable[[str], None] = print) -> None:
+    """Tags, image size, and the size of every layer; for a precompiled image, what it adds."""
+    base: ImageInfo | None = None
+    for image in built:
+        for reference in image.tags.references:
+            say(reference)
+        if image.info is None:
+            say("  (multi-arch image, pushed by buildx: sizes are in the registry)")
+            continue
+        info = image.info
+        say(f"  image {human_size(info.size)} in {len(info.layers)} layers")
+        for step in info.data_steps:
+            say(f"    {human_size(step.size):>9}  {_short(step.created_by)}")
+        if base is not None:
+            say("  " + sharing(base, info))
+        base = info
+
+
+def sharing(base: ImageInfo, image: ImageInfo) -> str:
+    shared = len(_common_prefix(base.layers, image.layers))
+    added = len(image.layers) - shared
+    extra = image.size - base.size
+    return (
+        f"shares {shared} of the build image's {len(base.layers)} layers and adds {added} "
+        f"({human_size(extra)})"
+    )
+
+
+def _common_prefix(first: tuple[str, ...], second: tuple[str, ...]) -> tuple[str, ...]:
+    common = []
+    for left, right in zip(first, second, strict=False):
+        if left != right:
+            break
+        common.append(left)
+    return tuple(common)

@@ -1,0 +1,140 @@
+"""What one ``invoke build`` / ``push`` / ``tags`` is about, resolved from its options.
+
+Defaults: the newest driver in versions.toml, the current stable Flatcar release from the
+releases feed, this machine's architecture. Build-image aliases go to the current release of
+each channel versions.toml lists, or only to the release named with --flatcar-version.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gdc import releases
+from gdc.tags import DEFAULT_IMAGE, Variant
+from gdc.versions import ARCHES, Driver, Versions, VersionsError
+from nvidia_driver.flatcar import Release
+
+_MACHINE_ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
+ALL_ARCHES = "all"
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Where the image builds download from; "" keeps the Dockerfiles' defaults (NVIDIA's)."""
+
+    base_image: str = ""
+    driver_base_url: str = ""
+    fabricmanager_base_url: str = ""
+    release_base_url: str = ""  # FLATCAR_RELEASE_BASE_URL, a template with {channel}
+    keyring: Path | None = None  # FLATCAR_KEYRING for a mirror's (or a test's) signatures
+
+
+@dataclass(frozen=True)
+class Request:
+    variant: Variant
+    driver: Driver
+    flatcar: Release  # the release a precompiled image is for; the build image's label
+    aliases: tuple[str, ...]  # Flatcar versions the build image gets an alias tag for
+    arches: tuple[str, ...]
+    registry: str = ""
+    image: str = DEFAULT_IMAGE
+    prefix: str = ""
+    driver_sha256: str = ""  # overrides versions.toml: HEX or amd64=HEX,arm64=HEX
+    sources: Sources = field(default_factory=Sources)
+    git_commit: str = "unknown"
+    source_url: str = "unknown"
+    network: str = "host"
+
+    @property
+    def multi_arch(self) -> bool:
+        return len(self.arches) > 1
+
+    def sha256_spec(self) -> str:
+        """The DRIVER_SHA256 build argument: ``arch=HEX`` for each architecture built."""
+        if self.driver_sha256:
+            return self.driver_sha256
+        return ",".join(f"{arch}={self.driver.checksum(arch)}" for arch in self.arches)
+
+
+@dataclass(frozen=True)
+class Options:
+    """The task's options, as typed on the command line ("" means the default)."""
+
+    variant: str = Variant.PRECOMPILED.value
+    driver_version: str = ""
+    flatcar_version: str = ""
+    arch: str = ""
+    registry: str = ""
+    image: str = DEFAULT_IMAGE
+    prefix: str = ""
+    releases_url: str = ""
+    driver_sha256: str = ""
+    network: str = "host"
+    sources: Sources = field(default_factory=Sources)
+
+
+def host_arch() -> str:
+    machine = platform.machine()
+    try:
+        return _MACHINE_ARCH[machine]
+    except KeyError:
+        raise VersionsError(f"no image architecture for this machine ({machine})") from None
+
+
+def parse_arches(text: str, versions: Versions) -> tuple[str, ...]:
+    """ "" -> this machine's; "all" -> versions.toml's; else a comma-separated list."""
+    if not text:
+        return (host_arch(),)
+    if text == ALL_ARCHES:
+        return versions.arches
+    arches = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    unknown = [arch for arch in arches if arch not in ARCHES]
+    if unknown or not arches:
+        raise VersionsError(f"unknown architecture {text!r}: use amd64, arm64, a list or 'all'")
+    return arches
+
+
+def parse_variant(text: str) -> Variant:
+    try:
+        return Variant(text)
+    except ValueError:
+        raise VersionsError(f"unknown variant {text!r}: use build or precompiled") from None
+
+
+def resolve(
+    options: Options,
+    versions: Versions,
+    env: Mapping[str, str],
+    *,
+    reader: releases.FeedReader = releases.read_url,
+    git_commit: str = "unknown",
+    source_url: str = "unknown",
+) -> Request:
+    variant = parse_variant(options.variant)
+    driver = versions.driver(options.driver_version) if options.driver_version else versions.newest
+    feed = releases.load_feed(releases.feed_url(env, options.releases_url), reader)
+    if options.flatcar_version:
+        flatcar = releases.find_release(feed, options.flatcar_version)
+        aliases: tuple[str, ...] = (str(flatcar.version),)
+    else:
+        flatcar = releases.current_stable(feed)
+        supported = releases.supported_releases(feed, versions.channels)
+        aliases = tuple(str(release.version) for release in supported)
+    return Request(
+        variant=variant,
+        driver=driver,
+        flatcar=flatcar,
+        aliases=aliases,
+        arches=parse_arches(options.arch, versions),
+        registry=options.registry,
+        image=options.image,
+        prefix=options.prefix,
+        driver_sha256=options.driver_sha256,
+        sources=options.sources,
+        git_commit=git_commit,
+        source_url=source_url,
+        network=options.network,
+    )

@@ -1,0 +1,108 @@
+"""Image tags, as the GPU Operator computes the image it pulls.
+
+The Operator appends ``-<ID><VERSION_ID>`` (``-flatcar4593.2.0``) to ``driver.version``, and for
+precompiled drivers asks for ``<driver.version>-<kernel>-flatcar<VERSION_ID>`` with the kernel
+in ``uname -r`` form. So:
+
+* a precompiled image is tagged ``<driver>-flatcar<V>`` (the Operator's default path, with
+  ``driver.version=<driver>``) and ``<branch>-<kernel>-flatcar<V>`` (``usePrecompiled``, with
+  ``driver.version=<branch>``);
+* the build image is tagged ``<driver>-flatcar``, plus ``<driver>-flatcar-flatcar<V>`` for each
+  supported release, so that ``driver.version=<driver>-flatcar`` resolves on every node.
+
+An optional prefix (``flatcar-test-<sha8>``) goes in front of every tag, as NVIDIA's dev builds do.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+
+from gdc.versions import driver_branch
+
+OS_ID = "flatcar"
+DEFAULT_IMAGE = "driver"  # the Operator's default driver.image
+_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+_NOT_IN_TAG = re.compile(r"[^A-Za-z0-9_.-]")
+_PREFIX = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+_FLATCAR_VERSION = re.compile(r"\d+\.\d+\.\d+")
+
+
+class Variant(StrEnum):
+    BUILD = "build"
+    PRECOMPILED = "precompiled"
+
+
+class TagError(ValueError):
+    """A tag that a registry would refuse."""
+
+
+def os_tag(flatcar_version: str) -> str:
+    """``4593.2.0`` -> ``flatcar4593.2.0``: ID + VERSION_ID, never shortened for Flatcar."""
+    if not _FLATCAR_VERSION.fullmatch(flatcar_version):
+        raise TagError(f"invalid Flatcar version {flatcar_version!r}: expected e.g. 4593.2.0")
+    return f"{OS_ID}{flatcar_version}"
+
+
+def kernel_in_tag(kernel_release: str) -> str:
+    """The kernel as a tag can hold it: characters a tag may not contain become ``-``."""
+    return _NOT_IN_TAG.sub("-", kernel_release)
+
+
+def _prefixed(prefix: str, tag: str) -> str:
+    if prefix and not _PREFIX.fullmatch(prefix):
+        raise TagError(f"invalid tag prefix {prefix!r}: use letters, digits, '_', '.' and '-'")
+    full = f"{prefix.rstrip('-')}-{tag}" if prefix else tag
+    if not _TAG.fullmatch(full):
+        raise TagError(f"invalid tag {full!r}: at most 128 of [A-Za-z0-9_.-], not starting '.-'")
+    return full
+
+
+def build_image_tags(
+    driver_version: str, flatcar_versions: Iterable[str], prefix: str = ""
+) -> tuple[str, ...]:
+    """``<driver>-flatcar`` then one ``<driver>-flatcar-flatcar<V>`` alias per release."""
+    driver_branch(driver_version)  # validates
+    base = f"{driver_version}-{OS_ID}"
+    aliases = [f"{base}-{os_tag(version)}" for version in dict.fromkeys(flatcar_versions)]
+    return tuple(_prefixed(prefix, tag) for tag in (base, *aliases))
+
+
+def precompiled_tags(
+    driver_version: str, flatcar_version: str, kernel_release: str, prefix: str = ""
+) -> tuple[str, ...]:
+    """``<driver>-flatcar<V>`` and ``<branch>-<kernel>-flatcar<V>``."""
+    suffix = os_tag(flatcar_version)
+    branch = driver_branch(driver_version)
+    tags = (
+        f"{driver_version}-{suffix}",
+        f"{branch}-{kernel_in_tag(kernel_release)}-{suffix}",
+    )
+    return tuple(_prefixed(prefix, tag) for tag in tags)
+
+
+def repository(registry: str, image: str = DEFAULT_IMAGE) -> str:
+    """``<registry>/<image>`` as the Operator joins driver.repository and driver.image."""
+    return f"{registry.rstrip('/')}/{image}" if registry else image
+
+
+def reference(registry: str, tag: str, image: str = DEFAULT_IMAGE) -> str:
+    return f"{repository(registry, image)}:{tag}"
+
+
+@dataclass(frozen=True)
+class ImageTags:
+    """Every reference one built image gets; ``primary`` is the one builds refer to."""
+
+    repository: str
+    tags: tuple[str, ...]
+
+    @property
+    def primary(self) -> str:
+        return f"{self.repository}:{self.tags[0]}"
+
+    @property
+    def references(self) -> tuple[str, ...]:
+        return tuple(f"{self.repository}:{tag}" for tag in self.tags)
