@@ -191,6 +191,16 @@ def test_build_without_a_recorded_checksum_says_where_to_put_one(
     assert docker.jobs == []
 
 
+def test_an_unlisted_driver_builds_only_with_its_checksum(
+    c: MockContext, docker: FakeDocker, feed_url: str
+) -> None:
+    tasks.build(c, variant="build", driver_version="535.261.03", arch="amd64",
+                releases_url=feed_url, driver_sha256=SUM)  # fmt: skip
+    assert docker.jobs[0].buildargs["DRIVER_VERSION"] == "535.261.03"
+    with pytest.raises(Exit, match=r"driver 535\.261\.03 is not in versions\.toml"):
+        tasks.build(c, variant="build", driver_version="535.261.03", releases_url=feed_url)
+
+
 def test_a_multi_arch_build_must_push(c: MockContext, feed_url: str) -> None:
     with pytest.raises(Exit, match="add --push"):
         tasks.build(c, arch="all", releases_url=feed_url, driver_sha256=f"amd64={SUM}")

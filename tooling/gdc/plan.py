@@ -14,7 +14,7 @@ from pathlib import Path
 
 from gdc import releases
 from gdc.tags import DEFAULT_IMAGE, Variant
-from gdc.versions import ARCHES, Driver, Versions, VersionsError
+from gdc.versions import ARCHES, Driver, Versions, VersionsError, driver_branch
 from nvidia_driver.flatcar import Release
 
 _MACHINE_ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
@@ -104,6 +104,19 @@ def parse_variant(text: str) -> Variant:
         raise VersionsError(f"unknown variant {text!r}: use build or precompiled") from None
 
 
+def _driver(options: Options, versions: Versions) -> Driver:
+    """The listed driver; an unlisted one only with its checksum given (hotfixes, tests)."""
+    if not options.driver_version:
+        return versions.newest
+    try:
+        return versions.driver(options.driver_version)
+    except VersionsError:
+        if not options.driver_sha256 or options.driver_version.count(".") < 1:
+            raise
+        driver_branch(options.driver_version)  # validates
+        return Driver(options.driver_version, {})
+
+
 def resolve(
     options: Options,
     versions: Versions,
@@ -114,7 +127,7 @@ def resolve(
     source_url: str = "unknown",
 ) -> Request:
     variant = parse_variant(options.variant)
-    driver = versions.driver(options.driver_version) if options.driver_version else versions.newest
+    driver = _driver(options, versions)
     feed = releases.load_feed(releases.feed_url(env, options.releases_url), reader)
     if options.flatcar_version:
         flatcar = releases.find_release(feed, options.flatcar_version)
