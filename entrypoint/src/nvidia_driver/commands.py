@@ -9,13 +9,16 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
 from nvidia_driver.errors import DriverError
+
+FILTER_EXIT_GRACE_SECONDS = 1.0
 
 
 def _first_line(text: str) -> str:
@@ -103,6 +106,50 @@ class Commands:
             process.wait()
             if process.stdout is not None:
                 process.stdout.close()
+
+    @contextmanager
+    def pipe_bytes(
+        self, name: str, args: Sequence[str | os.PathLike[str]], source: IO[bytes]
+    ) -> Iterator[IO[bytes]]:
+        """Run a byte filter (a decompressor) reading ``source`` from its current offset.
+
+        The caller reads the binary output. Whatever it leaves unread is drained afterwards, so
+        that a filter is never killed by a closed pipe; a failed exit raises with its own reason.
+        """
+        argv = [self.require(name), *(os.fspath(arg) for arg in args)]
+        # stderr goes to a file: a pipe nobody reads while stdout is read could fill and block.
+        with tempfile.TemporaryFile() as errors:
+            process = subprocess.Popen(
+                argv, stdin=source, stdout=subprocess.PIPE, stderr=errors, env=self.env
+            )
+            output = process.stdout
+            assert output is not None  # stdout=PIPE
+            try:
+                yield output
+                while output.read(1 << 16):
+                    pass
+            except Exception as exc:
+                # Output cut short by the filter's own failure: its reason says more. A filter
+                # that failed is exiting; one still writing is given up on after a moment.
+                with suppress(subprocess.TimeoutExpired):
+                    process.wait(timeout=FILTER_EXIT_GRACE_SECONDS)
+                if process.returncode:
+                    raise _filter_failure(name, process.returncode, errors) from exc
+                raise
+            except BaseException:
+                process.kill()
+                raise
+            finally:
+                output.close()  # a filter still writing ends on the broken pipe
+                returncode = process.wait()
+            if returncode != 0:
+                raise _filter_failure(name, returncode, errors)
+
+
+def _filter_failure(name: str, returncode: int, errors: IO[bytes]) -> DriverError:
+    errors.seek(0)
+    reason = _first_line(errors.read().decode(errors="replace")) or "no output"
+    return DriverError(f"{name} failed (exit {returncode}): {reason}")
 
 
 def lines(stream: IO[str] | None) -> Iterator[str]:

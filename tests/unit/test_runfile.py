@@ -1,0 +1,343 @@
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import tarfile
+from pathlib import Path
+
+import pytest
+from runfile_builder import (
+    VERSION,
+    Compression,
+    build_run,
+    compress,
+    compression_params,
+    needs_zstd,
+    posix_cksum,
+    tar_of,
+    tar_of_members,
+    write_run,
+)
+
+from nvidia_driver import runfile
+from nvidia_driver.commands import Commands
+from nvidia_driver.errors import DriverError
+from nvidia_driver.runfile import (
+    PosixCksum,
+    extract,
+    line_offset,
+    payload_offset,
+    read_header,
+    sniff_compression,
+    verify,
+)
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    """A tiny driver-like tree: a top-level binary, a library, a nested source file."""
+    root = tmp_path / "tree"
+    (root / "kernel" / "nvidia").mkdir(parents=True)
+    (root / "nvidia-smi").write_bytes(b"\x7fELF fake nvidia-smi\n")
+    (root / "nvidia-smi").chmod(0o755)
+    (root / f"libcuda.so.{VERSION}").write_bytes(b"\x7fELF fake libcuda\n" * 100)
+    (root / "kernel" / "nvidia" / "nv.c").write_text("int nv;\n")
+    (root / "kernel" / "nvidia" / "nv.c").chmod(0o644)
+    (root / ".manifest").write_text(f"NVIDIA\n{VERSION}\n")
+    return root
+
+
+def unpacked(tree: Path) -> dict[str, tuple[bytes | None, int]]:
+    """Relative path -> (content or None for a directory, permission bits)."""
+    found: dict[str, tuple[bytes | None, int]] = {}
+    for path in sorted(tree.rglob("*")):
+        content = None if path.is_dir() else path.read_bytes()
+        found[path.relative_to(tree).as_posix()] = (content, stat.S_IMODE(path.stat().st_mode))
+    return found
+
+
+# --- POSIX cksum -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [0, 1, 255, 256, 65_537, 1_000_003])
+def test_posix_cksum_matches_coreutils(size: int) -> None:
+    data = os.urandom(size)
+    crc = PosixCksum()
+    crc.update(data[: size // 3])
+    crc.update(data[size // 3 :])
+    assert crc.value() == posix_cksum(data)
+
+
+# --- header ------------------------------------------------------------------------------------
+
+
+def test_header_fields_are_parsed_by_name_with_quotes_stripped(tmp_path: Path, tree: Path) -> None:
+    built = build_run(tmp_path / "x.run", tree)
+    header = read_header(built.path)
+    assert header.skip == built.skip
+    assert header.version == VERSION
+    assert header.target_arch == "x86_64"  # single-quoted in the stub
+    assert (
+        header.fields["label"] == f"NVIDIA Accelerated Graphics Driver for Linux-x86_64 {VERSION}"
+    )
+    assert header.fields["TMPROOT"] == "${TMPDIR:=/tmp}"
+    assert header.crc is not None
+    assert header.md5 is not None
+
+
+def test_header_ends_at_the_first_line_that_is_not_key_value(tmp_path: Path, tree: Path) -> None:
+    # The stub has "skip=99999" and "CRCsum=1" after its comment banner: not header lines.
+    built = build_run(tmp_path / "x.run", tree)
+    assert read_header(built.path).skip == built.skip != 99999
+
+
+def test_header_order_does_not_matter(tmp_path: Path) -> None:
+    # A 1.0-era header put skip= on line 2, before CRCsum and MD5.
+    path = tmp_path / "old.run"
+    path.write_bytes(b'#! /bin/sh\nskip=7\nCRCsum=123\nMD5="' + b"a" * 32 + b'"\nlabel=x\n\n')
+    header = read_header(path)
+    assert (header.skip, header.crc, header.md5) == (7, 123, "a" * 32)
+
+
+def test_an_all_zero_md5_means_no_md5(tmp_path: Path, tree: Path) -> None:
+    built = build_run(tmp_path / "x.run", tree)
+    text = built.path.read_bytes()
+    md5 = read_header(built.path).md5
+    assert md5 is not None
+    built.path.write_bytes(text.replace(md5.encode(), b"0" * 32))
+    assert read_header(built.path).md5 is None
+
+
+@pytest.mark.parametrize(
+    "head",
+    [b"#! /bin/sh\nCRCsum=1\nlabel=x\n", b"#! /bin/sh\nskip=abc\n", b"\x7fELF\x02\x01"],
+    ids=["no-skip", "skip-not-a-number", "not-a-script"],
+)
+def test_a_header_without_a_valid_skip_is_refused(tmp_path: Path, head: bytes) -> None:
+    path = tmp_path / "bad.run"
+    path.write_bytes(head)
+    with pytest.raises(DriverError, match="no valid skip="):
+        read_header(path)
+
+
+def test_a_malformed_crc_line_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "bad.run"
+    path.write_bytes(b"#! /bin/sh\nCRCsum=12ab\nskip=3\n")
+    with pytest.raises(DriverError, match="malformed CRCsum"):
+        read_header(path)
+
+
+def test_an_unreadable_file_is_a_driver_error(tmp_path: Path) -> None:
+    with pytest.raises(DriverError, match="cannot read"):
+        read_header(tmp_path / "missing.run")
+
+
+# --- payload offset and compression --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 7, 1 << 20])
+def test_payload_offset_is_after_skip_minus_one_newlines(
+    tmp_path: Path, tree: Path, chunk_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runfile, "CHUNK_BYTES", chunk_bytes)  # newlines across chunk edges
+    built = build_run(tmp_path / "x.run", tree, "gzip")
+    data = built.path.read_bytes()
+    assert payload_offset(built.path) == built.payload_offset
+    assert data[: built.payload_offset].count(b"\n") == built.skip - 1
+    assert data[built.payload_offset : built.payload_offset + 2] == b"\x1f\x8b"
+
+
+def test_line_offsets(tmp_path: Path) -> None:
+    path = tmp_path / "lines"
+    path.write_bytes(b"a\nbb\n\nccc")
+    assert [line_offset(path, line) for line in (1, 2, 3, 4)] == [0, 2, 5, 6]
+
+
+def test_a_file_shorter_than_skip_is_truncated(tmp_path: Path) -> None:
+    path = tmp_path / "short.run"
+    path.write_bytes(b"#! /bin/sh\nskip=40\nline\n")
+    with pytest.raises(DriverError, match="truncated"):
+        payload_offset(path)
+
+
+@pytest.mark.parametrize("compression", compression_params())
+def test_the_compression_is_sniffed_at_the_payload(
+    tmp_path: Path, tree: Path, compression: Compression
+) -> None:
+    built = build_run(tmp_path / "x.run", tree, compression)
+    assert sniff_compression(built.path, built.payload_offset) == compression
+
+
+def test_an_unknown_payload_format_is_refused(tmp_path: Path) -> None:
+    built = write_run(tmp_path / "x.run", b"BZh91AY&SY not a format we read")
+    with pytest.raises(DriverError, match="not zstd, xz or gzip"):
+        sniff_compression(built.path, built.payload_offset)
+
+
+# --- checksums ---------------------------------------------------------------------------------
+
+
+def _verify(path: Path, sha256: str | None = None) -> None:
+    header = read_header(path)
+    verify(path, header, payload_offset(path, header), sha256)
+
+
+def test_the_header_crc_and_md5_cover_line_4_to_eof(tmp_path: Path, tree: Path) -> None:
+    built = build_run(tmp_path / "x.run", tree)
+    data = built.path.read_bytes()
+    covered = data.split(b"\n", 3)[3]
+    header = read_header(built.path)
+    assert header.crc == posix_cksum(covered)
+    assert header.md5 == hashlib.md5(covered, usedforsecurity=False).hexdigest()
+    _verify(built.path)
+
+
+def test_a_crc_mismatch_is_an_error(tmp_path: Path, tree: Path) -> None:
+    built = write_run(tmp_path / "x.run", compress(tar_of(tree), "xz"), crc_delta=1)
+    with pytest.raises(DriverError, match=r"corrupt: its CRC is \d+ but its header says \d+"):
+        _verify(built.path)
+
+
+def test_an_md5_mismatch_is_an_error(tmp_path: Path, tree: Path) -> None:
+    built = write_run(tmp_path / "x.run", compress(tar_of(tree), "xz"), md5="f" * 32)
+    with pytest.raises(
+        DriverError, match=r"corrupt: its MD5 is [0-9a-f]{32} but its header says f"
+    ):
+        _verify(built.path)
+
+
+def test_a_corrupted_byte_fails_the_check(tmp_path: Path, tree: Path) -> None:
+    built = build_run(tmp_path / "x.run", tree)
+    data = bytearray(built.path.read_bytes())
+    data[-10] ^= 0xFF
+    built.path.write_bytes(bytes(data))
+    with pytest.raises(DriverError, match="corrupt"):
+        _verify(built.path)
+
+
+def test_checksums_over_the_payload_alone_are_accepted(tmp_path: Path, tree: Path) -> None:
+    # The range is verified for makeself nv2 only; later nvN may cover the payload alone.
+    built = write_run(tmp_path / "x.run", compress(tar_of(tree), "xz"), checksums="payload")
+    _verify(built.path)
+
+
+def test_a_file_without_crc_or_md5_is_not_checked(tmp_path: Path, tree: Path) -> None:
+    built = write_run(tmp_path / "x.run", compress(tar_of(tree), "xz"), checksums="none")
+    header = read_header(built.path)
+    assert (header.crc, header.md5) == (None, None)
+    _verify(built.path)
+
+
+def test_the_pinned_sha256_is_checked(tmp_path: Path, tree: Path) -> None:
+    built = build_run(tmp_path / "x.run", tree)
+    digest = hashlib.sha256(built.path.read_bytes()).hexdigest()
+    _verify(built.path, digest.upper())
+    with pytest.raises(DriverError, match=f"not the pinned {'0' * 64}"):
+        _verify(built.path, "0" * 64)
+
+
+def test_a_malformed_sha256_pin_is_refused(tmp_path: Path, tree: Path) -> None:
+    built = build_run(tmp_path / "x.run", tree)
+    with pytest.raises(DriverError, match="not 64 hex digits"):
+        _verify(built.path, "sha256:abc")
+
+
+# --- extraction --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("compression", compression_params())
+def test_extract_unpacks_the_tree(tmp_path: Path, tree: Path, compression: Compression) -> None:
+    built = build_run(tmp_path / "x.run", tree, compression)
+    digest = hashlib.sha256(built.path.read_bytes()).hexdigest()
+    dest = extract(built.path, tmp_path / "out", sha256=digest)
+    assert dest == tmp_path / "out"
+    assert unpacked(dest) == unpacked(tree)
+    assert unpacked(dest)["nvidia-smi"][1] == 0o755
+
+
+def test_extract_checks_before_unpacking(tmp_path: Path, tree: Path) -> None:
+    built = write_run(tmp_path / "x.run", compress(tar_of(tree), "xz"), crc_delta=1)
+    with pytest.raises(DriverError, match="CRC"):
+        extract(built.path, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_extract_refuses_a_non_empty_destination(tmp_path: Path, tree: Path) -> None:
+    built = build_run(tmp_path / "x.run", tree)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "keep").write_text("mine\n")
+    with pytest.raises(DriverError, match="not empty"):
+        extract(built.path, tmp_path / "out")
+    assert (tmp_path / "out" / "keep").read_text() == "mine\n"
+
+
+def _member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.linkname = link
+    info.mode = 0o644
+    return info
+
+
+UNSAFE_MEMBERS = {
+    "absolute-path": [(_member("/tmp/gdc-evil"), b"x")],
+    "dot-dot": [(_member("./../evil"), b"x")],
+    "symlink-out": [(_member("./out", tarfile.SYMTYPE, "/etc"), b"")],
+    "symlink-up": [(_member("./up", tarfile.SYMTYPE, "../../.."), b"")],
+    "hardlink-out": [(_member("./passwd", tarfile.LNKTYPE, "/etc/passwd"), b"")],
+    "device": [(_member("./dev", tarfile.CHRTYPE), b"")],
+}
+
+
+@pytest.mark.parametrize("members", UNSAFE_MEMBERS.values(), ids=UNSAFE_MEMBERS.keys())
+def test_unsafe_members_are_refused(
+    tmp_path: Path, members: list[tuple[tarfile.TarInfo, bytes]]
+) -> None:
+    safe = [(_member("./nvidia-smi"), b"fine\n")]
+    built = write_run(tmp_path / "x.run", compress(tar_of_members(safe + members), "gzip"))
+    with pytest.raises(DriverError, match="refusing to unpack"):
+        extract(built.path, tmp_path / "out" / "tree")
+    assert not (tmp_path / "out" / "tree").exists()
+    assert not (tmp_path / "out" / "evil").exists()
+    assert not Path("/tmp/gdc-evil").exists()
+
+
+def test_extraction_drops_setuid_bits(tmp_path: Path) -> None:
+    # Python's "data" filter: install modes come from the .manifest instead.
+    member = _member("./nvidia-modprobe")
+    member.mode = 0o4755
+    built = write_run(tmp_path / "x.run", compress(tar_of_members([(member, b"bin\n")]), "xz"))
+    dest = extract(built.path, tmp_path / "out")
+    assert stat.S_IMODE((dest / "nvidia-modprobe").stat().st_mode) == 0o755
+
+
+@pytest.mark.parametrize("compression", ["gzip", "xz"])
+def test_a_damaged_payload_is_a_driver_error(
+    tmp_path: Path, tree: Path, compression: Compression
+) -> None:
+    payload = compress(tar_of(tree), compression)
+    damaged = payload[: len(payload) // 2]  # no checksums to catch it first
+    built = write_run(tmp_path / "x.run", damaged, checksums="none")
+    with pytest.raises(DriverError, match="unpacking the driver package failed"):
+        extract(built.path, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@needs_zstd
+def test_a_damaged_zstd_payload_reports_zstd_s_reason(tmp_path: Path, tree: Path) -> None:
+    payload = compress(tar_of(tree), "zstd")
+    built = write_run(tmp_path / "x.run", payload[: len(payload) // 2], checksums="none")
+    with pytest.raises(
+        DriverError, match=r"zstd failed \(exit 1\): .*(premature end|unexpected end|truncated)"
+    ):
+        extract(built.path, tmp_path / "out")
+
+
+@needs_zstd
+def test_zstd_needs_the_zstd_command(tmp_path: Path, tree: Path) -> None:
+    built = build_run(tmp_path / "x.run", tree, "zstd")
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    with pytest.raises(DriverError, match="zstd not found on PATH"):
+        extract(built.path, tmp_path / "out", commands=Commands(env={"PATH": str(empty)}))
