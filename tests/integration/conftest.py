@@ -6,6 +6,14 @@ from collections.abc import Iterator
 
 import pytest
 from fixtures.debian import ensure_debian_sources, ensure_packages
+from fixtures.docker_env import (
+    DockerDaemon,
+    Registry,
+    base_image,
+    local_registry,
+    start_dockerd,
+    stop_dockerd,
+)
 from fixtures.gpg import SigningKey, generate_signing_key
 from fixtures.kernel import KernelTree, kernel_tree
 from fixtures.release_server import (
@@ -72,3 +80,29 @@ def flatcar_release_server(
     """The release server, with the faults and request counts of this test cleared after it."""
     yield flatcar_release_server_session
     flatcar_release_server_session.reset()
+
+
+# --- Docker, a local registry and a base image (test_images.py) --------------------------------
+
+
+@pytest.fixture(scope="session")
+def docker_daemon() -> Iterator[DockerDaemon]:
+    """The project's dockerd (no bridge, no iptables), started if it is not running."""
+    daemon = start_dockerd()
+    yield daemon
+    stop_dockerd(daemon)
+
+
+@pytest.fixture(scope="session")
+def docker_registry(
+    docker_daemon: DockerDaemon, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Registry]:
+    """Debian's docker-registry on 127.0.0.1, empty at the start of the session."""
+    with local_registry(tmp_path_factory.mktemp("registry")) as registry:
+        yield registry
+
+
+@pytest.fixture(scope="session")
+def docker_base_image(docker_daemon: DockerDaemon) -> str:
+    """A local Debian trixie minbase image, the stand-in for debian:trixie-slim."""
+    return base_image()
