@@ -221,7 +221,10 @@ def test_the_report_shows_sizes_and_what_the_precompiled_image_adds() -> None:
         "sha256:b",
         700_000_000,
         ("l1", "l2"),
-        (HistoryEntry("/bin/sh -c #(nop) ENV A=1", 0), HistoryEntry("/bin/sh -c apt", 90_000)),
+        (
+            HistoryEntry("/bin/sh -c #(nop) ENV A=1", 0),
+            HistoryEntry("|2 A=1 B=x y /bin/sh -c apt", 90_000),
+        ),
     )
     top = ImageInfo("sha256:p", 730_500_000, ("l1", "l2", "l3"), (HistoryEntry("COPY", 30_500),))
     lines: list[str] = []

@@ -202,7 +202,9 @@ def human_size(size: int) -> str:
 
 
 def _short(created_by: str, width: int = 70) -> str:
-    text = " ".join(created_by.removeprefix("/bin/sh -c ").removeprefix("#(nop) ").split())
+    # Classic-builder RUN steps read "|<n> ARG=value ... /bin/sh -c <command>".
+    command = created_by.rpartition("/bin/sh -c ")[2] or created_by
+    text = " ".join(command.removeprefix("#(nop) ").split())
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
