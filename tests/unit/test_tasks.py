@@ -222,6 +222,7 @@ def test_a_multi_arch_build_goes_through_buildx(
     [argv] = commands
     assert argv[:3] == ["docker", "buildx", "build"]
     assert "--push" in argv
+    assert argv[argv.index("--allow") + 1] == "network.host"
     assert argv[argv.index("--platform") + 1] == "linux/amd64,linux/arm64"
     assert f"DRIVER_SHA256=amd64={SUM},arm64={SUM}" in argv
     assert not any(arg.startswith("TARGETARCH=") for arg in argv)

@@ -243,6 +243,8 @@ class Buildx:
         if self.docker_host:
             argv += ["--host", self.docker_host]
         argv += ["buildx", "build", "--push", "--network", job.network]
+        if job.network == "host":  # an entitlement under buildx's docker-container driver
+            argv += ["--allow", "network.host"]
         argv += ["--platform", ",".join(job.platforms), "--file", str(job.context / job.dockerfile)]
         for key, value in sorted(job.buildargs.items()):
             argv += ["--build-arg", f"{key}={value}"]
