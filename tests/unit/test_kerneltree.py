@@ -32,6 +32,7 @@ from kerneltree_fixtures import (
 )
 
 from nvidia_driver import kerneltree
+from nvidia_driver.build import Toolchain
 from nvidia_driver.errors import DriverError
 from nvidia_driver.paths import Paths
 
@@ -551,7 +552,9 @@ def test_developer_container_is_extracted_without_a_loop_device(
     assert tree.source_dir == tree.build_dir
     assert tree.toolchain_root == root
     assert tree.origin == kerneltree.DEVELOPER_CONTAINER
-    assert tree.in_toolchain_root(tree.build_dir) == Path(f"/usr/lib/modules/{KERNEL}/build")
+    assert Toolchain(tree.toolchain_root).inside(tree.build_dir) == Path(
+        f"/usr/lib/modules/{KERNEL}/build"
+    )
     # The tree's tools run inside the chroot, with the container's own glibc: left as built.
     assert kerneltree.read_elf(tree.build_dir / "scripts/basic/fixdep") is not None
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from simhost import SimulatedHost
 
-from nvidia_driver.build import CompilerMismatchError, Toolchain, choose_compiler
+from nvidia_driver.build import CHROOT_PATH, CompilerMismatchError, Toolchain, choose_compiler
 from nvidia_driver.commands import Commands
 from nvidia_driver.release import CACHE_ENV, cache_dir, has_container_tree
 
@@ -39,9 +39,9 @@ def test_the_cache_directory_is_configurable(tmp_path: Path) -> None:
 def test_a_developer_container_build_runs_chrooted(tmp_path: Path) -> None:
     root = tmp_path / "devcontainer"
     toolchain = Toolchain(root)
-    assert toolchain.argv("make", "-C", root / "var/tmp/x") == (
+    assert toolchain.argv("make", "-C", "/var/tmp/x") == (
         "chroot",
-        [root, "make", "-C", root / "var/tmp/x"],
+        [root, "/usr/bin/env", f"PATH={CHROOT_PATH}", "make", "-C", "/var/tmp/x"],
     )
     assert toolchain.inside(root / "usr/lib/modules/k/build") == Path("/usr/lib/modules/k/build")
     assert Toolchain().inside(root) == root

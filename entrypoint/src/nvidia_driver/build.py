@@ -40,6 +40,7 @@ _CLOSED_CORES = (
     ),
 )
 _BAR_WIDTH = 30
+CHROOT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _COMPILE_LINE = re.compile(r"^\s+CC \[M\]\s")
 _ERROR_LINE = re.compile(r"(error:|Error \d+|\*\*\*)")
 
@@ -71,7 +72,8 @@ class Toolchain:
     def argv(self, name: str, *args: str | Path) -> tuple[str, list[str | Path]]:
         if self.root is None:
             return name, list(args)
-        return "chroot", [self.root, name, *args]
+        # Inside the chroot, this image's PATH means nothing: use the container's own.
+        return "chroot", [self.root, "/usr/bin/env", f"PATH={CHROOT_PATH}", name, *args]
 
     def inside(self, path: Path) -> Path:
         """``path`` as the compiler sees it."""
@@ -149,6 +151,15 @@ def tree_digest(paths: Iterable[Path]) -> str:
             digest.update(str(file.relative_to(root)).encode())
             digest.update(file.read_bytes())
     return f"sha256:{digest.hexdigest()}"
+
+
+def module_linker_script(build_dir: Path) -> Path | None:
+    """The script kbuild's modfinal links modules with: scripts/module.lds, else the arch's."""
+    candidates = [
+        build_dir / "scripts" / "module.lds",
+        *sorted(build_dir.glob("arch/*/module.lds")),
+    ]
+    return next((path for path in candidates if path.is_file()), None)
 
 
 def _progress(done: int, total: int) -> str:
@@ -234,7 +245,10 @@ def _package_sources(
         linked.append(LinkedModule(module, list(parts), linker_script="module.lds"))
     if linked:
         if not (workdir / "module.lds").is_file():
-            raise DriverError("the kernel tree has no scripts/module.lds to link modules with")
+            raise DriverError(
+                "the kernel tree has no module linker script (scripts/module.lds or "
+                "arch/<arch>/module.lds) to link the proprietary modules with"
+            )
         sources["module.lds"] = workdir / "module.lds"
     modules = [name for name in built if name not in {item.module for item in linked}]
     return sources, modules, linked
@@ -262,8 +276,8 @@ def build_package(request: BuildRequest, commands: Commands) -> Package:
         patches = select_patches(request.driver_branch, request.kernel_release, source_dir.name)
         apply_patches(patches, workdir, commands)
         run_make(workdir, request, compiler, commands, toolchain)
-        script = request.tree.build_dir / "scripts" / "module.lds"
-        if script.is_file():
+        script = module_linker_script(request.tree.build_dir)
+        if script is not None:
             shutil.copyfile(script, workdir / "module.lds")
         sources, modules, linked = _package_sources(workdir, request.module_type)
         metadata = PackageMetadata(

@@ -98,12 +98,6 @@ class KernelTree:
     toolchain_root: Path | None
     origin: str
 
-    def in_toolchain_root(self, path: Path) -> Path:
-        """``path`` as seen from inside the chroot of ``toolchain_root``."""
-        if self.toolchain_root is None:
-            return path
-        return Path("/") / path.relative_to(self.toolchain_root)
-
 
 # ELF: just enough to read PT_INTERP and DT_NEEDED.
 
