@@ -105,13 +105,17 @@ def parse_variant(text: str) -> Variant:
 
 
 def _driver(options: Options, versions: Versions) -> Driver:
-    """The listed driver; an unlisted one only with its checksum given (hotfixes, tests)."""
+    """The listed driver, or an unlisted full version (hotfixes, tests).
+
+    An unlisted driver has no recorded checksum, so building it needs --driver-sha256; its
+    tags and pushes need none.
+    """
     if not options.driver_version:
         return versions.newest
     try:
         return versions.driver(options.driver_version)
     except VersionsError:
-        if not options.driver_sha256 or options.driver_version.count(".") < 1:
+        if "." not in options.driver_version:  # a branch must be one versions.toml lists
             raise
         driver_branch(options.driver_version)  # validates
         return Driver(options.driver_version, {})
