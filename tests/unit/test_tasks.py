@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,7 @@ from invoke.context import MockContext
 from invoke.exceptions import Exit
 from invoke.runners import Result
 
+from gdc import docker_api
 from gdc.docker_api import BuildJob, Buildx, ImageInfo, Progress
 
 SUM = "ab" * 32
@@ -256,3 +259,69 @@ def test_bad_options_are_an_exit_with_advice(
 
 def test_the_tasks_are_listed() -> None:
     assert set(tasks.ns.task_names) == {"build", "push", "tags"}
+
+
+# --- the docker SDK adapter's stream handling (no dockerd) -------------------------------------
+
+
+def test_a_build_stream_shows_progress_and_yields_the_image_id() -> None:
+    lines: list[str] = []
+    stream = [
+        {"stream": "Step 1/2 : FROM base\n"},
+        {"status": "Downloading", "id": "abc"},
+        {"aux": {"ID": "sha256:feed"}},
+        {"stream": "Successfully built feed\n"},
+    ]
+    assert docker_api._follow_build(stream, lines.append) == "sha256:feed"
+    assert lines == ["Step 1/2 : FROM base\n", "abc: Downloading\n", "Successfully built feed\n"]
+
+
+def test_a_failed_build_says_what_dockerd_said() -> None:
+    stream = [{"stream": "Step 3/9 : RUN provision\n"}, {"error": "returned a non-zero code: 1"}]
+    with pytest.raises(docker_api.DockerError, match=r"non-zero code: 1\nStep 3/9"):
+        docker_api._follow_build(stream, lambda _line: None)
+
+
+def test_a_push_stream_reports_each_layer_once_and_the_digest() -> None:
+    lines: list[str] = []
+    stream = [
+        {"status": "Pushing", "id": "l1", "progressDetail": {"current": 1, "total": 2}},
+        {"status": "Pushed", "id": "l1", "progressDetail": {}},
+        {"status": "t: digest: sha256:abc size: 1"},
+        {"aux": {"Tag": "t", "Digest": "sha256:abc", "Size": 1}},
+    ]
+    assert docker_api._follow_push(stream, "r:t", lines.append) == "sha256:abc"
+    assert lines == ["l1: Pushed\n", "t: digest: sha256:abc size: 1\n"]
+    with pytest.raises(docker_api.DockerError, match="docker push r:t failed: denied"):
+        docker_api._follow_push([{"error": "denied"}], "r:t", lines.append)
+
+
+@pytest.mark.parametrize(
+    ("reference", "expected"),
+    [
+        ("127.0.0.1:5000/gdc/driver:580-flatcar", ("127.0.0.1:5000/gdc/driver", "580-flatcar")),
+        ("127.0.0.1:5000/gdc/driver", ("127.0.0.1:5000/gdc/driver", "latest")),
+        ("driver", ("driver", "latest")),
+    ],
+)
+def test_split_reference(reference: str, expected: tuple[str, str]) -> None:
+    assert docker_api.split_reference(reference) == expected
+
+
+def test_files_of_a_docker_cp_archive() -> None:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, data in {
+            "precompiled/open/p/metadata.json": b"{}",
+            "precompiled/x": b"1",
+        }.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        directory = tarfile.TarInfo("precompiled/open")
+        directory.type = tarfile.DIRTYPE
+        tar.addfile(directory)  # skipped: only files are returned
+    assert docker_api.files_in_tar(buffer.getvalue(), "precompiled") == {
+        "open/p/metadata.json": b"{}",
+        "x": b"1",
+    }
