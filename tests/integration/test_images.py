@@ -17,7 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from fixtures.docker_env import DockerDaemon, Registry, docker_env, remove_images
+from fixtures.docker_env import (
+    DockerDaemon,
+    Registry,
+    docker_env,
+    remove_images,
+    remove_repository,
+)
 from fixtures.driver_server import DriverDownloads, serve_driver_downloads
 from fixtures.gpg import SigningKey
 from fixtures.release_server import TEST_RELEASE, FlatcarReleaseServer
@@ -74,7 +80,7 @@ def invoke(  # noqa: PLR0917 - pytest passes fixtures by name
     driver_downloads: DriverDownloads,
     flatcar_release_server_session: FlatcarReleaseServer,
     flatcar_signing_key: SigningKey,
-) -> Invoke:
+) -> Iterator[Invoke]:
     server = flatcar_release_server_session
     selection = (
         "--driver-version", DRIVER, "--flatcar-version", FLATCAR, "--arch", "amd64",
@@ -89,7 +95,8 @@ def invoke(  # noqa: PLR0917 - pytest passes fixtures by name
         "--release-base-url", server.base_url,
         "--flatcar-keyring", str(flatcar_signing_key.public_keyring),
     )  # fmt: skip
-    return Invoke(docker_registry, selection, build_options, docker_env())
+    yield Invoke(docker_registry, selection, build_options, docker_env())
+    remove_repository(f"{docker_registry.address}/gdc/driver")
 
 
 @pytest.fixture(scope="module")
