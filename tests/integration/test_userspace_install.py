@@ -154,7 +154,7 @@ def test_the_opencl_vendor_file_names_the_installed_library(installed: Installed
 
 
 def test_the_gsp_firmware_is_under_the_exact_version(installed: Installed) -> None:
-    firmware = installed.root / "lib/firmware/nvidia" / VERSION
+    firmware = installed.root / "opt/lib/firmware/nvidia" / VERSION
     names = sorted(path.name for path in firmware.iterdir())
     assert names == ["gsp_ga10x.bin", "gsp_tu10x.bin"]
     assert all((firmware / name).stat().st_size > 1_000_000 for name in names)

@@ -31,6 +31,7 @@ def host(tmp_path: Path) -> Iterator[SimulatedHost]:
         "LOG_LEVEL=4\nFABRIC_MODE=0\n# FABRIC_MODE=2\nDAEMONIZE=1\n",
     )
     simulated.add_driver_sources()
+    simulated.add_gsp_firmware()
     yield simulated
     # The stub daemons are real background processes: never leak them.
     for pid in simulated.daemon_pids():

@@ -276,6 +276,10 @@ class SimulatedHost:
             f"/usr/src/nvidia-{driver}/kernel/nvidia-modeset/nv-modeset-kernel.o_binary", "core\n"
         )
 
+    def add_gsp_firmware(self, driver: str = DRIVER) -> None:
+        for name in ("gsp_ga10x.bin", "gsp_tu10x.bin"):
+            self.write(f"/opt/lib/firmware/nvidia/{driver}/{name}", f"{name} of {driver}\n")
+
     def add_host_kernel_tree(self, release: str = KERNEL, gcc: int = 140201) -> Path:
         tree = f"/proc/1/root/usr/lib/modules/{release}/build"
         self.write(f"{tree}/Makefile", "# kernel\n")

@@ -332,6 +332,13 @@ def test_module_parameters_and_firmware_path(host: SimulatedHost) -> None:
     )
     firmware = host.path("/sys/module/firmware_class/parameters/path")
     assert firmware.read_text() == "/run/nvidia/driver/lib/firmware"
+    # The image's GSP firmware is in the Operator's /lib/firmware mount before nvidia.ko loads.
+    assert in_order(
+        driver.output,
+        [f"Copying the GSP firmware into /lib/firmware/nvidia/{DRIVER}...", "Loading NVIDIA"],
+    )
+    gsp = host.path(f"/lib/firmware/nvidia/{DRIVER}/gsp_ga10x.bin")
+    assert gsp.read_text() == f"gsp_ga10x.bin of {DRIVER}\n"
     driver.terminate()
 
 
@@ -341,6 +348,8 @@ def test_an_existing_firmware_search_path_is_kept(host: SimulatedHost) -> None:
     driver = host.start("init", DRIVER_VERSION="550.163.01")
     driver.wait_for("Done, now waiting for signal")
     assert "Retaining the current configuration" in driver.output
+    # This image has no firmware for 550: proprietary modules go on without GSP.
+    assert "WARNING: the image has no GSP firmware for driver 550.163.01" in driver.output
     assert host.path("/sys/module/firmware_class/parameters/path").read_text() == (
         "/opt/firmware\n"
     )

@@ -128,8 +128,8 @@ EXPECTED_FILES: dict[str, int | str] = {
     "usr/bin/nvidia-cuda-mps-server": 0o755,
     "usr/share/man/man1/nvidia-smi.1.gz": 0o444,
     "usr/share/man/man1/nvidia-modprobe.1.gz": 0o444,
-    f"lib/firmware/nvidia/{V}/gsp_ga10x.bin": 0o644,
-    f"lib/firmware/nvidia/{V}/gsp_tu10x.bin": 0o644,
+    f"opt/lib/firmware/nvidia/{V}/gsp_ga10x.bin": 0o644,
+    f"opt/lib/firmware/nvidia/{V}/gsp_tu10x.bin": 0o644,
 }
 KERNEL_SOURCES = {
     "kernel/Kbuild",

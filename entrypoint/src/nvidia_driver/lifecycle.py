@@ -28,7 +28,11 @@ from nvidia_driver.kmod import (
     unload_modules,
 )
 from nvidia_driver.log import say
-from nvidia_driver.modparams import configure_firmware_search_path, write_modprobe_conf
+from nvidia_driver.modparams import (
+    configure_firmware_search_path,
+    provide_gsp_firmware,
+    write_modprobe_conf,
+)
 from nvidia_driver.moduletype import ModuleTypeChoice, resolve_module_type
 from nvidia_driver.packages import Package, find_matching, install_package
 from nvidia_driver.paths import Paths
@@ -229,9 +233,11 @@ class Lifecycle:
         install_package(package, self.paths.lib_modules(kernel), self.commands)
         self.commands.run("depmod", "-b", self.paths.root, kernel)
 
-    def load(self) -> None:
+    def load(self, module_type: str) -> None:
         params = write_modprobe_conf(self.paths, self.config.driver_branch)
-        configure_firmware_search_path(self.paths, params.get("nvidia", []))
+        nvidia_params = params.get("nvidia", [])
+        provide_gsp_firmware(self.paths, self.config.driver_version, module_type, nvidia_params)
+        configure_firmware_search_path(self.paths, nvidia_params)
         load_host_prerequisites(self.paths, self.commands)
         with_peermem = self.config.gpu_direct_rdma and self.facts.mellanox_present
         load_modules(self.commands, with_peermem)
@@ -311,7 +317,7 @@ class Lifecycle:
                 )
             package = self.runtime_build(choice)
         self.install(package)
-        self.load()
+        self.load(package.metadata.module_type)
         self.finish()
 
     def cleanup_after_failure(self) -> None:

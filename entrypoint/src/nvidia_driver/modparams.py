@@ -1,14 +1,23 @@
-"""Module parameters and the GSP firmware search path."""
+"""Module parameters, and the GSP firmware: its files and the kernel's search path for them."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from nvidia_driver.errors import DriverError
 from nvidia_driver.log import say, warn
-from nvidia_driver.paths import DRIVER_ROOT, Paths
+from nvidia_driver.moduletype import OPEN
+from nvidia_driver.paths import DRIVER_ROOT, FIRMWARE_DIR, IMAGE_FIRMWARE_DIR, Paths
 
 # R580+ CDMM: keeps GH200/GB200 GPU memory from showing up as a NUMA node.
 COHERENT_MEMORY_PARAM = "NVreg_CoherentGPUMemoryMode=driver"
 FIRST_BRANCH_WITH_CDMM = 580
 FIRMWARE_SEARCH_PATH = f"{DRIVER_ROOT}/lib/firmware"
+FIRMWARE_DISABLED = "NVreg_EnableGpuFirmware=0"
+_CHUNK = 1 << 20
 
 
 def read_params(paths: Paths, module: str) -> list[str]:
@@ -51,7 +60,7 @@ def configure_firmware_search_path(paths: Paths, nvidia_params: list[str]) -> No
     The kernel's firmware loader resolves paths in the host's namespace; the container's
     /lib/firmware is the host path /run/nvidia/driver/lib/firmware.
     """
-    if "NVreg_EnableGpuFirmware=0" in nvidia_params:
+    if FIRMWARE_DISABLED in nvidia_params:
         return
     target = paths.firmware_search_path
     say(
@@ -70,3 +79,71 @@ def configure_firmware_search_path(paths: Paths, nvidia_params: list[str]) -> No
         target.write_text(FIRMWARE_SEARCH_PATH)
     except OSError as exc:
         warn(f"Failed to configure firmware search path: {exc.strerror}")
+
+
+def provide_gsp_firmware(
+    paths: Paths, driver_version: str, module_type: str, nvidia_params: list[str]
+) -> None:
+    """Copy the image's GSP firmware into /lib/firmware/nvidia/<version>, where nvidia.ko asks.
+
+    The Operator mounts the host path /run/nvidia/driver/lib/firmware over /lib/firmware, which
+    hides anything the image put there; so the image keeps it under /opt/lib/firmware.
+    """
+    if FIRMWARE_DISABLED in nvidia_params:
+        return
+    source = paths.image_firmware(driver_version)
+    files = sorted(path for path in source.glob("*") if path.is_file())
+    if not files:
+        where = f"{IMAGE_FIRMWARE_DIR}/{driver_version}"
+        if module_type == OPEN:
+            raise DriverError(
+                f"no GSP firmware for driver {driver_version} in {where}, which the open kernel "
+                "modules need: the image is incomplete; rebuild it with this project's "
+                "Dockerfiles, whose userspace installer puts the firmware there"
+            )
+        warn(
+            f"the image has no GSP firmware for driver {driver_version} in {where}: the "
+            "proprietary modules load without GSP, and GPUs that need it will fail (set "
+            f"{FIRMWARE_DISABLED} in nvidia.conf if that is intended)"
+        )
+        return
+    destination = paths.firmware(driver_version)
+    stale = [file for file in files if not _same_content(file, destination / file.name)]
+    if not stale:
+        return
+    say(f"Copying the GSP firmware into {FIRMWARE_DIR}/{driver_version}...")
+    try:
+        destination.mkdir(parents=True, exist_ok=True)
+        for file in stale:
+            _copy_atomically(file, destination / file.name)
+    except OSError as exc:
+        raise DriverError(
+            f"copying the GSP firmware into {FIRMWARE_DIR}/{driver_version} failed "
+            f"({exc.strerror}): the host path {FIRMWARE_SEARCH_PATH} must be writable"
+        ) from exc
+
+
+def _same_content(source: Path, copy: Path) -> bool:
+    try:
+        if copy.stat().st_size != source.stat().st_size:
+            return False
+        with source.open("rb") as original, copy.open("rb") as copied:
+            while chunk := original.read(_CHUNK):
+                if copied.read(_CHUNK) != chunk:
+                    return False
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _copy_atomically(source: Path, destination: Path) -> None:
+    # The kernel may read the file at any time: it sees the old one or the new one, never half.
+    handle, temporary = tempfile.mkstemp(prefix=f".{destination.name}.", dir=destination.parent)
+    try:
+        with os.fdopen(handle, "wb") as out, source.open("rb") as data:
+            shutil.copyfileobj(data, out, _CHUNK)
+        Path(temporary).chmod(0o644)
+        Path(temporary).replace(destination)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise

@@ -18,6 +18,9 @@ HOST_ROOT_ENV = "NVIDIA_DRIVER_HOST_ROOT"
 DRIVER_ROOT = "/run/nvidia/driver"
 FABRICMANAGER_CONFIG = "/usr/share/nvidia/nvswitch/fabricmanager.cfg"
 NVLSM_CONFIG = "/usr/share/nvidia/nvlsm/nvlsm.conf"
+# Where the image keeps the GSP firmware: the Operator mounts a host path over /lib/firmware.
+IMAGE_FIRMWARE_DIR = "/opt/lib/firmware/nvidia"
+FIRMWARE_DIR = "/lib/firmware/nvidia"
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,12 @@ class Paths:
     def precompiled(self) -> Path:
         # The precompiled image adds exactly this directory on top of the build image.
         return self("/opt/nvidia/precompiled")
+
+    def image_firmware(self, driver_version: str) -> Path:
+        return self(f"{IMAGE_FIRMWARE_DIR}/{driver_version}")
+
+    def firmware(self, driver_version: str) -> Path:
+        return self(f"{FIRMWARE_DIR}/{driver_version}")
 
     def lib_modules(self, kernel_release: str) -> Path:
         return self(f"/lib/modules/{kernel_release}")

@@ -3,7 +3,8 @@
 This replaces ``nvidia-installer`` at image build time (both images, and the tests, take this
 path). It installs what a headless compute node needs (shared/reference/nvidia-run-format.md
 section 4): NVML, CUDA, OpenCL, Vulkan/EGL libraries with their SONAME links, nvidia-smi and
-the other tools, the GSP firmware, and the kernel module sources that the build and the
+the other tools, the GSP firmware (under /opt/lib/firmware/nvidia/<version>, which ``init`` copies
+into the Operator's /lib/firmware mount), and the kernel module sources that the build and the
 GDS/GDRCopy sidecars look for in /usr/src/nvidia-<version>.
 
 Files are picked by basename (the manifest's TYPE does not separate compute from graphics) and
@@ -39,6 +40,7 @@ from nvidia_driver import runfile as run
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
 from nvidia_driver.log import error, say, warn
+from nvidia_driver.paths import IMAGE_FIRMWARE_DIR
 
 # --- the .manifest ---------------------------------------------------------------------------
 
@@ -357,7 +359,8 @@ class Layout:
 
     @property
     def firmware_dir(self) -> PurePosixPath:
-        return PurePosixPath("/lib/firmware/nvidia", self.version)
+        # Not /lib/firmware, which the Operator's mount hides: init copies it there from here.
+        return PurePosixPath(IMAGE_FIRMWARE_DIR, self.version)
 
     @property
     def sources_dir(self) -> PurePosixPath:
