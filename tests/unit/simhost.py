@@ -153,6 +153,7 @@ if [ -d "$dir/nvidia" ]; then  # the proprietary tree: objects for relinking on 
   echo mod > "$dir/nvidia.mod.o"; echo mod > "$dir/nvidia-modeset.mod.o"
 fi
 """,
+    "strip": "",
     "gcc-14": r"""
 case "$1" in
   -dumpfullversion) echo 14.2.0;;

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from simhost import (
     BANNER,
@@ -107,10 +110,25 @@ def test_a_banner_one_character_off_does_not_match_and_builds_at_runtime(
     assert again.terminate() == 0
 
 
+def _cached_package(host: SimulatedHost, module_type: str) -> Path:
+    [metadata] = host.path(f"/run/nvidia/cache/packages/{DRIVER}/{module_type}").glob(
+        "*/metadata.json"
+    )
+    return metadata
+
+
 def test_proprietary_packages_are_linked_on_the_node(host: SimulatedHost) -> None:
     host.add_host_kernel_tree()
     driver = host.start("init", KERNEL_MODULE_TYPE="proprietary")
     driver.wait_for("Done, now waiting for signal")
+    # Debug info is stripped from what is packaged, NVIDIA's closed core objects aside.
+    [strip] = host.calls("strip")
+    stripped = sorted(Path(arg).name for arg in strip.split()[2:])
+    assert stripped == sorted([
+        "nvidia-drm.ko", "nvidia-peermem.ko", "nvidia-uvm.ko",
+        "nv-interface.o", "nvidia.mod.o", "nv-modeset-interface.o", "nvidia-modeset.mod.o",
+    ])  # fmt: skip
+    assert json.loads(_cached_package(host, "proprietary").read_text())["debug_info_stripped"]
     links = host.calls("ld")
     assert len(links) == 2
     assert "nvidia.interface.o" in links[0]

@@ -19,7 +19,7 @@ from pathlib import Path
 from nvidia_driver.commands import Commands, lines
 from nvidia_driver.errors import DriverError
 from nvidia_driver.kerneltree import KernelTree
-from nvidia_driver.log import say
+from nvidia_driver.log import say, warn
 from nvidia_driver.moduletype import OPEN, SOURCE_DIRS
 from nvidia_driver.packages import (
     LinkedModule,
@@ -153,6 +153,24 @@ def tree_digest(paths: Iterable[Path]) -> str:
     return f"sha256:{digest.hexdigest()}"
 
 
+def strip_debug_info(
+    files: Iterable[Path], commands: Commands, toolchain: Toolchain = Toolchain()
+) -> bool:
+    """Drop the DWARF (most of a module's size) as the kernel's INSTALL_MOD_STRIP=1 does.
+
+    ``--strip-debug`` keeps the symbols, .BTF and the relocations that loading and relinking
+    need. The binutils are those the modules were compiled with. False if there is no strip.
+    """
+    if not toolchain.has("strip", commands):
+        warn(f"no strip in {toolchain.describe()}: packaging the modules with their debug info")
+        return False
+    program, args = toolchain.argv(
+        "strip", "--strip-debug", *(toolchain.inside(file) for file in files)
+    )
+    commands.run(program, *args)
+    return True
+
+
 def module_linker_script(build_dir: Path) -> Path | None:
     """The script kbuild's modfinal links modules with: scripts/module.lds, else the arch's."""
     candidates = [
@@ -280,6 +298,9 @@ def build_package(request: BuildRequest, commands: Commands) -> Package:
         if script is not None:
             shutil.copyfile(script, workdir / "module.lds")
         sources, modules, linked = _package_sources(workdir, request.module_type)
+        # Not NVIDIA's closed core objects (.o_binary): they carry no debug info.
+        objects = [path for name, path in sources.items() if name.endswith((".ko", ".o"))]
+        stripped = strip_debug_info(objects, commands, toolchain)
         metadata = PackageMetadata(
             banner=request.banner,
             kernel_release=request.kernel_release,
@@ -291,6 +312,7 @@ def build_package(request: BuildRequest, commands: Commands) -> Package:
             linked=linked,
             patches=[patch.name for patch in patches],
             flatcar_version=request.flatcar_version,
+            debug_info_stripped=stripped,
         )
         say(f"Building NVIDIA driver package {package_name(request.kernel_release)}...")
         return write_package(request.output, metadata, sources)

@@ -66,6 +66,7 @@ class PackageMetadata:
     files: dict[str, str] = field(default_factory=dict)
     patches: list[str] = field(default_factory=list)
     flatcar_version: str = ""
+    debug_info_stripped: bool = False
     format: int = FORMAT
 
     @property

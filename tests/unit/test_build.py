@@ -1,0 +1,69 @@
+"""Packaging details of the runtime build: debug info stripping."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from simhost import SimulatedHost
+
+from nvidia_driver.build import CHROOT_PATH, Toolchain, strip_debug_info
+from nvidia_driver.commands import Commands
+
+
+def test_strip_runs_in_the_developer_container_like_the_compiler(
+    host: SimulatedHost, tmp_path: Path
+) -> None:
+    root = tmp_path / "devcontainer"
+    host_strip = root / "usr/bin/strip"
+    host_strip.parent.mkdir(parents=True)
+    host_strip.touch()
+    workdir = root / "var/tmp/.build.x"
+    files = [workdir / "nvidia.ko", workdir / "nvidia/nv-interface.o"]
+    assert strip_debug_info(files, Commands(host.env()), Toolchain(root))
+    [call] = host.calls("chroot")
+    assert call == (
+        f"chroot {root} /usr/bin/env PATH={CHROOT_PATH} strip --strip-debug "
+        "/var/tmp/.build.x/nvidia.ko /var/tmp/.build.x/nvidia/nv-interface.o"
+    )
+
+
+def test_without_strip_the_modules_keep_their_debug_info(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "devcontainer"  # a developer container without binutils
+    assert not strip_debug_info([root / "nvidia.ko"], Commands({"PATH": ""}), Toolchain(root))
+    assert capsys.readouterr().out == (
+        f"WARNING: no strip in the developer container at {root}: packaging the modules with "
+        "their debug info\n"
+    )
+
+
+@pytest.mark.skipif(
+    not all(shutil.which(tool) for tool in ("gcc", "strip", "readelf", "nm")),
+    reason="needs gcc and binutils",
+)
+def test_stripping_keeps_what_loading_and_relinking_need(tmp_path: Path) -> None:
+    source = tmp_path / "interface.c"
+    source.write_text(
+        "extern int core(int);\nstatic int twice(int x) { return 2 * x; }\n"
+        "int interface(int x) { return core(twice(x)); }\n"
+    )
+    commands = Commands()
+    obj = tmp_path / "interface.o"
+    commands.run("gcc", "-g", "-O0", "-c", source, "-o", obj)
+    symbols = commands.run("nm", obj).stdout
+    relocations = _relocations_against("core", obj, commands)
+    assert relocations
+    assert ".debug_info" in commands.run("readelf", "-SW", obj).stdout
+
+    assert strip_debug_info([obj], commands)
+    assert ".debug_" not in commands.run("readelf", "-SW", obj).stdout
+    assert commands.run("nm", obj).stdout == symbols
+    assert _relocations_against("core", obj, commands) == relocations
+
+
+def _relocations_against(symbol: str, obj: Path, commands: Commands) -> list[str]:
+    listing = commands.run("readelf", "-rW", obj).stdout
+    return [line.split(maxsplit=2)[2] for line in listing.splitlines() if symbol in line]
