@@ -1,4 +1,4 @@
-"""Packaging details of the runtime build: debug info stripping."""
+"""Packaging details of the runtime build: debug info stripping and the sources digest."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from simhost import SimulatedHost
 
-from nvidia_driver.build import CHROOT_PATH, Toolchain, strip_debug_info
+from nvidia_driver.build import CHROOT_PATH, Toolchain, sources_digest, strip_debug_info
 from nvidia_driver.commands import Commands
+from nvidia_driver.patches import KernelVersion, Patch
 
 
 def test_strip_runs_in_the_developer_container_like_the_compiler(
@@ -67,3 +68,35 @@ def test_stripping_keeps_what_loading_and_relinking_need(tmp_path: Path) -> None
 def _relocations_against(symbol: str, obj: Path, commands: Commands) -> list[str]:
     listing = commands.run("readelf", "-rW", obj).stdout
     return [line.split(maxsplit=2)[2] for line in listing.splitlines() if symbol in line]
+
+
+def _patch(path: Path, name: str = "fix") -> Patch:
+    return Patch(
+        name=name,
+        path=path,
+        branches=frozenset({580}),
+        min_kernel=KernelVersion(6, 12, 0),
+        max_kernel=None,
+        trees=frozenset({"kernel-open"}),
+        reason="r",
+        note="n",
+    )
+
+
+def test_the_sources_digest_follows_the_sources_and_the_patches(tmp_path: Path) -> None:
+    sources = tmp_path / "kernel-open"
+    sources.mkdir()
+    (sources / "nv.c").write_text("int x;\n")
+    patch = tmp_path / "fix.patch"
+    patch.write_text("--- a/nv.c\n+++ b/nv.c\n")
+
+    unpatched = sources_digest(sources, [])
+    patched = sources_digest(sources, [_patch(patch)])
+    assert unpatched.startswith("sha256:")
+    assert patched != unpatched
+    assert sources_digest(sources, [_patch(patch)]) == patched, "stable for the same inputs"
+
+    patch.write_text("--- a/nv.c\n+++ b/nv.c\n@@ changed @@\n")
+    assert sources_digest(sources, [_patch(patch)]) != patched
+    (sources / "nv.c").write_text("int y;\n")
+    assert sources_digest(sources, []) != unpatched

@@ -117,6 +117,43 @@ def _cached_package(host: SimulatedHost, module_type: str) -> Path:
     return metadata
 
 
+def test_a_cached_package_from_other_driver_sources_is_rebuilt(host: SimulatedHost) -> None:
+    host.add_host_kernel_tree()
+    first = host.start("init")
+    first.wait_for("Done, now waiting for signal")
+    assert first.terminate() == 0
+    built = json.loads(_cached_package(host, "open").read_text())
+    assert built["source_digest"].startswith("sha256:")
+
+    # An image update ships other sources (or patches) for the same driver version.
+    host.write(f"/usr/src/nvidia-{DRIVER}/kernel-open/nv.c", "/* fixed */\n")
+    second = host.start("init")
+    second.wait_for("Done, now waiting for signal")
+    assert second.terminate() == 0
+    assert "building one" in second.output
+    assert len(host.calls("make")) == 2
+    rebuilt = json.loads(_cached_package(host, "open").read_text())
+    assert rebuilt["source_digest"] != built["source_digest"]
+
+    # The same sources again: the rebuilt package is reused.
+    third = host.start("init")
+    third.wait_for("Done, now waiting for signal")
+    assert third.terminate() == 0
+    assert "Found NVIDIA driver package nvidia-modules-6.12.81" in third.output
+    assert len(host.calls("make")) == 2
+
+
+def test_precompiled_packages_match_by_banner_whatever_their_sources(
+    host: SimulatedHost,
+) -> None:
+    host.add_package("open")  # source_digest "sha256:0": not these sources
+    driver = host.start("init")
+    driver.wait_for("Done, now waiting for signal")
+    assert driver.terminate() == 0
+    assert "Found NVIDIA driver package nvidia-modules-6.12.81" in driver.output
+    assert not host.calls("make")
+
+
 def test_proprietary_packages_are_linked_on_the_node(host: SimulatedHost) -> None:
     host.add_host_kernel_tree()
     driver = host.start("init", KERNEL_MODULE_TYPE="proprietary")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 
-from nvidia_driver.build import BuildRequest, build_package
+from nvidia_driver.build import BuildRequest, build_package, expected_sources_digest
 from nvidia_driver.commands import Commands
 from nvidia_driver.config import DriverConfig
 from nvidia_driver.daemons import DaemonManager
@@ -34,7 +34,13 @@ from nvidia_driver.modparams import (
     write_modprobe_conf,
 )
 from nvidia_driver.moduletype import ModuleTypeChoice, resolve_module_type
-from nvidia_driver.packages import Package, find_matching, install_package
+from nvidia_driver.packages import (
+    Package,
+    find_matching,
+    install_package,
+    matching_package,
+    report_match,
+)
 from nvidia_driver.paths import Paths
 from nvidia_driver.release import ReleaseSources, cache_dir
 from nvidia_driver.rootfs import mount_rootfs, unmount_rootfs
@@ -187,16 +193,24 @@ class Lifecycle:
     def cache(self) -> Path:
         return cache_dir(self.paths.build_cache, self.commands.env)
 
-    def package_dirs(self) -> list[Path]:
-        return [self.paths.precompiled, self.cache / "packages"]
+    def matching_package(self, choice: ModuleTypeChoice) -> Package | None:
+        """The image's package for this kernel, else one cached from this image's sources."""
+        wanted = (self.facts.proc_version, self.config.driver_version, choice.module_type)
+        # The image's own packages were built from its sources: the banner is enough.
+        precompiled = matching_package([self.paths.precompiled], *wanted)
+        if precompiled is not None:
+            return precompiled
+        digest = expected_sources_digest(
+            self.paths.driver_sources(self.config.driver_version),
+            choice.module_type,
+            self.config.driver_branch,
+            self.facts.kernel_release,
+        )
+        return matching_package([self.cache / "packages"], *wanted, source_digest=digest)
 
     def find_package(self, choice: ModuleTypeChoice) -> Package | None:
-        return find_matching(
-            self.package_dirs(),
-            self.facts.proc_version,
-            self.config.driver_version,
-            choice.module_type,
-        )
+        say("Checking NVIDIA driver packages...")
+        return report_match(self.matching_package(choice))
 
     def node_kernel_tree(self, sources: ReleaseSources) -> KernelTree:
         """The node's own build tree if it has one, else its release's; with a fitting gcc."""
@@ -412,10 +426,22 @@ def build_for_release(ctx: Context, config: DriverConfig, flatcar_version: str) 
     sources = ReleaseSources.from_env(ctx.commands, cache, ctx.commands.env)
     banner = sources.banner(flatcar_version, config.target_arch)
     say(f"Kernel of Flatcar {flatcar_version}: {banner}")
-    cached = find_matching([cache / "packages"], banner, config.driver_version, choice.module_type)
+    kernel = banner_release(banner)
+    digest = expected_sources_digest(
+        ctx.paths.driver_sources(config.driver_version),
+        choice.module_type,
+        config.driver_branch,
+        kernel,
+    )
+    cached = find_matching(
+        [cache / "packages"],
+        banner,
+        config.driver_version,
+        choice.module_type,
+        source_digest=digest,
+    )
     if cached is not None:
         return cached
-    kernel = banner_release(banner)
     tree = sources.with_compiler(
         sources.tree(flatcar_version, config.target_arch, kernel),
         flatcar_version,

@@ -60,7 +60,7 @@ class PackageMetadata:
     driver_version: str
     module_type: str
     compiler: str
-    source_digest: str
+    source_digest: str  # the module sources and patches built from (build.sources_digest)
     modules: list[str]
     linked: list[LinkedModule] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)
@@ -126,29 +126,50 @@ def iter_packages(directories: Iterable[Path]) -> Iterator[Package]:
 
 
 def matching_package(
-    directories: Sequence[Path], banner: str, driver_version: str, module_type: str
+    directories: Sequence[Path],
+    banner: str,
+    driver_version: str,
+    module_type: str,
+    *,
+    source_digest: str | None = None,
 ) -> Package | None:
-    """The first package built for this exact kernel banner, driver and module type."""
+    """The first package built for this exact kernel banner, driver and module type.
+
+    With ``source_digest``, only one built from exactly those driver sources and patches.
+    """
     for package in iter_packages(directories):
         meta = package.metadata
         if (
             meta.driver_version == driver_version
             and meta.module_type == module_type
             and package.matches(banner)
+            and source_digest in (None, meta.source_digest)
         ):
             return package
     return None
 
 
-def find_matching(
-    directories: Sequence[Path], banner: str, driver_version: str, module_type: str
-) -> Package | None:
-    say("Checking NVIDIA driver packages...")
-    package = matching_package(directories, banner, driver_version, module_type)
+def report_match(package: Package | None) -> Package | None:
     if package is not None:
         say("kernel interface matches.")
         say(f"Found NVIDIA driver package {package.name}")
     return package
+
+
+def find_matching(
+    directories: Sequence[Path],
+    banner: str,
+    driver_version: str,
+    module_type: str,
+    *,
+    source_digest: str | None = None,
+) -> Package | None:
+    say("Checking NVIDIA driver packages...")
+    return report_match(
+        matching_package(
+            directories, banner, driver_version, module_type, source_digest=source_digest
+        )
+    )
 
 
 def write_package(

@@ -11,7 +11,6 @@ from nvidia_driver.host import read_host_facts
 from nvidia_driver.lifecycle import Context, Lifecycle
 from nvidia_driver.log import say
 from nvidia_driver.moduletype import resolve_module_type
-from nvidia_driver.packages import matching_package
 from nvidia_driver.rootfs import is_mounted
 
 
@@ -42,10 +41,7 @@ def print_status(ctx: Context, env: Mapping[str, str]) -> int:
         _row("Module type", f"none fits: {exc}")
     else:
         _row("Module type", f"{choice.module_type} ({choice.reason})")
-        dirs = Lifecycle(ctx, config, facts).package_dirs()
-        package = matching_package(
-            dirs, facts.proc_version, config.driver_version, choice.module_type
-        )
+        package = Lifecycle(ctx, config, facts).matching_package(choice)
         found = f"{package.name} at {package.path}" if package else "none (init would build one)"
         _row("Precompiled package", found)
     modules = {
