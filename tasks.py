@@ -3,9 +3,13 @@
     invoke tags  [--variant precompiled] [--driver-version V] [--flatcar-version V] [--prefix P]
     invoke build [same] [--arch amd64|arm64|all] [--registry R] [--push]
     invoke push  [same]
+    invoke matrix  [--json] [--registry R] [--prefix P]
+    invoke publish --registry R [--dry-run] [--prefix P]
+    invoke sign    --registry R [--key K] [--no-sbom] [--require-cosign]
 
 Defaults: the newest driver in versions.toml, Flatcar's current stable release (from the
 releases feed: $FLATCAR_RELEASES_URL or --releases-url for a mirror), this machine's arch.
+matrix, publish and sign cover every image: see tooling/gdc/matrix.py.
 """
 
 from __future__ import annotations
@@ -26,13 +30,17 @@ from invoke.context import Context  # noqa: E402
 from invoke.exceptions import Exit  # noqa: E402
 from invoke.tasks import task  # noqa: E402
 
-from gdc import images, plan  # noqa: E402
+from gdc import commands, images, matrix, plan, releases  # noqa: E402
+from gdc import publish as publishing  # noqa: E402
+from gdc import sign as signing  # noqa: E402
 from gdc.docker_api import Buildx, Docker, DockerError, DockerSDK  # noqa: E402
+from gdc.registry import Registry, RegistryError, Repository, credentials_for  # noqa: E402
 from gdc.releases import ReleaseError  # noqa: E402
 from gdc.tags import TagError  # noqa: E402
-from gdc.versions import VersionsError, load_versions  # noqa: E402
+from gdc.tags import repository as join_repository  # noqa: E402
+from gdc.versions import Versions, VersionsError, load_versions  # noqa: E402
 
-FAILURES = (VersionsError, ReleaseError, TagError, DockerError)
+FAILURES = (VersionsError, ReleaseError, TagError, DockerError, RegistryError)
 
 SELECTION_HELP = {
     "variant": "build (compiles on the node) or precompiled (one per Flatcar release)",
@@ -55,6 +63,31 @@ BUILD_HELP = {
     "flatcar_keyring": "keyring that signs the mirror's Flatcar artifacts (default: Flatcar's)",
     "network": "network of build steps (default: host)",
     "docker_host": "dockerd to use (default: $DOCKER_HOST or the local socket)",
+}
+
+
+MATRIX_HELP = {
+    "json": "print one line of JSON for GitHub Actions (shape: tooling/gdc/matrix.py)",
+    "registry": SELECTION_HELP["registry"],
+    "image": SELECTION_HELP["image"],
+    "prefix": SELECTION_HELP["prefix"],
+    "releases_url": SELECTION_HELP["releases_url"],
+    "versions_file": "the versions file (default: versions.toml at the repository root)",
+}
+PUBLISH_HELP = {
+    **{key: value for key, value in MATRIX_HELP.items() if key != "json"},
+    "registry": "where to publish, e.g. ghcr.io/<owner> (required)",
+    "dry_run": "print the plan and the summary; build, push and tag nothing",
+    **{key: BUILD_HELP[key] for key in ("base_image", "driver_base_url", "fabricmanager_base_url",
+                                        "release_base_url", "flatcar_keyring", "network",
+                                        "docker_host")},
+}  # fmt: skip
+SIGN_HELP = {
+    **{key: value for key, value in MATRIX_HELP.items() if key != "json"},
+    "registry": "where the images are, e.g. ghcr.io/<owner> (required)",
+    "key": "cosign key reference (default: keyless, with the CI job's OIDC token)",
+    "sbom": "attest an SPDX SBOM made by syft (default); --no-sbom signs only",
+    "require_cosign": "fail when cosign is not on PATH (default: say so, sign nothing)",
 }
 
 
@@ -81,6 +114,23 @@ def _request(c: Context, options: plan.Options) -> plan.Request:
 
 def _print(text: str) -> None:
     print(text, end="", flush=True)
+
+
+def _versions(versions_file: str) -> Versions:
+    return load_versions(Path(versions_file)) if versions_file else load_versions()
+
+
+def _matrix(versions: Versions, releases_url: str, registry: str, image: str, prefix: str) -> (
+    matrix.Matrix
+):  # fmt: skip
+    feed = releases.load_feed(releases.feed_url(os.environ, releases_url))
+    return matrix.build_matrix(feed, versions, registry=registry, image=image, prefix=prefix)
+
+
+def _registry(registry: str, image: str) -> tuple[Repository, Registry]:
+    repository = Repository.parse(join_repository(registry, image))
+    credentials = credentials_for(repository.host, os.environ)
+    return repository, Registry(repository.host, credentials=credentials)
 
 
 @task(help=SELECTION_HELP, auto_shortflags=False)
@@ -177,4 +227,95 @@ def push_(  # noqa: PLR0917 - invoke maps each option to a parameter
         raise Exit(f"invoke push: {exc}", code=1) from None
 
 
-ns = Collection(tags, build, push_)
+@task(name="matrix", help=MATRIX_HELP, auto_shortflags=False)
+def matrix_(  # noqa: PLR0917 - invoke maps each option to a parameter
+    _c: Context,
+    json: bool = False,
+    registry: str = "",
+    image: str = "driver",
+    prefix: str = "",
+    releases_url: str = "",
+    versions_file: str = "",
+) -> None:
+    """List every image to publish: current Flatcar releases x drivers x arches."""
+    try:
+        covered = _matrix(_versions(versions_file), releases_url, registry, image, prefix)
+    except FAILURES as exc:
+        raise Exit(f"invoke matrix: {exc}", code=1) from None
+    print(matrix.to_json(covered) if json else matrix.to_table(covered), end="\n" if json else "")
+
+
+@task(help=PUBLISH_HELP, auto_shortflags=False)
+def publish(  # noqa: PLR0917 - invoke maps each option to a parameter
+    c: Context,
+    registry: str = "",
+    image: str = "driver",
+    prefix: str = "",
+    releases_url: str = "",
+    versions_file: str = "",
+    dry_run: bool = False,
+    base_image: str = "",
+    driver_base_url: str = "",
+    fabricmanager_base_url: str = "",
+    release_base_url: str = "",
+    flatcar_keyring: str = "",
+    network: str = "host",
+    docker_host: str = "",
+) -> None:
+    """Build and push the images of the matrix that the registry lacks; print a summary."""
+    sources = plan.Sources(base_image, driver_base_url, fabricmanager_base_url, release_base_url,
+                           Path(flatcar_keyring) if flatcar_keyring else None)  # fmt: skip
+    settings = publishing.BuildSettings(registry, image, prefix, sources, network,
+                                        _git(c, "rev-parse HEAD"),
+                                        _git(c, "remote get-url origin"))  # fmt: skip
+    try:
+        covered = _matrix(_versions(versions_file), releases_url, registry, image, prefix)
+        repository, client = _registry(registry, image)
+        builder = publishing.DockerBuilder(settings, covered.releases,
+                                           lambda multi: connect_docker(docker_host, multi),
+                                           _print)  # fmt: skip
+        outcomes = publishing.publish(covered, client, repository, builder, dry_run=dry_run)
+    except FAILURES as exc:
+        raise Exit(f"invoke publish: {exc}; nothing was built", code=1) from None
+    print(publishing.summary(outcomes, covered.excluded, repository), end="")
+    failed = publishing.failures(outcomes)
+    if failed:
+        message = (f"invoke publish: {len(failed)} of {len(outcomes)} images failed (see the "
+                   "summary); fix the cause and re-run: only what is missing is built")  # fmt: skip
+        raise Exit(message, code=1)
+
+
+@task(help=SIGN_HELP, auto_shortflags=False)
+def sign(  # noqa: PLR0917 - invoke maps each option to a parameter
+    _c: Context,
+    registry: str = "",
+    image: str = "driver",
+    prefix: str = "",
+    releases_url: str = "",
+    versions_file: str = "",
+    key: str = "",
+    sbom: bool = True,
+    require_cosign: bool = False,
+) -> None:
+    """Sign each published image of the matrix with cosign and attest its SBOM."""
+    if not commands.available("cosign"):
+        if require_cosign:
+            raise Exit(f"invoke sign: {signing.NO_COSIGN}", code=1)
+        print(f"invoke sign: {signing.NO_COSIGN}")
+        return
+    try:
+        covered = _matrix(_versions(versions_file), releases_url, registry, image, prefix)
+        repository, client = _registry(registry, image)
+        signer = signing.Signer(repository, key)
+        results = signing.sign_images(covered, client, signer, sbom=sbom)
+    except FAILURES as exc:
+        raise Exit(f"invoke sign: {exc}; nothing was signed", code=1) from None
+    print(signing.summary(results, repository), end="")
+    failed = [result for result in results if result.status is signing.Status.FAILED]
+    if failed:
+        message = (f"invoke sign: {len(failed)} of {len(results)} images failed (see the "
+                   "summary); re-run: what is signed already is skipped")  # fmt: skip
+        raise Exit(message, code=1)
+
+
+ns = Collection(tags, build, push_, matrix_, publish, sign)

@@ -34,7 +34,7 @@ def _entry(channel: str, released: str, kernel: str) -> dict[str, Any]:
 
 @pytest.fixture
 def feed_url(tmp_path: Path) -> str:
-    """A releases.json with a current stable, beta and one LTS stream."""
+    """A releases.json with a current stable, beta, alpha and one LTS stream."""
     feed = {
         "4593.2.4": _entry("stable", "2026-07-09 10:57:13 +0000", "6.12.95"),
         "4593.2.5": _entry("stable", "2026-08-13 09:26:25 +0000", "6.12.102"),
@@ -115,6 +115,7 @@ def test_tags_prints_what_a_build_would_get(c: MockContext, feed_url: str, capsy
         f"127.0.0.1:5000/gdc/driver:{NEWEST}-flatcar-flatcar4081.3.10",
         f"127.0.0.1:5000/gdc/driver:{NEWEST}-flatcar-flatcar4593.2.5",
         f"127.0.0.1:5000/gdc/driver:{NEWEST}-flatcar-flatcar4757.1.0",
+        f"127.0.0.1:5000/gdc/driver:{NEWEST}-flatcar-flatcar4790.0.0",
         f"127.0.0.1:5000/gdc/driver:{NEWEST}-flatcar4593.2.5",
         f"127.0.0.1:5000/gdc/driver:610-{KERNEL}-flatcar4593.2.5",
     ]
@@ -143,7 +144,7 @@ def test_build_of_the_build_image(
     assert job.buildargs["DRIVER_VERSION"] == NEWEST
     assert job.buildargs["DRIVER_SHA256"] == SUM
     assert job.buildargs["GIT_COMMIT"] == "0123abcd" * 5
-    assert job.buildargs["FLATCAR_VERSIONS"] == "4081.3.10 4593.2.5 4757.1.0"
+    assert job.buildargs["FLATCAR_VERSIONS"] == "4081.3.10 4593.2.5 4757.1.0 4790.0.0"
     assert job.references[0] == f"driver:{NEWEST}-flatcar"
     assert docker.pushed == []
     out = capsys.readouterr().out
@@ -258,7 +259,7 @@ def test_bad_options_are_an_exit_with_advice(
 
 
 def test_the_tasks_are_listed() -> None:
-    assert set(tasks.ns.task_names) == {"build", "push", "tags"}
+    assert set(tasks.ns.task_names) == {"build", "push", "tags", "matrix", "publish", "sign"}
 
 
 # --- the docker SDK adapter's stream handling (no dockerd) -------------------------------------

@@ -88,3 +88,20 @@ def test_an_unreadable_file_names_itself(tmp_path: Any) -> None:
     broken.write_text("[drivers\n")
     with pytest.raises(VersionsError, match=r"cannot read .*versions.toml"):
         load_versions(broken)
+
+
+def test_pinned_flatcar_releases_are_listed_and_checked() -> None:
+    data = _data()
+    data["images"]["pinned"] = ["4593.2.0", "4081.3.10", "4593.2.0"]
+    assert parse_versions(data).pinned == ("4593.2.0", "4081.3.10")
+    assert parse_versions(_data()).pinned == ()
+    data["images"]["pinned"] = ["stable"]
+    with pytest.raises(VersionsError, match=r"images.pinned: stable is not a Flatcar version"):
+        parse_versions(data)
+    data["images"]["pinned"] = "4593.2.0"
+    with pytest.raises(VersionsError, match=r"images.pinned must be a list of Flatcar versions"):
+        parse_versions(data)
+
+
+def test_the_repository_file_covers_every_channel() -> None:
+    assert set(load_versions().channels) == {"stable", "beta", "alpha", "lts"}

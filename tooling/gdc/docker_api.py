@@ -8,12 +8,14 @@ can make; it pushes as it builds. Unit tests use a fake with the same methods.
 from __future__ import annotations
 
 import io
-import subprocess
 import tarfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Protocol
+
+from gdc.commands import Runner
+from gdc.commands import run as _run
 
 if TYPE_CHECKING:
     import docker
@@ -217,13 +219,6 @@ def _status_line(chunk: Mapping[str, Any]) -> str:
         return ""
     layer = chunk.get("id")
     return f"{layer}: {status}\n" if layer else f"{status}\n"
-
-
-Runner = Callable[[Sequence[str]], int]
-
-
-def _run(argv: Sequence[str]) -> int:
-    return subprocess.run(list(argv), check=False).returncode
 
 
 class Buildx:

@@ -124,16 +124,26 @@ def kernel_of(docker: Docker, reference: str) -> str:
     return str(kernels.pop())
 
 
-def build_images(request: Request, docker: Docker, progress: Progress) -> list[Built]:
-    """Build what request asks for; return each image with its tags (build image first)."""
+def build_images(
+    request: Request, docker: Docker, progress: Progress, *, build_image: str = ""
+) -> list[Built]:
+    """Build what request asks for; return each image with its tags (build image first).
+
+    A precompiled build on an existing build_image (a registry reference: publish) builds
+    only the precompiled image.
+    """
     with tempfile.TemporaryDirectory(prefix="gdc-context.") as scratch:
-        build_ctx = context.assemble(Variant.BUILD, Path(scratch) / "build")
-        built = [_build(docker, build_job(request, build_ctx), build_tags(request), progress)]
+        built = []
+        if not (build_image and request.variant is Variant.PRECOMPILED):
+            build_ctx = context.assemble(Variant.BUILD, Path(scratch) / "build")
+            built.append(_build(docker, build_job(request, build_ctx), build_tags(request),
+                                progress))  # fmt: skip
+            build_image = built[0].tags.primary
         if request.variant is Variant.PRECOMPILED:
             ctx = context.assemble(
                 Variant.PRECOMPILED, Path(scratch) / "precompiled", request.sources.keyring
             )
-            job = precompiled_job(request, ctx, built[0].tags.primary)
+            job = precompiled_job(request, ctx, build_image)
             built.append(_build_precompiled(request, docker, job, progress))
     return built
 

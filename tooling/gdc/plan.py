@@ -1,8 +1,8 @@
 """What one ``invoke build`` / ``push`` / ``tags`` is about, resolved from its options.
 
 Defaults: the newest driver in versions.toml, the current stable Flatcar release from the
-releases feed, this machine's architecture. Build-image aliases go to the current release of
-each channel versions.toml lists, or only to the release named with --flatcar-version.
+releases feed, this machine's architecture. Build-image aliases go to the releases ``invoke
+matrix`` covers for the driver, or only to the release named with --flatcar-version.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gdc import releases
+from gdc import matrix, releases
 from gdc.tags import DEFAULT_IMAGE, Variant
 from gdc.versions import ARCHES, Driver, Versions, VersionsError, driver_branch
 from nvidia_driver.flatcar import Release
@@ -138,8 +138,7 @@ def resolve(
         aliases: tuple[str, ...] = (str(flatcar.version),)
     else:
         flatcar = releases.current_stable(feed)
-        supported = releases.supported_releases(feed, versions.channels)
-        aliases = tuple(str(release.version) for release in supported)
+        aliases = matrix.aliases_for(feed, versions, driver)
     return Request(
         variant=variant,
         driver=driver,

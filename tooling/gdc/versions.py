@@ -16,6 +16,7 @@ CHANNELS = ("alpha", "beta", "stable", "lts")
 UNKNOWN_CHECKSUM = "TODO"
 _DRIVER_VERSION = re.compile(r"\d{3,}\.\d+(\.\d+)?")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+_FLATCAR_VERSION = re.compile(r"\d+\.\d+\.\d+")
 
 
 class VersionsError(ValueError):
@@ -58,6 +59,7 @@ class Versions:
     drivers: tuple[Driver, ...]  # oldest first
     channels: tuple[str, ...]
     arches: tuple[str, ...]
+    pinned: tuple[str, ...] = ()  # Flatcar versions covered besides the channels' current ones
 
     @property
     def newest(self) -> Driver:
@@ -86,12 +88,13 @@ def parse_versions(data: Mapping[str, Any], *, source: str = "versions.toml") ->
     images = data.get("images", {})
     channels = _names(images.get("channels", ["stable"]), CHANNELS, f"{source}: images.channels")
     arches = _names(images.get("arches", list(ARCHES)), ARCHES, f"{source}: images.arches")
+    pinned = _pinned(images.get("pinned", []), f"{source}: images.pinned")
     drivers_table = data.get("drivers")
     if not isinstance(drivers_table, Mapping) or not drivers_table:
         raise VersionsError(f'{source}: no [drivers."<version>"] table')
     drivers = [_driver(version, entry, source) for version, entry in drivers_table.items()]
     drivers.sort(key=lambda driver: _version_key(driver.version))
-    return Versions(tuple(drivers), channels, arches)
+    return Versions(tuple(drivers), channels, arches, pinned)
 
 
 def _names(value: object, allowed: tuple[str, ...], what: str) -> tuple[str, ...]:
@@ -101,6 +104,15 @@ def _names(value: object, allowed: tuple[str, ...], what: str) -> tuple[str, ...
     if unknown:
         raise VersionsError(f"{what}: unknown {', '.join(unknown)} (known: {', '.join(allowed)})")
     return tuple(value)
+
+
+def _pinned(value: object, what: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise VersionsError(f'{what} must be a list of Flatcar versions such as "4593.2.0"')
+    bad = [version for version in value if not _FLATCAR_VERSION.fullmatch(version)]
+    if bad:
+        raise VersionsError(f"{what}: {', '.join(bad)} is not a Flatcar version such as 4593.2.0")
+    return tuple(dict.fromkeys(value))
 
 
 def _driver(version: str, entry: object, source: str) -> Driver:

@@ -1,0 +1,204 @@
+"""An OCI registry on 127.0.0.1 for the publish and sign tests: manifests, config blobs, tags.
+
+Optional ghcr.io-style token auth: a 401 with a Bearer challenge, a token endpoint that checks
+basic credentials and hands out a token for the scope asked. ``status`` answers every /v2
+request with that HTTP status instead (a broken registry).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import threading
+import urllib.parse
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any, Self
+
+INDEX = "application/vnd.oci.image.index.v1+json"
+IMAGE = "application/vnd.oci.image.manifest.v1+json"
+CONFIG = "application/vnd.oci.image.config.v1+json"
+
+
+def digest_of(body: bytes) -> str:
+    return "sha256:" + hashlib.sha256(body).hexdigest()
+
+
+@dataclass
+class Stored:
+    media_type: str
+    body: bytes
+
+
+@dataclass
+class OCIRegistry:
+    username: str = ""  # token auth when set
+    password: str = ""
+    status: int = 0  # answer every /v2 request with this status when set
+    manifests: dict[str, dict[str, Stored]] = field(default_factory=dict)  # name -> ref -> ...
+    blobs: dict[str, bytes] = field(default_factory=dict)
+    log: list[tuple[str, str, str]] = field(default_factory=list)  # method, path, Authorization
+    tokens_issued: list[str] = field(default_factory=list)  # scopes
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        self._httpd = _HTTPServer(self)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.01}, name="oci-registry"
+        )
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join()
+
+    @property
+    def host(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"{host!s}:{port}"
+
+    # --- content -------------------------------------------------------------------------------
+
+    def put(self, name: str, references: list[str], media_type: str, body: bytes) -> str:
+        digest = digest_of(body)
+        repository = self.manifests.setdefault(name, {})
+        for reference in [*references, digest]:
+            repository[reference] = Stored(media_type, body)
+        return digest
+
+    def add_image(self, name: str, tags: list[str], arches: tuple[str, ...] = ("amd64",),
+                  *, index: bool = True, label: str = "") -> str:  # fmt: skip
+        """An image with one platform per arch (an index, or one plain manifest); its digest."""
+        platforms = []
+        for arch in arches:
+            config = json.dumps({"os": "linux", "architecture": arch, "label": label}).encode()
+            self.blobs[digest_of(config)] = config
+            manifest = json.dumps({
+                "schemaVersion": 2, "mediaType": IMAGE,
+                "config": {"mediaType": CONFIG, "digest": digest_of(config), "size": len(config)},
+                "layers": [],
+            }).encode()  # fmt: skip
+            if not index:
+                return self.put(name, tags, IMAGE, manifest)
+            digest = self.put(name, [], IMAGE, manifest)
+            platforms.append({"mediaType": IMAGE, "digest": digest, "size": len(manifest),
+                              "platform": {"os": "linux", "architecture": arch}})  # fmt: skip
+        platforms.append({"mediaType": IMAGE, "digest": "sha256:" + "0" * 64, "size": 1,
+                          "platform": {"os": "unknown", "architecture": "unknown"}})  # fmt: skip
+        body = json.dumps({"schemaVersion": 2, "mediaType": INDEX, "manifests": platforms})
+        return self.put(name, tags, INDEX, body.encode())
+
+    def tags(self, name: str) -> dict[str, str]:
+        """tag -> digest."""
+        return {
+            reference: digest_of(stored.body)
+            for reference, stored in self.manifests.get(name, {}).items()
+            if not reference.startswith("sha256:")
+        }
+
+    # --- the API -------------------------------------------------------------------------------
+
+    def answer(self, handler: BaseHTTPRequestHandler, method: str) -> None:
+        url = urllib.parse.urlsplit(handler.path)
+        body = handler.rfile.read(int(handler.headers.get("Content-Length", "0")))
+        with self._lock:
+            self.log.append((method, url.path, handler.headers.get("Authorization", "")))
+        if url.path == "/token":
+            self._token(handler, urllib.parse.parse_qs(url.query))
+            return
+        if self.status:
+            _send(handler, self.status, b'{"errors":[{"code":"UNAVAILABLE","message":"down"}]}')
+            return
+        name, kind, reference = _split(url.path)
+        actions = "pull,push" if method == "PUT" else "pull"
+        if self.username and not self._authorized(handler, name, method):
+            realm = f"http://{self.host}/token"
+            challenge = f'Bearer realm="{realm}",service="fake",scope="repository:{name}:{actions}"'
+            _send(handler, HTTPStatus.UNAUTHORIZED, b"{}", {"WWW-Authenticate": challenge})
+        elif kind == "blobs":
+            blob = self.blobs.get(reference)
+            _send(handler, HTTPStatus.OK if blob else HTTPStatus.NOT_FOUND, blob or b"{}")
+        elif method == "PUT":
+            digest = self.put(name, [reference], handler.headers["Content-Type"], body)
+            _send(handler, HTTPStatus.CREATED, b"", {"Docker-Content-Digest": digest})
+        else:
+            stored = self.manifests.get(name, {}).get(reference)
+            if stored is None:
+                unknown = b'{"errors":[{"code":"MANIFEST_UNKNOWN","message":"manifest unknown"}]}'
+                _send(handler, HTTPStatus.NOT_FOUND, unknown, head=method == "HEAD")
+                return
+            headers = {"Content-Type": stored.media_type,
+                       "Docker-Content-Digest": digest_of(stored.body)}  # fmt: skip
+            _send(handler, HTTPStatus.OK, stored.body, headers, head=method == "HEAD")
+
+    def _authorized(self, handler: BaseHTTPRequestHandler, name: str, method: str) -> bool:
+        header = handler.headers.get("Authorization", "")
+        scope = header.removeprefix("Bearer token:")
+        wanted = "push" if method == "PUT" else "pull"
+        repository, _, actions = scope.removeprefix("repository:").rpartition(":")
+        return header.startswith("Bearer ") and repository == name and wanted in actions
+
+    def _token(self, handler: BaseHTTPRequestHandler, query: dict[str, list[str]]) -> None:
+        expected = base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
+        if handler.headers.get("Authorization") != f"Basic {expected}":
+            _send(handler, HTTPStatus.UNAUTHORIZED, b'{"errors":[{"code":"DENIED"}]}')
+            return
+        scope = query.get("scope", [""])[0]
+        self.tokens_issued.append(scope)
+        _send(handler, HTTPStatus.OK, json.dumps({"token": f"token:{scope}"}).encode())
+
+
+def _split(path: str) -> tuple[str, str, str]:
+    """/v2/<name>/manifests/<ref> -> (name, "manifests", ref)."""
+    inner = path.removeprefix("/v2/")
+    for kind in ("manifests", "blobs"):
+        name, found, reference = inner.rpartition(f"/{kind}/")
+        if found:
+            return name, kind, reference
+    return inner, "", ""
+
+
+def _send(handler: BaseHTTPRequestHandler, status: int, body: bytes,
+          headers: dict[str, str] | None = None, *, head: bool = False) -> None:  # fmt: skip
+    handler.send_response(status)
+    for key, value in (headers or {}).items():
+        handler.send_header(key, value)
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    if not head:
+        handler.wfile.write(body)
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    def __init__(self, registry: OCIRegistry) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.registry = registry
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _HTTPServer
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        self.server.registry.answer(self, "GET")
+
+    def do_HEAD(self) -> None:
+        self.server.registry.answer(self, "HEAD")
+
+    def do_PUT(self) -> None:
+        self.server.registry.answer(self, "PUT")
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (overridden signature)
+        """Keep the test output quiet."""

@@ -1,0 +1,162 @@
+"""The OCI registry client against a loopback registry: tags, token auth, errors, copies."""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from oci_registry import INDEX, OCIRegistry
+
+from gdc.registry import (
+    MANIFEST_ACCEPT,
+    Credentials,
+    Registry,
+    RegistryError,
+    Repository,
+    credentials_for,
+    plain_http,
+)
+
+NAME = "gdc/driver"
+PASSWORD = "s3cret"  # noqa: S105 - the loopback registry's
+
+
+@pytest.fixture
+def registry() -> Iterator[OCIRegistry]:
+    with OCIRegistry() as server:
+        yield server
+
+
+@pytest.fixture
+def ghcr_like() -> Iterator[OCIRegistry]:
+    with OCIRegistry(username="me", password=PASSWORD) as server:
+        yield server
+
+
+def test_a_tag_exists_with_its_digest_or_is_missing(registry: OCIRegistry) -> None:
+    digest = registry.add_image(NAME, ["580.178.04-flatcar"])
+    client = Registry(registry.host)
+    assert client.base_url == f"http://{registry.host}"
+    assert client.digest(NAME, "580.178.04-flatcar") == digest
+    assert client.digest(NAME, "580.178.04-flatcar-flatcar4593.2.5") is None
+    assert client.digest("other/driver", "x") is None
+    method, path, _ = registry.log[0]
+    assert (method, path) == ("HEAD", f"/v2/{NAME}/manifests/580.178.04-flatcar")
+
+
+def test_manifest_requests_accept_oci_and_docker_types() -> None:
+    for media_type in (
+        "application/vnd.oci.image.index.v1+json",
+        "application/vnd.oci.image.manifest.v1+json",
+        "application/vnd.docker.distribution.manifest.list.v2+json",
+        "application/vnd.docker.distribution.manifest.v2+json",
+    ):
+        assert media_type in MANIFEST_ACCEPT
+
+
+def test_a_401_is_answered_with_a_token_for_the_challenge_scope(ghcr_like: OCIRegistry) -> None:
+    digest = ghcr_like.add_image(NAME, ["t"])
+    client = Registry(ghcr_like.host, credentials=Credentials("me", PASSWORD))
+    assert client.digest(NAME, "t") == digest
+    assert client.digest(NAME, "u") is None  # the token is reused
+    assert ghcr_like.tokens_issued == [f"repository:{NAME}:pull"]
+    assert [entry[2] for entry in ghcr_like.log] == [
+        "",
+        "Basic " + base64.b64encode(b"me:s3cret").decode(),
+        f"Bearer token:repository:{NAME}:pull",
+        f"Bearer token:repository:{NAME}:pull",
+    ]
+
+
+def test_a_tag_is_copied_by_a_manifest_put_with_a_push_token(ghcr_like: OCIRegistry) -> None:
+    digest = ghcr_like.add_image(NAME, ["580.178.04-flatcar"], ("amd64", "arm64"))
+    client = Registry(ghcr_like.host, credentials=Credentials("me", PASSWORD))
+    manifest = client.manifest(NAME, "580.178.04-flatcar")
+    assert manifest.is_index
+    assert manifest.media_type == INDEX
+    assert client.put_manifest(NAME, "580.178.04-flatcar-flatcar4790.0.0", manifest) == digest
+    assert ghcr_like.tags(NAME)["580.178.04-flatcar-flatcar4790.0.0"] == digest
+    assert ghcr_like.tokens_issued[-1] == f"repository:{NAME}:pull,push"
+
+
+def test_platforms_of_an_index_and_of_a_single_image(registry: OCIRegistry) -> None:
+    registry.add_image(NAME, ["multi"], ("amd64", "arm64"))
+    registry.add_image(NAME, ["single"], ("arm64",), index=False)
+    client = Registry(registry.host)
+    assert client.platforms(NAME, "multi") == {"linux/amd64", "linux/arm64"}
+    assert client.platforms(NAME, "single") == {"linux/arm64"}
+
+
+def test_wrong_credentials_are_one_line_saying_what_to_set(ghcr_like: OCIRegistry) -> None:
+    client = Registry(ghcr_like.host, credentials=Credentials("me", "wrong"))
+    with pytest.raises(RegistryError) as error:
+        client.digest(NAME, "t")
+    message = str(error.value)
+    assert "\n" not in message
+    assert f"the registry {ghcr_like.host} refused access" in message
+    assert "answered 401 Unauthorized" in message
+    assert "REGISTRY_USERNAME" in message
+    assert "GITHUB_TOKEN" in message
+
+
+def test_a_server_error_is_one_line_with_the_registry_s_own_words(
+    registry: OCIRegistry,
+) -> None:
+    registry.status = 503
+    with pytest.raises(RegistryError, match=r"answered HEAD gdc/driver:t with 503") as error:
+        Registry(registry.host).digest(NAME, "t")
+    registry.status = 500
+    with pytest.raises(RegistryError, match=r"\(UNAVAILABLE: down\)"):
+        Registry(registry.host).manifest(NAME, "t")
+    assert "\n" not in str(error.value)
+
+
+def test_an_unreachable_registry_says_so_in_one_line() -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(RegistryError, match=r"cannot reach the registry 127\.0\.0\.1:\d+") as err:
+        Registry(f"127.0.0.1:{port}").digest(NAME, "t")
+    assert "\n" not in str(err.value)
+    assert "check --registry" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("host", "plain"),
+    [("127.0.0.1:5000", True), ("localhost:5000", True), ("localhost", True),
+     ("ghcr.io", False), ("registry.example:443", False)],
+)  # fmt: skip
+def test_plain_http_only_on_the_loopback(host: str, plain: bool) -> None:
+    assert plain_http(host) is plain
+
+
+def test_a_repository_needs_a_registry_host() -> None:
+    assert Repository.parse("ghcr.io/me/driver") == Repository("ghcr.io", "me/driver")
+    assert str(Repository.parse("127.0.0.1:5000/gdc/driver")) == "127.0.0.1:5000/gdc/driver"
+    with pytest.raises(RegistryError, match=r"pass --registry with one, e\.g\. ghcr\.io/<owner>"):
+        Repository.parse("driver")
+    with pytest.raises(RegistryError, match="names no registry host"):
+        Repository.parse("me/driver")
+
+
+def test_credentials_come_from_the_environment_then_docker_config(tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    auth = base64.b64encode(b"docker-user:docker-pass").decode()
+    config.write_text(json.dumps({"auths": {"ghcr.io": {"auth": auth}}}))
+    env = {"REGISTRY_USERNAME": "u", "REGISTRY_PASSWORD": "p", "GITHUB_TOKEN": "gh"}
+    assert credentials_for("ghcr.io", env, config) == Credentials("u", "p")
+    assert credentials_for("ghcr.io", {"GITHUB_TOKEN": "gh"}, config) == Credentials(
+        "docker-user", "docker-pass"
+    )
+    github = {"GITHUB_TOKEN": "gh", "GITHUB_ACTOR": "octocat"}
+    assert credentials_for("ghcr.io", github, tmp_path / "none.json") == Credentials(
+        "octocat", "gh"
+    )
+    assert credentials_for("quay.io", github, tmp_path / "none.json") is None
+    assert credentials_for("ghcr.io", {"DOCKER_CONFIG": str(tmp_path)}) == Credentials(
+        "docker-user", "docker-pass"
+    )

@@ -1,0 +1,274 @@
+"""A small OCI distribution API client (through ``requests``): which tags exist, and tag copies.
+
+Registries on 127.0.0.1 or localhost are spoken to over plain http, all others over https.
+On a 401 the client follows the ``WWW-Authenticate`` challenge: for ``Bearer`` (ghcr.io, Docker
+Hub, registry:2 with token auth) it asks the realm for a token for the challenge's service and
+scope, for ``Basic`` it sends the credentials. Credentials, first found wins:
+
+1. ``REGISTRY_USERNAME`` and ``REGISTRY_PASSWORD``;
+2. the registry's ``auth`` in the docker config (``$DOCKER_CONFIG/config.json`` or
+   ``~/.docker/config.json``, as ``docker login`` writes it without a credential helper);
+3. for ghcr.io, ``GITHUB_TOKEN`` (user ``$GITHUB_ACTOR``);
+4. none: anonymous tokens, enough to read public images.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import requests
+
+INDEX_TYPES = (
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+)
+IMAGE_TYPES = (
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+)
+MANIFEST_ACCEPT = ", ".join((*INDEX_TYPES, *IMAGE_TYPES))
+TIMEOUT_SECONDS = 60
+PLAIN_HTTP_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]"})
+_CHALLENGE_PARAM = re.compile(r'(\w+)="([^"]*)"')
+_PORT = re.compile(r":\d+$")
+_HOST = re.compile(r"[^/]*[.:][^/]*|localhost")
+_NOT_FOUND = 404
+_UNAUTHORIZED = 401
+
+
+class RegistryError(RuntimeError):
+    """The registry could not answer; the message says which, why and what to do."""
+
+
+@dataclass(frozen=True)
+class Credentials:
+    username: str
+    password: str
+
+
+@dataclass(frozen=True)
+class Repository:
+    """``ghcr.io/me/driver`` -> host ``ghcr.io``, name ``me/driver``."""
+
+    host: str
+    name: str
+
+    @classmethod
+    def parse(cls, repository: str) -> Repository:
+        host, _, name = repository.partition("/")
+        if not name or not _HOST.fullmatch(host):
+            raise RegistryError(
+                f"{repository!r} names no registry host: pass --registry with one, "
+                "e.g. ghcr.io/<owner> or 127.0.0.1:5000/gdc"
+            )
+        return cls(host, name)
+
+    def __str__(self) -> str:
+        return f"{self.host}/{self.name}"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    media_type: str
+    body: bytes
+    digest: str
+
+    @property
+    def is_index(self) -> bool:
+        return self.media_type in INDEX_TYPES
+
+    def json(self) -> dict[str, Any]:
+        document = json.loads(self.body)
+        return document if isinstance(document, dict) else {}
+
+
+def plain_http(host: str) -> bool:
+    return _PORT.sub("", host) in PLAIN_HTTP_HOSTS
+
+
+def docker_config_path(env: Mapping[str, str]) -> Path:
+    directory = env.get("DOCKER_CONFIG")
+    return Path(directory) / "config.json" if directory else Path.home() / ".docker/config.json"
+
+
+def credentials_for(
+    host: str, env: Mapping[str, str], config: Path | None = None
+) -> Credentials | None:
+    """The credentials for host, from the environment or the docker config (module docstring)."""
+    if env.get("REGISTRY_USERNAME") and env.get("REGISTRY_PASSWORD"):
+        return Credentials(env["REGISTRY_USERNAME"], env["REGISTRY_PASSWORD"])
+    from_config = _docker_config_auth(host, config or docker_config_path(env))
+    if from_config:
+        return from_config
+    if host == "ghcr.io" and env.get("GITHUB_TOKEN"):
+        return Credentials(env.get("GITHUB_ACTOR") or "github-actions", env["GITHUB_TOKEN"])
+    return None
+
+
+def _docker_config_auth(host: str, config: Path) -> Credentials | None:
+    try:
+        auths = json.loads(config.read_text()).get("auths", {})
+    except (OSError, ValueError, AttributeError):
+        return None
+    entry = (auths.get(host) or auths.get(f"https://{host}")) if isinstance(auths, dict) else None
+    encoded = entry.get("auth") if isinstance(entry, dict) else None
+    if not isinstance(encoded, str):
+        return None
+    try:
+        username, _, password = base64.b64decode(encoded).decode().partition(":")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    return Credentials(username, password) if username else None
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).splitlines()[0] if str(error) else type(error).__name__
+    return text if len(text) <= 200 else text[:199] + "…"  # noqa: PLR2004
+
+
+class Registry:
+    """One registry host; ``session`` is injectable (tests pass adapters or a loopback URL)."""
+
+    def __init__(
+        self,
+        host: str,
+        *,
+        credentials: Credentials | None = None,
+        session: requests.Session | None = None,
+    ) -> None:
+        self.host = host
+        self.base_url = f"{'http' if plain_http(host) else 'https'}://{host}"
+        self.credentials = credentials
+        self.session = session or requests.Session()
+        self._auth: dict[str, str] = {}  # "<name>:<actions>" -> Authorization header
+
+    # --- the API ---------------------------------------------------------------------------
+
+    def digest(self, name: str, reference: str) -> str | None:
+        """The manifest digest of name:reference, or None when there is no such tag."""
+        response = self._send("HEAD", name, f"manifests/{reference}", "pull")
+        if response.status_code == _NOT_FOUND:
+            return None
+        self._check(response, "HEAD", name, reference)
+        digest = response.headers.get("Docker-Content-Digest")
+        return digest or self.manifest(name, reference).digest
+
+    def manifest(self, name: str, reference: str) -> Manifest:
+        response = self._send("GET", name, f"manifests/{reference}", "pull")
+        self._check(response, "GET", name, reference)
+        body = response.content
+        media_type = response.headers.get("Content-Type", "").split(";")[0].strip()
+        digest = response.headers.get("Docker-Content-Digest") or (
+            "sha256:" + hashlib.sha256(body).hexdigest()
+        )
+        return Manifest(media_type or str(json.loads(body).get("mediaType", "")), body, digest)
+
+    def platforms(self, name: str, reference: str) -> frozenset[str]:
+        """``os/arch`` of each image behind name:reference (attestation entries left out)."""
+        manifest = self.manifest(name, reference)
+        document = manifest.json()
+        if manifest.is_index:
+            return frozenset(
+                f"{p.get('os')}/{p.get('architecture')}"
+                for entry in document.get("manifests", [])
+                if isinstance(p := entry.get("platform"), dict) and p.get("os") != "unknown"
+            )
+        config_digest = str(document.get("config", {}).get("digest", ""))
+        response = self._send("GET", name, f"blobs/{config_digest}", "pull")
+        self._check(response, "GET", name, config_digest)
+        config = response.json()
+        return frozenset({f"{config.get('os')}/{config.get('architecture')}"})
+
+    def put_manifest(self, name: str, tag: str, manifest: Manifest) -> str:
+        """Tag manifest as name:tag (a copy within the repository: no blob moves)."""
+        response = self._send("PUT", name, f"manifests/{tag}", "pull,push", data=manifest.body,
+                              headers={"Content-Type": manifest.media_type})  # fmt: skip
+        self._check(response, "PUT", name, tag)
+        return response.headers.get("Docker-Content-Digest") or manifest.digest
+
+    # --- transport and auth ----------------------------------------------------------------
+
+    def _send(
+        self, method: str, name: str, path: str, actions: str, **kwargs: Any
+    ) -> requests.Response:
+        url = f"{self.base_url}/v2/{name}/{path}"
+        headers = {"Accept": MANIFEST_ACCEPT, **kwargs.pop("headers", {})}
+        key = f"{name}:{actions}"
+        response = self._request(method, url, headers=self._with_auth(headers, key), **kwargs)
+        if response.status_code == _UNAUTHORIZED:
+            self._auth[key] = self._authorize(response, name, actions)
+            response = self._request(method, url, headers=self._with_auth(headers, key), **kwargs)
+        return response
+
+    def _with_auth(self, headers: dict[str, str], key: str) -> dict[str, str]:
+        return {**headers, "Authorization": self._auth[key]} if key in self._auth else headers
+
+    def _request(self, method: str, url: str, **kwargs: Any) -> requests.Response:
+        try:
+            return self.session.request(method, url, timeout=TIMEOUT_SECONDS, **kwargs)
+        except requests.RequestException as exc:
+            raise RegistryError(
+                f"cannot reach the registry {self.host} ({_first_line(exc)}): check --registry "
+                "and that the registry is up"
+            ) from None
+
+    def _authorize(self, challenge: requests.Response, name: str, actions: str) -> str:
+        header = challenge.headers.get("WWW-Authenticate", "")
+        scheme = header.split(" ", 1)[0].lower()
+        params = dict(_CHALLENGE_PARAM.findall(header))
+        if scheme == "basic" and self.credentials:
+            pair = f"{self.credentials.username}:{self.credentials.password}".encode()
+            return "Basic " + base64.b64encode(pair).decode()
+        if scheme != "bearer" or "realm" not in params:
+            raise self._denied(f"it asks for {header or 'authentication'!r}")
+        query = {"service": params.get("service", self.host),
+                 "scope": params.get("scope", f"repository:{name}:{actions}")}  # fmt: skip
+        auth = (self.credentials.username, self.credentials.password) if self.credentials else None
+        response = self._request("GET", params["realm"], params=query, auth=auth)
+        if not response.ok:
+            raise self._denied(f"its token service {params['realm']} answered "
+                               f"{response.status_code} {response.reason}")  # fmt: skip
+        try:
+            document = response.json()
+            token = document.get("token") or document.get("access_token")
+        except (ValueError, AttributeError):
+            token = None
+        if not isinstance(token, str) or not token:
+            raise self._denied(f"its token service {params['realm']} returned no token")
+        return f"Bearer {token}"
+
+    def _denied(self, why: str) -> RegistryError:
+        return RegistryError(
+            f"the registry {self.host} refused access: {why}; set REGISTRY_USERNAME and "
+            "REGISTRY_PASSWORD (for ghcr.io: GITHUB_TOKEN with packages: write) or docker login"
+        )
+
+    def _check(self, response: requests.Response, method: str, name: str, ref: str) -> None:
+        if response.ok:
+            return
+        if response.status_code == _UNAUTHORIZED:
+            raise self._denied(f"{method} {name}:{ref} is still 401 with the credentials given")
+        detail = _error_detail(response)
+        raise RegistryError(
+            f"the registry {self.host} answered {method} {name}:{ref} with "
+            f"{response.status_code} {response.reason}{detail}: check the registry and the "
+            "credentials' permissions"
+        )
+
+
+def _error_detail(response: requests.Response) -> str:
+    """The first error of an OCI error body, as ``(CODE: message)``."""
+    try:
+        errors = response.json().get("errors", [])
+        first = errors[0]
+        return f" ({first.get('code')}: {first.get('message')})"
+    except (ValueError, AttributeError, IndexError, TypeError):
+        return ""

@@ -1,0 +1,172 @@
+"""``invoke sign``: cosign signatures and SBOM attestations for the published images.
+
+For each image of the matrix that the registry holds (the digest of its first tag; its other
+tags point at the same digest), once per digest:
+
+* ``cosign sign --yes [--key K] <repository>@<digest>``, unless the registry already has
+  cosign's signature tag ``sha256-<hex>.sig`` for it;
+* ``syft scan registry:<repository>@<digest> -o spdx-json=<file>``, then ``cosign attest --yes
+  [--key K] --type spdxjson --predicate <file> <repository>@<digest>``, unless it has
+  ``sha256-<hex>.att``. Without syft on PATH the attestation is skipped, saying so.
+
+Without --key, cosign signs keyless (Sigstore; in GitHub Actions through the job's OIDC token,
+which needs ``permissions: id-token: write``). cosign and syft log in to the registry with the
+docker config (``docker login``). The skip checks assume cosign's tag-based storage (cosign 2).
+
+Users verify an image signed in this repository's workflows with::
+
+    cosign verify ghcr.io/<owner>/driver:<tag> \\
+      --certificate-oidc-issuer https://token.actions.githubusercontent.com \\
+      --certificate-identity-regexp '^https://github.com/<owner>/gpu-driver-container/'
+    cosign verify-attestation --type spdxjson ghcr.io/<owner>/driver:<tag> (same two flags)
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from gdc import commands
+from gdc.commands import Runner
+from gdc.matrix import Matrix
+from gdc.publish import images_of
+from gdc.registry import Registry, RegistryError, Repository, plain_http
+from gdc.table import format_table
+
+NO_COSIGN = (
+    "cosign is not on PATH: nothing signed; install it "
+    "(https://docs.sigstore.dev/cosign/system_config/installation/) or use --require-cosign "
+    "to make this an error"
+)
+NO_SYFT = "syft is not on PATH: signatures only, no SBOM attestations; install syft for them"
+
+
+class SignError(RuntimeError):
+    """cosign or syft failed; their own output, above, says why."""
+
+
+class Status(StrEnum):
+    SIGNED = "signed"
+    SKIPPED = "skipped"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Signed:
+    tag: str
+    digest: str
+    status: Status
+    detail: str
+
+
+@dataclass(frozen=True)
+class Signer:
+    """The cosign and syft command lines for one repository; runner runs them."""
+
+    repository: Repository
+    key: str = ""
+    runner: Runner = commands.run
+
+    def _cosign(self, command: str, *args: str) -> list[str]:
+        argv = ["cosign", command, "--yes"]
+        if self.key:
+            argv += ["--key", self.key]
+        if plain_http(self.repository.host):
+            argv.append("--allow-http-registry")
+        return [*argv, *args]
+
+    def sign_argv(self, reference: str) -> list[str]:
+        return self._cosign("sign", reference)
+
+    def sbom_argv(self, reference: str, output: Path) -> list[str]:
+        argv = ["syft", "scan", f"registry:{reference}", "-o", f"spdx-json={output}"]
+        if plain_http(self.repository.host):
+            argv = ["env", "SYFT_REGISTRY_INSECURE_USE_HTTP=true", *argv]
+        return argv
+
+    def attest_argv(self, reference: str, predicate: Path) -> list[str]:
+        return self._cosign("attest", "--type", "spdxjson", "--predicate", str(predicate),
+                            reference)  # fmt: skip
+
+    def run(self, argv: list[str]) -> None:
+        try:
+            code = self.runner(argv)
+        except OSError as exc:
+            raise SignError(f"cannot run {argv[0]}: {exc}") from None
+        if code != 0:
+            command = argv[2] if argv[0] == "env" else argv[0]
+            raise SignError(f"{command} {argv[argv.index(command) + 1]} exited {code}: see its "
+                            "output above")  # fmt: skip
+
+
+def _attached(registry: Registry, repository: Repository, digest: str, suffix: str) -> bool:
+    return registry.digest(repository.name, digest.replace(":", "-") + suffix) is not None
+
+
+def _sign_one(signer: Signer, registry: Registry, digest: str, sbom: bool,
+              scratch: Path) -> tuple[Status, str]:  # fmt: skip
+    repository = signer.repository
+    reference = f"{repository}@{digest}"
+    done = []
+    if not _attached(registry, repository, digest, ".sig"):
+        signer.run(signer.sign_argv(reference))
+        done.append("signature")
+    if sbom and not _attached(registry, repository, digest, ".att"):
+        predicate = scratch / f"{digest.replace(':', '-')}.spdx.json"
+        signer.run(signer.sbom_argv(reference, predicate))
+        signer.run(signer.attest_argv(reference, predicate))
+        done.append("SBOM attestation")
+    if not done:
+        return Status.SKIPPED, "already signed" + (" and attested" if sbom else "")
+    return Status.SIGNED, "added " + " and ".join(done)
+
+
+def sign_images(
+    matrix: Matrix,
+    registry: Registry,
+    signer: Signer,
+    *,
+    sbom: bool = True,
+    say: Callable[[str], None] = print,
+) -> list[Signed]:
+    """Sign (and attest) each published image of matrix once; one result per image."""
+    if sbom and not commands.available("syft"):
+        say(NO_SYFT)
+        sbom = False
+    results: list[Signed] = []
+    seen: dict[str, Signed] = {}
+    repository = signer.repository
+    with tempfile.TemporaryDirectory(prefix="gdc-sbom.") as scratch:
+        for image in images_of(matrix):
+            tag = image.tags.tags[0]
+            digest: str | None = None
+            try:
+                digest = registry.digest(repository.name, tag)
+                if digest is None:
+                    results.append(Signed(tag, "", Status.SKIPPED, "not in the registry"))
+                    continue
+                if digest in seen:
+                    results.append(Signed(tag, digest, seen[digest].status,
+                                          f"same image as {seen[digest].tag}"))  # fmt: skip
+                    continue
+                say(f"Signing {repository}:{tag} ({digest})")
+                status, detail = _sign_one(signer, registry, digest, sbom, Path(scratch))
+            except (RegistryError, SignError) as exc:
+                status, detail = Status.FAILED, str(exc)
+            seen[digest or tag] = Signed(tag, digest or "", status, detail)
+            results.append(seen[digest or tag])
+    return results
+
+
+def summary(results: Iterable[Signed], repository: Repository) -> str:
+    results = list(results)
+    rows = [(r.status.value, r.tag, r.digest[:19] or "-", r.detail) for r in results]
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row[0]] = counts.get(row[0], 0) + 1
+    total = ", ".join(f"{status} {count}" for status, count in counts.items())
+    table = format_table(("STATUS", "TAG", "DIGEST", "DETAIL"), rows)
+    return f"Signatures in {repository}:\n{table}{total or 'nothing published yet'}\n"
