@@ -18,6 +18,7 @@ from nvidia_driver.flatcar import (
     board_of,
     channel_of,
     current_releases,
+    kernel_release_from_feed,
     normalise_arch,
     parse_releases,
     parse_shell_assignments,
@@ -350,3 +351,16 @@ def test_current_marker_without_its_release() -> None:
     del feed["3510.3.8"]
     with pytest.raises(DriverError, match="'current-2023': matches no versioned lts release"):
         current_releases(feed)
+
+
+@pytest.mark.parametrize(
+    ("feed_kernel", "release"),
+    [
+        ("6.12.102", "6.12.102-flatcar"),
+        ("5.15.189", "5.15.189-flatcar"),
+        ("6.12.95+deb12-cloud-amd64", "6.12.95+deb12-cloud-amd64"),
+        ("6.6.150-flatcar", "6.6.150-flatcar"),
+    ],
+)
+def test_kernel_release_from_the_feeds_kernel(feed_kernel: str, release: str) -> None:
+    assert kernel_release_from_feed(feed_kernel) == release

@@ -307,7 +307,17 @@ def _parse_entry(key: str, entry: object) -> _Entry:
         raise _feed_error(
             f"release {key}", f"release_date {date!r} is not 'YYYY-MM-DD HH:MM:SS +ZZZZ'"
         ) from None
-    return _Entry(channel, kernels[0] + KERNEL_SUFFIX, tuple(arches), released)
+    return _Entry(channel, kernel_release_from_feed(kernels[0]), tuple(arches), released)
+
+
+def kernel_release_from_feed(kernel: str) -> str:
+    """``uname -r`` of a release from the feed's kernel field.
+
+    Flatcar's feed names the upstream version ("6.12.102"); the running kernel adds the
+    ebuild's EXTRAVERSION. A value that already carries a local version (a mirror's feed for
+    a custom kernel, "6.12.95+deb12-cloud-amd64") is the full release already.
+    """
+    return kernel if re.search(r"[-+]", kernel) else kernel + KERNEL_SUFFIX
 
 
 def parse_releases(feed: str | Mapping[str, Any]) -> tuple[Release, ...]:
