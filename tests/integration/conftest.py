@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 
 import pytest
@@ -14,7 +15,9 @@ from fixtures.docker_env import (
     start_dockerd,
     stop_dockerd,
 )
+from fixtures.driver_server import DriverDownloads, serve_driver_downloads
 from fixtures.gpg import SigningKey, generate_signing_key
+from fixtures.images import DRIVER, HOST_PACKAGES, Invoke, make_invoke
 from fixtures.kernel import KernelTree, kernel_tree
 from fixtures.release_server import (
     TEST_RELEASE,
@@ -23,12 +26,7 @@ from fixtures.release_server import (
     build_release_artifacts,
     sign_release,
 )
-
-# What the integration tests run on a fresh Debian 12 machine, besides what fixtures fetch.
-HOST_PACKAGES = (
-    "gcc-12", "make", "dwarves", "kmod", "patch", "gnupg", "gpgv", "zstd", "xz-utils",
-    "e2fsprogs", "debootstrap", "cpio",
-)  # fmt: skip
+from fixtures.runfile import build_run_fixture
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -82,7 +80,7 @@ def flatcar_release_server(
     flatcar_release_server_session.reset()
 
 
-# --- Docker, a local registry and a base image (test_images.py) --------------------------------
+# --- Docker, a local registry, a base image and the images under test ---------------------
 
 
 @pytest.fixture(scope="session")
@@ -106,3 +104,47 @@ def docker_registry(
 def docker_base_image(docker_daemon: DockerDaemon) -> str:
     """A local Debian trixie minbase image, the stand-in for debian:trixie-slim."""
     return base_image()
+
+
+@pytest.fixture(scope="session")
+def driver_downloads() -> Iterator[DriverDownloads]:
+    """NVIDIA's download sites on 127.0.0.1: the fixture .run and the fabric manager redist."""
+    downloads = serve_driver_downloads(DRIVER, build_run_fixture(DRIVER))
+    yield downloads
+    downloads.close()
+
+
+@pytest.fixture(scope="session")
+def invoke(  # noqa: PLR0917 - pytest passes fixtures by name
+    docker_daemon: DockerDaemon,
+    docker_registry: Registry,
+    docker_base_image: str,
+    driver_downloads: DriverDownloads,
+    flatcar_release_server_session: FlatcarReleaseServer,
+    flatcar_signing_key: SigningKey,
+) -> Iterator[Invoke]:
+    """tasks.py against this session's servers and registry; its images are untagged after."""
+    runner = make_invoke(
+        docker_daemon,
+        docker_registry,
+        docker_base_image,
+        driver_downloads,
+        flatcar_release_server_session,
+        flatcar_signing_key,
+    )
+    yield runner
+    runner.remove_images()
+
+
+@pytest.fixture(scope="session")
+def build_image(invoke: Invoke) -> subprocess.CompletedProcess[str]:
+    """``invoke build --variant build``, once per session: every image test shares it."""
+    return invoke.run("build", "build")
+
+
+@pytest.fixture(scope="session")
+def precompiled_image(
+    invoke: Invoke, build_image: subprocess.CompletedProcess[str]
+) -> subprocess.CompletedProcess[str]:
+    """``invoke build --variant precompiled`` (on the session's build image), once per session."""
+    return invoke.run("build", "precompiled")

@@ -1,114 +1,27 @@
 """``invoke build`` and ``invoke push`` end to end: real dockerd, real registry, loopback sources.
 
-NVIDIA's and Flatcar's sites are stood in for on 127.0.0.1: the driver .run is the fixture
-made from Debian's packages (535.261.03), the fabric manager redist is an archive in the real
-layout with stand-in binaries, and the Flatcar release server serves the signed test release
-9999.2.0 (Debian's 6.12.95 kernel). Builds use host networking, so build steps reach them.
+NVIDIA's and Flatcar's sites are stood in for on 127.0.0.1 (see fixtures/images.py). The images
+are built once per session by the ``build_image`` and ``precompiled_image`` fixtures
+(conftest.py), which test_operator_daemonset.py shares.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import urllib.request
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
-from fixtures.docker_env import (
-    DockerDaemon,
-    Registry,
-    docker_env,
-    remove_images,
-    remove_repository,
-)
-from fixtures.driver_server import DriverDownloads, serve_driver_downloads
-from fixtures.gpg import SigningKey
-from fixtures.release_server import TEST_RELEASE, FlatcarReleaseServer
-from fixtures.runfile import build_run_fixture
+from fixtures.docker_env import Registry, docker_env, remove_images
+from fixtures.images import DRIVER, FLATCAR, KERNEL_TAG, PREFIX, Invoke
+from fixtures.release_server import TEST_RELEASE
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
-DRIVER = "535.261.03"
-FLATCAR = TEST_RELEASE.version
-KERNEL_TAG = TEST_RELEASE.kernel.release.replace("+", "-")
-PREFIX = "flatcar-test-00000000"
-BUILD_TIMEOUT = 3600
 MANIFEST_TYPES = (
     "application/vnd.docker.distribution.manifest.v2+json, "
     "application/vnd.oci.image.manifest.v1+json"
 )
-
-
-@pytest.fixture(scope="session")
-def driver_downloads() -> Iterator[DriverDownloads]:
-    downloads = serve_driver_downloads(DRIVER, build_run_fixture(DRIVER))
-    yield downloads
-    downloads.close()
-
-
-@dataclass(frozen=True)
-class Invoke:
-    """Runs tasks.py as a developer would, against this session's servers and registry."""
-
-    registry: Registry
-    selection: tuple[str, ...]
-    build_options: tuple[str, ...]
-    env: dict[str, str]
-
-    def run(self, task: str, variant: str, *extra: str) -> subprocess.CompletedProcess[str]:
-        options = self.build_options if task == "build" else ()
-        argv = [sys.executable, "-m", "invoke", "--search-root", str(ROOT), task,
-                "--variant", variant, *self.selection, *options, *extra]  # fmt: skip
-        result = subprocess.run(argv, cwd=ROOT, env=self.env, capture_output=True, text=True,
-                                timeout=BUILD_TIMEOUT, check=False)  # fmt: skip
-        assert result.returncode == 0, f"{' '.join(argv)}\n{result.stdout[-8000:]}\n{result.stderr}"
-        return result
-
-    def reference(self, tag: str) -> str:
-        return f"{self.registry.address}/gdc/driver:{PREFIX}-{tag}"
-
-
-@pytest.fixture(scope="module")
-def invoke(  # noqa: PLR0917 - pytest passes fixtures by name
-    docker_daemon: DockerDaemon,
-    docker_registry: Registry,
-    docker_base_image: str,
-    driver_downloads: DriverDownloads,
-    flatcar_release_server_session: FlatcarReleaseServer,
-    flatcar_signing_key: SigningKey,
-) -> Iterator[Invoke]:
-    server = flatcar_release_server_session
-    selection = (
-        "--driver-version", DRIVER, "--flatcar-version", FLATCAR, "--arch", "amd64",
-        "--registry", f"{docker_registry.address}/gdc", "--prefix", PREFIX,
-        "--releases-url", server.releases_json_url, "--docker-host", docker_daemon.host,
-    )  # fmt: skip
-    build_options = (
-        "--base-image", docker_base_image,
-        "--driver-sha256", driver_downloads.runfile_sha256,
-        "--driver-base-url", driver_downloads.driver_base_url,
-        "--fabricmanager-base-url", driver_downloads.fabricmanager_base_url,
-        "--release-base-url", server.base_url,
-        "--flatcar-keyring", str(flatcar_signing_key.public_keyring),
-    )  # fmt: skip
-    yield Invoke(docker_registry, selection, build_options, docker_env())
-    remove_repository(f"{docker_registry.address}/gdc/driver")
-
-
-@pytest.fixture(scope="module")
-def build_image(invoke: Invoke) -> subprocess.CompletedProcess[str]:
-    return invoke.run("build", "build")
-
-
-@pytest.fixture(scope="module")
-def precompiled_image(
-    invoke: Invoke, build_image: subprocess.CompletedProcess[str]
-) -> subprocess.CompletedProcess[str]:
-    return invoke.run("build", "precompiled")
 
 
 def _docker(*args: str) -> str:
