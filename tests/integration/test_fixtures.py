@@ -264,9 +264,12 @@ def test_faults_and_counts_are_cleared_between_tests(
 def container_root(
     flatcar_release_artifacts: ReleaseArtifacts, tmp_path_factory: pytest.TempPathFactory
 ) -> Path:
+    """The parts of the tarball a module build uses: the kernel's directory and the libraries."""
     root = tmp_path_factory.mktemp("flatcar-container")
+    wanted = (f"./usr/lib/modules/{KVER}", "./usr/lib64")
     with tarfile.open(flatcar_release_artifacts.path(CONTAINER_TARBALL)) as tar:
-        tar.extractall(root, filter="tar")
+        members = [member for member in tar if member.name.startswith(wanted)]
+        tar.extractall(root, members, filter="tar")
     return root
 
 
@@ -282,6 +285,22 @@ def test_container_tarball_has_flatcars_member_names(
         assert f"{build}/{member}" in names
     assert "./usr/share/flatcar/release" in names
     assert {"./usr/lib64/ld-linux-x86-64.so.2", "./usr/lib64/libc.so.6"} <= names
+
+
+def test_container_tarball_is_a_whole_root_around_the_kernel(
+    flatcar_release_artifacts: ReleaseArtifacts,
+) -> None:
+    with tarfile.open(flatcar_release_artifacts.path(CONTAINER_TARBALL)) as tar:
+        members = tar.getmembers()
+    names = {member.name: member for member in members}
+    # A root file system, Gentoo's library layout, and the kernel's own modules beside the tree.
+    assert {"./usr/bin/bash", "./etc/os-release", "./usr/lib64/libelf.so.1"} <= names.keys()
+    assert names["./lib64"].linkname == "usr/lib64"
+    assert any(name.startswith(f"./usr/lib/modules/{KVER}/kernel/") for name in names)
+    # What a build takes is a minority of the archive, as in Flatcar's.
+    tree = f"./usr/lib/modules/{KVER}/build/"
+    tree_bytes = sum(member.size for member in members if member.name.startswith(tree))
+    assert tree_bytes < sum(member.size for member in members) / 3
 
 
 def test_container_tree_is_flatcar_shaped(container_root: Path) -> None:
