@@ -101,18 +101,20 @@ def flatcar_root(root: Path, kernel: str = KERNEL, split_source: bool = False) -
     return root
 
 
-def tar_gz(source: Path, prefix: str = "./") -> bytes:
+def tar_gz(source: Path, prefix: str = "./", tar_format: int = tarfile.DEFAULT_FORMAT) -> bytes:
     """source as `tar -czpf` would pack it, members named with or without a leading ./"""
     buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=1) as archive:
+    with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=1, format=tar_format) as archive:
         for path in sorted(source.rglob("*")):
             archive.add(path, arcname=prefix + path.relative_to(source).as_posix(), recursive=False)
     return buffer.getvalue()
 
 
-def tar_gz_members(members: list[tuple[tarfile.TarInfo, bytes | None]]) -> bytes:
+def tar_gz_members(
+    members: list[tuple[tarfile.TarInfo, bytes | None]], tar_format: int = tarfile.DEFAULT_FORMAT
+) -> bytes:
     buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=1) as archive:
+    with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=1, format=tar_format) as archive:
         for info, data in members:
             if data is not None:
                 info.size = len(data)

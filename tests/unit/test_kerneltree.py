@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import errno
+import gzip
+import os
 import shutil
 import stat
 import subprocess
@@ -302,6 +304,67 @@ def test_container_tree_rewrites_absolute_links_inside_the_tree(tmp_path: Path) 
     assert (tree.build_dir / "include/asm/autoconf.h").is_file()
 
 
+@pytest.mark.parametrize(
+    "tar_format",
+    [tarfile.GNU_FORMAT, tarfile.PAX_FORMAT, tarfile.USTAR_FORMAT],
+    ids=["gnu", "pax", "ustar"],
+)
+def test_container_tree_is_read_from_gnu_pax_and_ustar_archives(
+    tmp_path: Path, tar_format: int
+) -> None:
+    root = flatcar_root(tmp_path / "flatcar")
+    build = root / "usr/lib/modules" / KERNEL / "build"
+    # Longer than a header's 100 bytes: GNU long names, pax paths, ustar's prefix.
+    deep = write(build / "include" / ("d" * 40) / ("e" * 40) / ("f" * 48 + ".h"), "#define X\n")
+    relative = deep.relative_to(build)
+    if tar_format != tarfile.USTAR_FORMAT:  # ustar has no room for these
+        (build / "include/far").symlink_to(relative.relative_to("include"))
+        # Past octal's 11 digits: GNU writes base-256, pax a record.
+        os.utime(deep, (9_000_000_000, 9_000_000_000))
+    stream = OneWayStream(tar_gz(root, tar_format=tar_format))
+
+    tree = kerneltree.extract_container_tree(stream, tmp_path / "tree", None)
+
+    assert (tree.build_dir / relative).read_text() == "#define X\n"
+    assert int((tree.build_dir / relative).stat().st_mtime) == int(deep.stat().st_mtime)
+    if tar_format != tarfile.USTAR_FORMAT:
+        assert (tree.build_dir / "include/far").read_text() == "#define X\n"
+    assert (tree.build_dir / "scripts/checkpatch.pl").stat().st_mode & 0o777 == 0o755
+    assert_runs_with(tree.build_dir, tmp_path / "tree/usr/lib64")
+    assert stream.consumed == stream.size
+
+
+def test_container_tree_keeps_exact_modes_and_the_last_copy_of_a_member(tmp_path: Path) -> None:
+    build = f"usr/lib/modules/{KERNEL}/build"
+    script, header = member(f"{build}/script"), member(f"{build}/header.h")
+    script.mode, header.mode = 0o777, 0o444  # beyond the umask; read-only
+    data = tar_gz_members(
+        [
+            *_tree_members(),
+            (script, b"#!/bin/sh\n"),
+            (header, b"/* first */\n"),
+            (member(f"{build}/header.h"), b"/* second */\n"),
+        ]
+    )
+    tree = kerneltree.extract_container_tree(OneWayStream(data), tmp_path / "tree", None)
+    assert (tree.build_dir / "script").stat().st_mode & 0o777 == 0o777
+    assert (tree.build_dir / "header.h").read_text() == "/* second */\n"
+    assert (tree.build_dir / "header.h").stat().st_mode & 0o777 == 0o644
+
+
+def test_sparse_members_are_skipped_outside_the_tree(tmp_path: Path) -> None:
+    sparse = member("usr/share/holes", tarfile.GNUTYPE_SPARSE)
+    data = tar_gz_members([(sparse, b"s" * 1000), *_tree_members()], tarfile.GNU_FORMAT)
+    tree = kerneltree.extract_container_tree(OneWayStream(data), tmp_path / "tree", None)
+    assert (tree.build_dir / "Makefile").read_text() == "# Makefile\n"
+
+
+def test_only_the_first_gzip_member_is_read_and_the_rest_drained(tmp_path: Path) -> None:
+    stream = OneWayStream(tar_gz(flatcar_root(tmp_path / "flatcar")) + gzip.compress(b"junk"))
+    kerneltree.extract_container_tree(stream, tmp_path / "tree", None)
+    assert stream.consumed == stream.size
+
+
 def _tree_members(kernel: str = KERNEL) -> list[tuple[tarfile.TarInfo, bytes | None]]:
     build = f"usr/lib/modules/{kernel}/build"
     return [
@@ -367,6 +430,27 @@ BAD_ARCHIVES = {
         ),
         "is a symbolic link in the extracted tree: refusing to write through it",
     ),
+    "directory then file": (
+        lambda: tar_gz_members(
+            [
+                *_tree_members(),
+                (member(f"usr/lib/modules/{KERNEL}/build/inc", tarfile.DIRTYPE), None),
+                (member(f"usr/lib/modules/{KERNEL}/build/inc"), b"x"),
+            ]
+        ),
+        "is both a directory and a file",
+    ),
+    "sparse file in the tree": (
+        lambda: tar_gz_members(
+            [
+                *_tree_members(),
+                (member(f"usr/lib/modules/{KERNEL}/build/x", tarfile.GNUTYPE_SPARSE), b"x"),
+            ],
+            tarfile.GNU_FORMAT,
+        ),
+        "is stored as a sparse file",
+    ),
+    "not a tar": (lambda: gzip.compress(b"not a tar archive" * 100), "not a tar archive"),
     "no Makefile": (
         lambda: tar_gz_members([(member(f"usr/lib/modules/{KERNEL}/build/.config"), b"")]),
         "has no Makefile",
