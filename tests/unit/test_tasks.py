@@ -5,12 +5,15 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 import tasks
+import urllib3.exceptions
+from docker.errors import APIError
 from invoke.context import MockContext
 from invoke.exceptions import Exit
 from invoke.runners import Result
@@ -326,3 +329,28 @@ def test_files_of_a_docker_cp_archive() -> None:
         "open/p/metadata.json": b"{}",
         "x": b"1",
     }
+
+
+def test_a_dockerd_that_goes_away_halfway_fails_the_build_in_one_line() -> None:
+    def broken_stream() -> Iterator[dict[str, str]]:
+        yield {"stream": "Step 7/11 : RUN nvidia-driver build\n"}
+        raise urllib3.exceptions.ProtocolError("Connection broken: IncompleteRead(0 bytes read)")
+
+    with (
+        pytest.raises(docker_api.DockerError) as caught,
+        docker_api.dockerd_errors("docker build of r:t"),
+    ):
+        docker_api._follow_build(broken_stream(), lambda _line: None)
+    message = str(caught.value)
+    assert message.startswith("docker build of r:t failed: lost dockerd (Connection broken")
+    assert "check that dockerd is running" in message
+    assert "\n" not in message
+
+
+def test_a_refusal_by_dockerd_is_one_line_with_its_explanation() -> None:
+    refusal = APIError("500 Server Error", explanation="no space left on device")
+    with (
+        pytest.raises(docker_api.DockerError, match=r"^docker tag r:t failed: dockerd said no spa"),
+        docker_api.dockerd_errors("docker tag r:t"),
+    ):
+        raise refusal

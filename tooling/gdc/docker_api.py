@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import io
 import tarfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Protocol
@@ -93,13 +94,18 @@ class DockerSDK:
     def __init__(self, base_url: str | None = None) -> None:
         import docker  # noqa: PLC0415 - only builds need it; `invoke --list` must not
 
-        self.client: docker.DockerClient = (
-            docker.DockerClient(base_url=base_url) if base_url else docker.from_env()
-        )
+        with dockerd_errors("connecting to dockerd"):
+            self.client: docker.DockerClient = (
+                docker.DockerClient(base_url=base_url) if base_url else docker.from_env()
+            )
 
     def build(self, job: BuildJob, progress: Progress) -> str:
         if len(job.platforms) > 1:
             raise DockerError("the classic builder makes one architecture: use Buildx")
+        with dockerd_errors(f"docker build of {job.references[0]}"):
+            return self._build(job, progress)
+
+    def _build(self, job: BuildJob, progress: Progress) -> str:
         stream = self.client.api.build(
             path=str(job.context),
             dockerfile=job.dockerfile,
@@ -120,19 +126,24 @@ class DockerSDK:
 
     def tag(self, image: str, reference: str) -> None:
         repository, tag = split_reference(reference)
-        if not self.client.api.tag(image, repository, tag, force=True):
+        with dockerd_errors(f"docker tag {reference}"):
+            tagged = self.client.api.tag(image, repository, tag, force=True)
+        if not tagged:
             raise DockerError(f"dockerd refused to tag {image} as {reference}")
 
     def push(self, reference: str, progress: Progress) -> str:
         repository, tag = split_reference(reference)
-        stream = self.client.api.push(repository, tag=tag, stream=True, decode=True)
-        return _follow_push(stream, reference, progress)
+        with dockerd_errors(f"docker push {reference}"):
+            stream = self.client.api.push(repository, tag=tag, stream=True, decode=True)
+            return _follow_push(stream, reference, progress)
 
     def inspect(self, reference: str) -> ImageInfo:
-        image = self.client.images.get(reference)
+        with dockerd_errors(f"docker inspect {reference}"):
+            image = self.client.images.get(reference)
+            raw_history = image.history()
         history = tuple(
             HistoryEntry(str(item.get("CreatedBy", "")), int(item.get("Size", 0)))
-            for item in reversed(image.history())
+            for item in reversed(raw_history)
         )
         return ImageInfo(
             id=str(image.id),
@@ -144,22 +155,52 @@ class DockerSDK:
     def exists(self, reference: str) -> bool:
         import docker.errors  # noqa: PLC0415
 
-        try:
-            self.client.images.get(reference)
-        except docker.errors.ImageNotFound:
-            return False
+        with dockerd_errors(f"docker inspect {reference}"):
+            try:
+                self.client.images.get(reference)
+            except docker.errors.ImageNotFound:
+                return False
         return True
 
     def read_files(self, reference: str, directory: str) -> dict[str, bytes]:
         # A created, never started container: no process runs and no network is needed.
-        container = self.client.containers.create(
-            reference, command=["true"], entrypoint=[], network_mode="none"
-        )
-        try:
-            chunks, _ = container.get_archive(directory)
-            return files_in_tar(b"".join(chunks), PurePosixPath(directory).name)
-        finally:
-            container.remove(force=True)
+        with dockerd_errors(f"reading {directory} from {reference}"):
+            container = self.client.containers.create(
+                reference, command=["true"], entrypoint=[], network_mode="none"
+            )
+            try:
+                chunks, _ = container.get_archive(directory)
+                return files_in_tar(b"".join(chunks), PurePosixPath(directory).name)
+            finally:
+                container.remove(force=True)
+
+
+@contextmanager
+def dockerd_errors(action: str) -> Iterator[None]:
+    """dockerd's refusals and a dropped connection as one DockerError line.
+
+    A dockerd that stops halfway through a build must fail that image, not the whole run.
+    """
+    import docker.errors  # noqa: PLC0415
+    import requests.exceptions  # noqa: PLC0415
+    import urllib3.exceptions  # noqa: PLC0415
+
+    try:
+        yield
+    except docker.errors.APIError as exc:
+        reason = str(exc.explanation or exc).strip().splitlines()[0]
+        raise DockerError(f"{action} failed: dockerd said {reason}") from exc
+    except (
+        docker.errors.DockerException,
+        requests.exceptions.RequestException,
+        urllib3.exceptions.HTTPError,
+        ConnectionError,
+    ) as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise DockerError(
+            f"{action} failed: lost dockerd ({reason}); check that dockerd is running at "
+            "--docker-host / $DOCKER_HOST, then re-run"
+        ) from exc
 
 
 def files_in_tar(data: bytes, top: str) -> dict[str, bytes]:
