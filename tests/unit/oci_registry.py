@@ -118,18 +118,22 @@ class OCIRegistry:
         if url.path == "/token":
             self._token(handler, urllib.parse.parse_qs(url.query))
             return
+        head = method == "HEAD"  # a HEAD answer has headers only, or keep-alive breaks
         if self.status:
-            _send(handler, self.status, b'{"errors":[{"code":"UNAVAILABLE","message":"down"}]}')
+            down = b'{"errors":[{"code":"UNAVAILABLE","message":"down"}]}'
+            _send(handler, self.status, down, head=head)
             return
         name, kind, reference = _split(url.path)
         actions = "pull,push" if method == "PUT" else "pull"
         if self.username and not self._authorized(handler, name, method):
             realm = f"http://{self.host}/token"
             challenge = f'Bearer realm="{realm}",service="fake",scope="repository:{name}:{actions}"'
-            _send(handler, HTTPStatus.UNAUTHORIZED, b"{}", {"WWW-Authenticate": challenge})
+            headers = {"WWW-Authenticate": challenge}
+            _send(handler, HTTPStatus.UNAUTHORIZED, b"{}", headers, head=head)
         elif kind == "blobs":
             blob = self.blobs.get(reference)
-            _send(handler, HTTPStatus.OK if blob else HTTPStatus.NOT_FOUND, blob or b"{}")
+            status = HTTPStatus.OK if blob else HTTPStatus.NOT_FOUND
+            _send(handler, status, blob or b"{}", head=head)
         elif method == "PUT":
             digest = self.put(name, [reference], handler.headers["Content-Type"], body)
             _send(handler, HTTPStatus.CREATED, b"", {"Docker-Content-Digest": digest})
@@ -137,11 +141,11 @@ class OCIRegistry:
             stored = self.manifests.get(name, {}).get(reference)
             if stored is None:
                 unknown = b'{"errors":[{"code":"MANIFEST_UNKNOWN","message":"manifest unknown"}]}'
-                _send(handler, HTTPStatus.NOT_FOUND, unknown, head=method == "HEAD")
+                _send(handler, HTTPStatus.NOT_FOUND, unknown, head=head)
                 return
             headers = {"Content-Type": stored.media_type,
                        "Docker-Content-Digest": digest_of(stored.body)}  # fmt: skip
-            _send(handler, HTTPStatus.OK, stored.body, headers, head=method == "HEAD")
+            _send(handler, HTTPStatus.OK, stored.body, headers, head=head)
 
     def _authorized(self, handler: BaseHTTPRequestHandler, name: str, method: str) -> bool:
         header = handler.headers.get("Authorization", "")
