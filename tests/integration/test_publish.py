@@ -1,0 +1,224 @@
+"""``invoke publish`` end to end: a releases feed, Debian's registry and real builds, all local.
+
+The feed is the real one's shape, made from the recent-releases table (tests/shared), with the
+signed test release on top as the current stable release (Debian's 6.12.95 kernel, which the
+loopback release server carries). The versions file covers the stable channel, amd64 and the
+fixture driver, so the matrix is one build image and one precompiled image per current
+release; the images the session built before (fixtures/images.py) make the first run cheap.
+
+One scenario, in order, on one registry:
+
+1. from empty, every image of the matrix is built and pushed;
+2. a second run builds nothing;
+3. a new stable release enters the feed; the registry is stopped while that run is halfway
+   (the build image's new alias is in, the new precompiled image is not): it fails, saying so;
+4. with the registry back, a re-run builds only the new release's image, and completes;
+5. and a last run builds nothing again.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from fixtures.docker_env import DockerDaemon, docker_env, free_port, local_registry
+from fixtures.driver_server import DriverDownloads
+from fixtures.gpg import SigningKey
+from fixtures.http_server import FaultyHTTPServer, Route
+from fixtures.images import DRIVER, ROOT
+from fixtures.release_server import TEST_RELEASE, FlatcarReleaseServer
+from flatcar_feed import feed_entry, feed_from_tsv, with_markers
+
+pytestmark = pytest.mark.integration
+
+NEW_RELEASE = "9999.2.1"  # a stable point release with the same kernel, as Flatcar often ships
+KERNEL = TEST_RELEASE.kernel.release
+KERNEL_TAG = KERNEL.replace("+", "-")
+RUN_TIMEOUT = 3600
+MANIFEST_TYPES = (
+    "application/vnd.oci.image.index.v1+json, application/vnd.oci.image.manifest.v1+json, "
+    "application/vnd.docker.distribution.manifest.list.v2+json, "
+    "application/vnd.docker.distribution.manifest.v2+json"
+)
+VERSIONS = """\
+[images]
+channels = ["stable"]
+arches = ["amd64"]
+
+[drivers."{driver}"]
+sha256 = {{ amd64 = "{sha256}" }}
+"""
+
+
+def _feed(*releases: str) -> bytes:
+    """The TSV's releases plus the test releases (amd64 only, as the fixture server has)."""
+    feed = feed_from_tsv()
+    for version in releases:
+        feed[version] = feed_entry("stable", "2026-11-20", KERNEL, "amd64")
+    return json.dumps(with_markers(feed), indent=1).encode()
+
+
+@dataclass
+class Publisher:
+    """``invoke publish`` as the nightly workflow runs it, against loopback stand-ins."""
+
+    feed: FaultyHTTPServer
+    registry_dir: Path
+    port: int
+    argv: list[str]
+    registry_stack: ExitStack = field(default_factory=ExitStack)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start_registry(self) -> None:
+        self.registry_stack.enter_context(local_registry(self.registry_dir, self.port))
+
+    def stop_registry(self) -> None:
+        self.registry_stack.close()
+
+    def publish_feed(self, *releases: str) -> None:
+        self.feed.add_route("/releases.json", Route(_feed(*releases), "application/json"))
+
+    def run(self, *, stop_registry_at: str | None = None) -> subprocess.CompletedProcess[str]:
+        """Run invoke publish; stop the registry when a line containing stop_registry_at shows."""
+        process = subprocess.Popen(self.argv, cwd=ROOT, env=docker_env(), text=True,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        stderr: list[str] = []
+        reader = threading.Thread(target=lambda: stderr.extend(process.stderr or ()), daemon=True)
+        reader.start()
+        stdout: list[str] = []
+        for line in process.stdout or ():
+            stdout.append(line)
+            if stop_registry_at is not None and stop_registry_at in line:
+                self.stop_registry()
+                stop_registry_at = None
+        process.wait(RUN_TIMEOUT)
+        reader.join(30)
+        return subprocess.CompletedProcess(self.argv, process.returncode, "".join(stdout),
+                                           "".join(stderr))  # fmt: skip
+
+    def digest(self, tag: str) -> str | None:
+        request = urllib.request.Request(
+            f"http://{self.address}/v2/gdc/driver/manifests/{tag}",
+            headers={"Accept": MANIFEST_TYPES},
+            method="HEAD",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310
+                return str(response.headers["Docker-Content-Digest"])
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise
+
+
+@pytest.fixture(scope="module")
+def publisher(  # noqa: PLR0917 - pytest passes fixtures by name
+    tmp_path_factory: pytest.TempPathFactory,
+    docker_daemon: DockerDaemon,
+    docker_base_image: str,
+    driver_downloads: DriverDownloads,
+    flatcar_release_server_session: FlatcarReleaseServer,
+    flatcar_signing_key: SigningKey,
+) -> Iterator[Publisher]:
+    server = flatcar_release_server_session
+    server.also_serve_as(NEW_RELEASE)
+    scratch = tmp_path_factory.mktemp("publish")
+    versions = scratch / "versions.toml"
+    versions.write_text(VERSIONS.format(driver=DRIVER, sha256=driver_downloads.runfile_sha256))
+    (scratch / "registry").mkdir()
+    with FaultyHTTPServer({}) as feed:
+        port = free_port()
+        argv = [
+            sys.executable, "-m", "invoke", "--search-root", str(ROOT), "publish",
+            "--registry", f"127.0.0.1:{port}/gdc", "--versions-file", str(versions),
+            "--releases-url", f"{feed.url}/releases.json",
+            "--base-image", docker_base_image,
+            "--driver-base-url", driver_downloads.driver_base_url,
+            "--fabricmanager-base-url", driver_downloads.fabricmanager_base_url,
+            "--release-base-url", server.base_url,
+            "--flatcar-keyring", str(flatcar_signing_key.public_keyring),
+            "--docker-host", docker_daemon.host,
+        ]  # fmt: skip
+        publisher = Publisher(feed, scratch / "registry", port, argv)
+        publisher.start_registry()
+        try:
+            yield publisher
+        finally:
+            publisher.stop_registry()
+
+
+def _summary(result: subprocess.CompletedProcess[str]) -> str:
+    return result.stdout[result.stdout.rindex("Summary for") :]
+
+
+def _ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, f"{result.stdout[-6000:]}\n{result.stderr[-3000:]}"
+    return _summary(result)
+
+
+BUILD_TAG = f"{DRIVER}-flatcar"
+
+
+def _precompiled_tags(release: str) -> tuple[str, str]:
+    return f"{DRIVER}-flatcar{release}", f"535-{KERNEL_TAG}-flatcar{release}"
+
+
+def test_publish_builds_what_is_missing_and_only_that(publisher: Publisher) -> None:
+    current = TEST_RELEASE.version
+    publisher.publish_feed(current)
+
+    first = _ok(publisher.run())
+    assert "built 2" in first, first
+    for tag in (BUILD_TAG, f"{BUILD_TAG}-flatcar{current}", *_precompiled_tags(current)):
+        assert publisher.digest(tag), f"{tag} was not pushed\n{first}"
+
+    second = _ok(publisher.run())
+    assert "skipped 2" in second, second
+    assert "built" not in second, second
+
+    # A new stable release: the build image gets its alias tag, the new precompiled image
+    # is built, and the registry goes away before that image is pushed.
+    publisher.publish_feed(current, NEW_RELEASE)
+    interrupted = publisher.run(stop_registry_at=f"build: {publisher.address}/gdc/driver:")
+    assert interrupted.returncode != 0
+    summary = _summary(interrupted)
+    assert "tagged 1" in summary, summary
+    assert "failed 1" in summary, summary
+    assert "images failed (see the summary); fix the cause and re-run" in interrupted.stderr
+
+    publisher.start_registry()
+    assert publisher.digest(f"{BUILD_TAG}-flatcar{NEW_RELEASE}")
+    resumed = _ok(publisher.run())
+    assert "built 1" in resumed, resumed
+    assert "skipped 1" in resumed, resumed
+    assert f"precompiled {DRIVER} for Flatcar {NEW_RELEASE}" in resumed, resumed
+    for tag in _precompiled_tags(NEW_RELEASE):
+        assert publisher.digest(tag), f"{tag} was not pushed\n{resumed}"
+
+    last = _ok(publisher.run())
+    assert "skipped 2" in last, last
+    assert "built" not in last, last
+    assert "failed" not in last, last
+
+
+def test_an_unreachable_feed_builds_nothing(publisher: Publisher) -> None:
+    argv = [a if not a.endswith("/releases.json") else "http://127.0.0.1:9/releases.json"
+            for a in publisher.argv]  # fmt: skip
+    result = subprocess.run(argv, cwd=ROOT, env=docker_env(), capture_output=True, text=True,
+                            timeout=300, check=False)  # fmt: skip
+    assert result.returncode == 1
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert "nothing was built" in lines[0]
+    assert "Summary" not in result.stdout
