@@ -33,6 +33,7 @@ from invoke.tasks import task  # noqa: E402
 from gdc import commands, images, matrix, plan, releases  # noqa: E402
 from gdc import publish as publishing  # noqa: E402
 from gdc import sign as signing  # noqa: E402
+from gdc import tags as tag_rules  # noqa: E402
 from gdc.docker_api import Buildx, Docker, DockerError, DockerSDK  # noqa: E402
 from gdc.registry import Registry, RegistryError, Repository, credentials_for  # noqa: E402
 from gdc.releases import ReleaseError  # noqa: E402
@@ -50,6 +51,7 @@ SELECTION_HELP = {
     "registry": "repository prefix, as the Operator's driver.repository (e.g. ghcr.io/me)",
     "image": "image name, as the Operator's driver.image (default: driver)",
     "prefix": "tag prefix for test builds, e.g. flatcar-test-<sha8>",
+    "ci_prefix": "prefix from GitHub Actions: flatcar-test-<sha8> on a branch, none on a tag",
     "releases_url": "Flatcar releases.json URL (default: $FLATCAR_RELEASES_URL or flatcar.org)",
 }
 BUILD_HELP = {
@@ -85,6 +87,7 @@ PUBLISH_HELP = {
 SIGN_HELP = {
     **{key: value for key, value in MATRIX_HELP.items() if key != "json"},
     "registry": "where the images are, e.g. ghcr.io/<owner> (required)",
+    "ci_prefix": SELECTION_HELP["ci_prefix"],
     "key": "cosign key reference (default: keyless, with the CI job's OIDC token)",
     "sbom": "attest an SPDX SBOM made by syft (default); --no-sbom signs only",
     "require_cosign": "fail when cosign is not on PATH (default: say so, sign nothing)",
@@ -110,6 +113,13 @@ def _request(c: Context, options: plan.Options) -> plan.Request:
         git_commit=_git(c, "rev-parse HEAD"),
         source_url=_git(c, "remote get-url origin"),
     )
+
+
+def _prefix(prefix: str, from_ci: bool) -> str:
+    try:
+        return tag_rules.ci_prefix(os.environ) if from_ci else prefix
+    except TagError as exc:
+        raise Exit(f"invoke: {exc}", code=1) from None
 
 
 def _print(text: str) -> None:
@@ -143,11 +153,12 @@ def tags(  # noqa: PLR0917 - invoke maps each option to a parameter
     registry: str = "",
     image: str = "driver",
     prefix: str = "",
+    ci_prefix: bool = False,
     releases_url: str = "",
 ) -> None:
     """Print the tags a build would get, building nothing."""
     options = plan.Options(variant, driver_version, flatcar_version, arch, registry, image,
-                           prefix, releases_url)  # fmt: skip
+                           _prefix(prefix, ci_prefix), releases_url)  # fmt: skip
     try:
         request = _request(c, options)
         for planned in images.planned_tags(request):
@@ -167,6 +178,7 @@ def build(  # noqa: PLR0917 - invoke maps each option to a parameter
     registry: str = "",
     image: str = "driver",
     prefix: str = "",
+    ci_prefix: bool = False,
     releases_url: str = "",
     push: bool = False,
     base_image: str = "",
@@ -182,7 +194,8 @@ def build(  # noqa: PLR0917 - invoke maps each option to a parameter
     sources = plan.Sources(base_image, driver_base_url, fabricmanager_base_url, release_base_url,
                            Path(flatcar_keyring) if flatcar_keyring else None)  # fmt: skip
     options = plan.Options(variant, driver_version, flatcar_version, arch, registry, image,
-                           prefix, releases_url, driver_sha256, network, sources)  # fmt: skip
+                           _prefix(prefix, ci_prefix), releases_url, driver_sha256, network,
+                           sources)  # fmt: skip
     try:
         request = _request(c, options)
         if request.multi_arch and not push:
@@ -210,12 +223,13 @@ def push_(  # noqa: PLR0917 - invoke maps each option to a parameter
     registry: str = "",
     image: str = "driver",
     prefix: str = "",
+    ci_prefix: bool = False,
     releases_url: str = "",
     docker_host: str = "",
 ) -> None:
     """Push the tags of an earlier invoke build (same options) to the registry."""
     options = plan.Options(variant, driver_version, flatcar_version, arch, registry, image,
-                           prefix, releases_url)  # fmt: skip
+                           _prefix(prefix, ci_prefix), releases_url)  # fmt: skip
     try:
         request = _request(c, options)
         docker = connect_docker(docker_host, False)  # noqa: FBT003 - the seam tests replace
@@ -291,6 +305,7 @@ def sign(  # noqa: PLR0917 - invoke maps each option to a parameter
     registry: str = "",
     image: str = "driver",
     prefix: str = "",
+    ci_prefix: bool = False,
     releases_url: str = "",
     versions_file: str = "",
     key: str = "",
@@ -304,7 +319,9 @@ def sign(  # noqa: PLR0917 - invoke maps each option to a parameter
         print(f"invoke sign: {signing.NO_COSIGN}")
         return
     try:
-        covered = _matrix(_versions(versions_file), releases_url, registry, image, prefix)
+        covered = _matrix(
+            _versions(versions_file), releases_url, registry, image, _prefix(prefix, ci_prefix)
+        )
         repository, client = _registry(registry, image)
         signer = signing.Signer(repository, key)
         results = signing.sign_images(covered, client, signer, sbom=sbom)

@@ -187,7 +187,8 @@ def test_the_json_is_one_line_of_include_entries_with_the_same_keys() -> None:
     text = matrix.to_json(matrix.build_matrix(_text(feed_from_tsv()), versions, prefix="t"))
     assert "\n" not in text
     document = json.loads(text)
-    assert set(document) == {"include", "excluded", "releases"}
+    assert set(document) == {"include", "excluded", "releases", "drivers"}
+    assert document["drivers"] == ["610.57.04"]
     build, precompiled = document["include"]
     assert build == {
         "id": "build-610.57.04-amd64", "variant": "build", "driver": "610.57.04",

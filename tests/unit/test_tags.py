@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gdc import context, images
+from gdc import context, images, tags
 from gdc.docker_api import HistoryEntry, ImageInfo
 from gdc.plan import Request, Sources
 from gdc.tags import (
@@ -245,3 +245,26 @@ def test_the_report_shows_sizes_and_what_the_precompiled_image_adds() -> None:
 def test_human_sizes() -> None:
     assert images.human_size(999) == "999 B"
     assert images.human_size(1_500_000_000) == "1.5 GB"
+
+
+@pytest.mark.parametrize(
+    ("env", "prefix"),
+    [
+        (
+            {"GITHUB_REF_TYPE": "branch", "GITHUB_SHA": "0123456789abcdef" * 2},
+            "flatcar-test-01234567",
+        ),
+        ({"GITHUB_REF_TYPE": "tag", "GITHUB_SHA": "0123456789abcdef" * 2}, ""),
+    ],
+)
+def test_the_ci_prefix_marks_branch_builds_only(env: dict[str, str], prefix: str) -> None:
+    assert tags.ci_prefix(env) == prefix
+
+
+def test_the_ci_prefix_outside_ci_says_to_pass_one() -> None:
+    with pytest.raises(tags.TagError, match="outside CI, pass --prefix instead"):
+        tags.ci_prefix({})
+
+
+def test_repositories_are_lower_case_as_registries_require() -> None:
+    assert tags.repository("ghcr.io/MyOrg") == "ghcr.io/myorg/driver"

@@ -29,7 +29,8 @@ entrypoint ships no compatibility patch (``patches/index.json``, chosen by its o
      "excluded": [{"variant": "*", "driver": "*", "flatcar": "4790.0.1", "arch": "*",
                    "reason": "..."}],
      "releases": [{"flatcar": "4593.2.5", "channel": "stable", "streams": ["stable"],
-                   "kernel": "6.12.102-flatcar"}]}
+                   "kernel": "6.12.102-flatcar"}],
+     "drivers": ["580.178.04", "595.91.07", "610.57.04"]}
 
 Every ``include`` entry has the same keys ("" or [] where they do not apply; ``repository`` is
 ``driver`` without --registry). In a workflow::
@@ -37,6 +38,8 @@ Every ``include`` entry has the same keys ("" or [] where they do not apply; ``r
     strategy:
       matrix:
         include: ${{ fromJSON(needs.matrix.outputs.json).include }}
+
+or, one job per driver, ``driver: ${{ fromJSON(needs.matrix.outputs.json).drivers }}``.
 """
 
 from __future__ import annotations
@@ -384,6 +387,10 @@ def to_json(matrix: Matrix) -> str:
     """One line of JSON (see the module docstring for its shape)."""
     document = {
         "include": [_entry_json(entry) for entry in matrix.entries],
+        # The drivers with a build image, oldest first: a job per driver fans out over these.
+        "drivers": list(dict.fromkeys(
+            e.driver.version for e in matrix.entries if e.variant is Variant.BUILD
+        )),
         "excluded": [vars(exclusion) for exclusion in matrix.excluded],
         "releases": [
             {"flatcar": c.version, "channel": c.release.channel, "streams": list(c.streams),

@@ -16,7 +16,7 @@ An optional prefix (``flatcar-test-<sha8>``) goes in front of every tag, as NVID
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -49,6 +49,22 @@ def os_tag(flatcar_version: str) -> str:
 def kernel_in_tag(kernel_release: str) -> str:
     """The kernel as a tag can hold it: characters a tag may not contain become ``-``."""
     return _NOT_IN_TAG.sub("-", kernel_release)
+
+
+def ci_prefix(env: Mapping[str, str]) -> str:
+    """The tag prefix of a CI build: ``flatcar-test-<sha8>`` on a branch, none on a release tag.
+
+    Read from GitHub Actions' GITHUB_REF_TYPE and GITHUB_SHA.
+    """
+    if env.get("GITHUB_REF_TYPE") == "tag":
+        return ""
+    sha = env.get("GITHUB_SHA", "")
+    if not re.fullmatch(r"[0-9a-f]{8,40}", sha):
+        raise TagError(
+            "--ci-prefix needs GITHUB_SHA (a commit id) and GITHUB_REF_TYPE from GitHub "
+            "Actions; outside CI, pass --prefix instead"
+        )
+    return f"flatcar-test-{sha[:8]}"
 
 
 def _prefixed(prefix: str, tag: str) -> str:
@@ -84,8 +100,11 @@ def precompiled_tags(
 
 
 def repository(registry: str, image: str = DEFAULT_IMAGE) -> str:
-    """``<registry>/<image>`` as the Operator joins driver.repository and driver.image."""
-    return f"{registry.rstrip('/')}/{image}" if registry else image
+    """``<registry>/<image>`` as the Operator joins driver.repository and driver.image.
+
+    Lower-cased: registries refuse upper case in repository names, GitHub owners have it.
+    """
+    return (f"{registry.rstrip('/')}/{image}" if registry else image).lower()
 
 
 def reference(registry: str, tag: str, image: str = DEFAULT_IMAGE) -> str:
