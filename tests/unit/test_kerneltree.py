@@ -7,6 +7,7 @@ import shutil
 import stat
 import subprocess
 import tarfile
+import threading
 import uuid
 from pathlib import Path
 
@@ -469,6 +470,7 @@ def test_bad_archives_fail_with_one_line_and_leave_nothing(tmp_path: Path, case:
         )
     assert "\n" not in str(failure.value)
     assert leftovers(tmp_path / "cache") == []
+    assert not [thread for thread in threading.enumerate() if thread.name == "inflate"]
 
 
 def test_a_failed_extraction_keeps_the_previous_tree(tmp_path: Path) -> None:

@@ -1064,10 +1064,9 @@ def _read_container_archive(
     stream: BinaryIO, tree_root: Path, libraries_root: Path, kernel_release: str | None
 ) -> set[str]:
     """Write the wanted members; return the kernels that have a tree in the archive."""
-    inflated = _Inflated(stream)
-    extraction = _ContainerExtraction(
-        inflated, _Writer(tree_root), _Writer(libraries_root), kernel_release
-    )
+    tree, libraries = _Writer(tree_root), _Writer(libraries_root)
+    inflated = _Inflated(stream)  # a thread, stopped below whatever happens
+    extraction = _ContainerExtraction(inflated, tree, libraries, kernel_release)
     try:
         for member in _tar_members(inflated):
             extraction.member(member)
