@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import shutil
@@ -11,6 +12,7 @@ import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO, NoReturn
 
 import pytest
 from fetch_gpg import Signer
@@ -508,4 +510,107 @@ def test_stream_passes_the_callers_error_through_and_keeps_nothing(
 
     with pytest.raises(RuntimeError, match="disk full"), fetcher.stream(server.url(ARTIFACT)):
         raise RuntimeError("disk full")
+    assert leftovers(cache) == []
+
+
+# --- streaming mode: the caller fails inside the block --------------------------------------
+
+
+def incompressible(size: int) -> bytes:
+    """Deterministic bytes gzip cannot shrink: the archive stays bigger than one read chunk."""
+    blocks = (hashlib.sha512(index.to_bytes(4, "big")).digest() for index in range(size // 64))
+    return b"".join(blocks)
+
+
+BIG_ARCHIVE = tarball({"usr/lib/modules/6.12.81-flatcar/vmlinux": incompressible(3 << 20)})
+
+
+def first_member(stream: BinaryIO) -> tarfile.TarInfo | None:
+    with tarfile.open(fileobj=stream, mode="r|gz") as archive:
+        return archive.next()
+
+
+def read_then_fail(stream: BinaryIO, error: Exception) -> NoReturn:
+    """A caller that reads the start of the stream, then fails for a reason of its own."""
+    assert stream.read(10) == BIG_ARCHIVE[:10]
+    raise error
+
+
+def read_wrapping_errors(stream: BinaryIO) -> bytes:
+    """A caller that reports a failed read as an error of its own, as tar parsers do."""
+    try:
+        return stream.read()
+    except DriverError as exc:
+        raise RuntimeError("unexpected end of archive") from exc
+
+
+def test_stream_reports_a_corrupted_download_the_caller_failed_to_parse(
+    server: ReleaseServer, cache: Path, keys: Keys, fetcher: Fetcher
+) -> None:
+    artifact = publish(server.root, ARCHIVE, BIG_ARCHIVE, keys.trusted)
+    artifact.write_bytes(b"\0" + BIG_ARCHIVE[1:])  # no gzip magic: tarfile fails at once
+
+    with pytest.raises(DriverError) as raised, fetcher.stream(server.url(ARCHIVE)) as stream:
+        first_member(stream)
+
+    message = str(raised.value)
+    assert "SHA512 of" in message
+    assert "does not match its DIGESTS file" in message
+    assert "the download is corrupted or truncated; try again" in message
+    assert "\n" not in message
+    assert isinstance(raised.value.__cause__, tarfile.ReadError)  # what the caller saw
+    assert server.requests[f"/{ARCHIVE}"] == 1
+    assert leftovers(cache) == []
+
+
+def test_stream_passes_the_callers_error_on_unchanged_when_the_download_is_good(
+    server: ReleaseServer, cache: Path, keys: Keys, fetcher: Fetcher
+) -> None:
+    publish(server.root, ARCHIVE, BIG_ARCHIVE, keys.trusted)
+    full = OSError(errno.ENOSPC, "No space left on device")
+
+    with (
+        pytest.raises(OSError, match="No space left") as raised,
+        fetcher.stream(server.url(ARCHIVE)) as stream,
+    ):
+        read_then_fail(stream, full)
+
+    assert raised.value is full
+    assert raised.value.__cause__ is None
+    assert server.requests[f"/{ARCHIVE}"] == 1
+    assert leftovers(cache) == []
+
+
+def test_stream_reports_a_truncated_download_the_caller_failed_on_before_its_end(
+    server: ReleaseServer, cache: Path, keys: Keys, fetcher: Fetcher
+) -> None:
+    publish(server.root, ARCHIVE, BIG_ARCHIVE, keys.trusted)
+    server.truncated.add(f"/{ARCHIVE}")
+    garbage = ValueError("garbage in the tar header")
+
+    with pytest.raises(DriverError) as raised, fetcher.stream(server.url(ARCHIVE)) as stream:
+        read_then_fail(stream, garbage)
+
+    message = str(raised.value)
+    assert f"truncated: got {len(BIG_ARCHIVE) // 2} of {len(BIG_ARCHIVE)} bytes" in message
+    assert message.endswith("discard what was unpacked and try again")
+    assert "\n" not in message
+    assert raised.value.__cause__ is garbage
+    assert leftovers(cache) == []
+
+
+def test_stream_reports_a_truncation_the_caller_wrapped_in_its_own_error(
+    server: ReleaseServer, cache: Path, keys: Keys, fetcher: Fetcher
+) -> None:
+    publish(server.root, ARTIFACT, CONTENT, keys.trusted)
+    server.truncated.add(f"/{ARTIFACT}")
+
+    with (
+        pytest.raises(DriverError, match=r"truncated: .*discard what was unpacked") as raised,
+        fetcher.stream(server.url(ARTIFACT)) as stream,
+    ):
+        read_wrapping_errors(stream)
+
+    assert isinstance(raised.value.__cause__, RuntimeError)
+    assert server.requests[f"/{ARTIFACT}"] == 1
     assert leftovers(cache) == []

@@ -22,7 +22,8 @@ There are two ways to get an artifact:
 
 * :meth:`Fetcher.stream` serves archives too big to land whole on disk: the caller reads a file
   object sequentially while the bytes are hashed and copied to ``gpgv``; the verdict comes when
-  the ``with`` block ends. Nothing is cached.
+  the ``with`` block ends, even when the caller fails inside it (a corrupted download is then
+  reported as such, not as whatever the caller made of the bad bytes). Nothing is cached.
 
 Network failures (unreachable host, timeouts, HTTP 408/425/429/5xx, a body shorter than its
 Content-Length) are retried with exponential backoff. A missing artifact (HTTP 404), a digest
@@ -239,6 +240,12 @@ class Fetcher:
         On leaving the block, whatever the caller left unread is read too, then DriverError is
         raised unless the bytes matched the DIGESTS file and the signature: the caller stages
         what it makes of the bytes and publishes it only after a clean exit.
+
+        An exception from the block may be the symptom of a bad download (a tar parser on
+        corrupted bytes), so the download is still read to its end and checked: if it broke off
+        or fails the check, that DriverError is raised, chained from the caller's exception;
+        if it is good, the caller's exception goes on unchanged. The caller must have stopped
+        reading (joined any thread that reads) by the time its exception leaves the block.
         """
         expected = self.expected_sha512(url)
         with self._scratch() as scratch:
@@ -259,13 +266,22 @@ class Fetcher:
                     reason = signature_problem(gpgv.wait(), "\n".join(lines(gpgv.stdout)))
                     raise DriverError(f"signature check of {url} failed: {reason}")
                 tee = _Tee(opened, _fifo_copier(pipe, url))
+                failure: Exception | None = None
                 with pipe, tee, io.BufferedReader(tee, CHUNK) as reader:
-                    yield reader
-                    tee.drain()
+                    try:
+                        yield reader
+                    except Exception as exc:  # noqa: BLE001 - raised after the verdict
+                        failure = exc
+                    _read_to_the_end(url, tee, failure)
                 output = "\n".join(lines(gpgv.stdout))
                 returncode = gpgv.wait()
-            _check_digest(url, expected, tee.hexdigest())
-            self._refuse_bad_signature(url, returncode, output)
+            try:
+                _check_digest(url, expected, tee.hexdigest())
+                self._refuse_bad_signature(url, returncode, output)
+            except DriverError as refusal:
+                raise refusal from failure
+            if failure is not None:
+                raise failure  # the download is good: the caller's own error
 
     @property
     def _blobs(self) -> Path:
@@ -438,6 +454,7 @@ class _Tee(io.RawIOBase):
         self._copy = copy
         self._sha512 = hashlib.sha512()
         self._size = 0
+        self.failure: DriverError | None = None  # the first error reading raised, if any
 
     def readable(self) -> bool:
         return True
@@ -457,6 +474,20 @@ class _Tee(io.RawIOBase):
         return self._sha512.hexdigest()
 
     def _take(self, size: int) -> bytes:
+        if self.failure is not None:
+            # Not read again: the download is lost, and a timeout would be waited for again.
+            raise DriverError(str(self.failure))
+        try:
+            chunk = self._read(size)
+            self._copy(chunk)
+        except DriverError as exc:
+            self.failure = exc
+            raise
+        self._sha512.update(chunk)
+        self._size += len(chunk)
+        return chunk
+
+    def _read(self, size: int) -> bytes:
         try:
             chunk = self._opened.read(size)
             if not chunk:
@@ -464,10 +495,26 @@ class _Tee(io.RawIOBase):
         except _TransientError as exc:
             # The caller already consumed the first bytes, so the download cannot start over.
             raise DriverError(f"{exc}; discard what was unpacked and try again") from exc
-        self._sha512.update(chunk)
-        self._copy(chunk)
-        self._size += len(chunk)
         return chunk
+
+
+def _read_to_the_end(url: str, tee: _Tee, failure: Exception | None) -> None:
+    """Pass what the caller left unread to the verdict, even after the caller failed.
+
+    A download that breaks off outranks the caller's ``failure``, which it may have caused: its
+    DriverError is raised, chained from ``failure`` (unless the caller passed it on unchanged).
+    """
+    if failure is None:
+        tee.drain()
+        return
+    if tee.failure is not None and failure is tee.failure:
+        raise tee.failure  # the caller passed the download's own error on
+    if tee.failure is None:
+        say(f"Reading {url} stopped on an error; reading the rest to verify the download")
+    try:
+        tee.drain()
+    except DriverError as broken:
+        raise broken from failure
 
 
 def _open_fifo_writer(fifo: Path, reader: subprocess.Popen[str]) -> io.FileIO | None:
