@@ -64,7 +64,9 @@ def integration(session: nox.Session) -> None:
     """Run the integration tests (root, Docker and Debian's package registry needed)."""
     _install(session, "pytest", "docker", "requests", "invoke")
     session.install(ENTRYPOINT)
-    session.run("pytest", "tests/integration", "-m", "integration", *session.posargs)
+    # --durations: what each fixture and test costs, to keep CI within its time budget.
+    session.run("pytest", "tests/integration", "-m", "integration", "--durations=25",
+                *session.posargs)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -91,19 +91,19 @@ class Publisher:
 
     def run(self, *, stop_registry_at: str | None = None) -> subprocess.CompletedProcess[str]:
         """Run invoke publish; stop the registry when a line containing stop_registry_at shows."""
-        process = subprocess.Popen(self.argv, cwd=ROOT, env=docker_env(), text=True,
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
-        stderr: list[str] = []
-        reader = threading.Thread(target=lambda: stderr.extend(process.stderr or ()), daemon=True)
-        reader.start()
         stdout: list[str] = []
-        for line in process.stdout or ():
-            stdout.append(line)
-            if stop_registry_at is not None and stop_registry_at in line:
-                self.stop_registry()
-                stop_registry_at = None
-        process.wait(RUN_TIMEOUT)
-        reader.join(30)
+        stderr: list[str] = []
+        pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+        with subprocess.Popen(self.argv, cwd=ROOT, env=docker_env(), text=True, **pipes) as process:
+            reader = threading.Thread(target=lambda: stderr.extend(process.stderr or ()))
+            reader.start()
+            for line in process.stdout or ():
+                stdout.append(line)
+                if stop_registry_at is not None and stop_registry_at in line:
+                    self.stop_registry()
+                    stop_registry_at = None
+            process.wait(RUN_TIMEOUT)
+            reader.join(30)
         return subprocess.CompletedProcess(self.argv, process.returncode, "".join(stdout),
                                            "".join(stderr))  # fmt: skip
 
