@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import UTC, datetime
 from pathlib import Path
@@ -268,3 +269,10 @@ def test_the_ci_prefix_outside_ci_says_to_pass_one() -> None:
 
 def test_repositories_are_lower_case_as_registries_require() -> None:
     assert tags.repository("ghcr.io/MyOrg") == "ghcr.io/myorg/driver"
+
+
+@pytest.mark.parametrize("given", ["", SUM, f"amd64={SUM}", f"amd64={SUM},arm64={'ef' * 32}"])
+def test_one_checksum_one_build_argument_however_it_was_given(given: str) -> None:
+    # The same inputs must give the same DRIVER_SHA256, or Docker's layer cache is missed.
+    request = dataclasses.replace(_request(), driver_sha256=given)
+    assert request.sha256_spec() == f"amd64={SUM}"

@@ -145,7 +145,7 @@ def test_build_of_the_build_image(
     [job] = docker.jobs
     assert job.dockerfile == "images/build/Dockerfile"
     assert job.buildargs["DRIVER_VERSION"] == NEWEST
-    assert job.buildargs["DRIVER_SHA256"] == SUM
+    assert job.buildargs["DRIVER_SHA256"] == f"amd64={SUM}"
     assert job.buildargs["GIT_COMMIT"] == "0123abcd" * 5
     assert job.buildargs["FLATCAR_VERSIONS"] == "4081.3.10 4593.2.5 4757.1.0 4790.0.0"
     assert job.references[0] == f"driver:{NEWEST}-flatcar"

@@ -53,10 +53,20 @@ class Request:
         return len(self.arches) > 1
 
     def sha256_spec(self) -> str:
-        """The DRIVER_SHA256 build argument: ``arch=HEX`` for each architecture built."""
-        if self.driver_sha256:
-            return self.driver_sha256
-        return ",".join(f"{arch}={self.driver.checksum(arch)}" for arch in self.arches)
+        """The DRIVER_SHA256 build argument: ``arch=HEX`` for each architecture built.
+
+        Always in this one form, however the checksum was given: the same inputs must give
+        the same build arguments, or Docker's layer cache is missed.
+        """
+        given = self.driver_sha256
+        if not given:
+            sums = {arch: self.driver.checksum(arch) for arch in self.arches}
+        elif "=" not in given:
+            sums = dict.fromkeys(self.arches, given)
+        else:
+            pairs = dict(pair.split("=", 1) for pair in given.split(",") if "=" in pair)
+            sums = {arch: pairs.get(arch, "") for arch in self.arches}
+        return ",".join(f"{arch}={checksum}" for arch, checksum in sums.items())
 
 
 @dataclass(frozen=True)
