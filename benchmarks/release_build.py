@@ -164,8 +164,7 @@ def stream_ratio(url: str, keyring: Path, scratch: Path) -> StreamTimes:
     destination = scratch / f"tree-{time.monotonic_ns()}"
 
     def extract() -> None:
-        with fetcher.stream(url) as stream:
-            extract_container_tree(stream, destination, None)
+        extract_container_tree(fetcher.stream(url), destination, None)
 
     downloaded = timed(download)
     extracted = timed(extract)

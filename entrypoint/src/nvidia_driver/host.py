@@ -2,50 +2,51 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from nvidia_driver.errors import DriverError
+from nvidia_driver.links import resolve_within
 from nvidia_driver.paths import Paths
 
 NVIDIA_VENDOR = 0x10DE
 GPU_CLASSES = (0x0300, 0x0302)  # VGA controller, 3D controller
 NVSWITCH_CLASS = 0x0680  # "other bridge"
 MELLANOX_VENDOR = 0x15B3
-_MAX_SYMLINKS = 40
+_MAX_FACT_BYTES = 1 << 20  # os-release, /proc and /sys files are a few KiB at most
+_ABSENT = (FileNotFoundError, NotADirectoryError, IsADirectoryError)
+_HEX = re.compile(r"(0x)?[0-9a-fA-F]+")
+_COUNT = re.compile(r"-?[0-9]+")
+
+
+def _unreadable(path: Path, exc: OSError) -> DriverError:
+    return DriverError(
+        f"cannot read {path}: {exc.strerror or exc}; the driver container must run privileged, "
+        "with the host's PID namespace (hostPID) and its /proc and /sys"
+    )
 
 
 def _read(path: Path) -> str | None:
+    """A host file's text (at most _MAX_FACT_BYTES); None if there is no such file."""
     try:
-        return path.read_text(errors="replace")
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        with path.open("rb") as file:
+            return file.read(_MAX_FACT_BYTES).decode(errors="replace")
+    except _ABSENT:
         return None
+    except OSError as exc:
+        raise _unreadable(path, exc) from None
 
 
-def resolve_within(root: Path, path: Path) -> Path:
-    """Resolve ``path`` (under ``root``) following symlinks as if ``root`` were ``/``.
-
-    Flatcar's /etc/os-release is a relative symlink (../usr/lib/os-release); seen from a
-    container, an absolute or relative target must still land inside the host's tree.
-    """
-    current = path
-    for _ in range(_MAX_SYMLINKS):
-        if not current.is_symlink():
-            return current
-        target = Path(current.readlink())
-        if target.is_absolute():
-            current = root / target.relative_to("/")
-        else:
-            parts: list[str] = list(current.parent.relative_to(root).parts)
-            for part in target.parts:
-                if part == "..":
-                    if parts:
-                        parts.pop()
-                elif part != ".":
-                    parts.append(part)
-            current = root.joinpath(*parts)
-    raise DriverError(f"too many levels of symbolic links at {path}")
+def _entries(directory: Path) -> list[Path]:
+    """A host directory's entries, sorted; none if there is no such directory."""
+    try:
+        return sorted(directory.iterdir())
+    except _ABSENT:
+        return []
+    except OSError as exc:
+        raise _unreadable(directory, exc) from None
 
 
 def parse_os_release(text: str) -> dict[str, str]:
@@ -86,20 +87,14 @@ class PciDevice:
 
 def _hex(path: Path) -> int | None:
     text = _read(path)
-    if text is None:
+    if text is None or not _HEX.fullmatch(text.strip()):
         return None
-    try:
-        return int(text.strip(), 16)
-    except ValueError:
-        return None
+    return int(text.strip(), 16)
 
 
 def read_pci_devices(paths: Paths) -> list[PciDevice]:
     devices: list[PciDevice] = []
-    base = paths.pci_devices
-    if not base.is_dir():
-        return devices
-    for entry in sorted(base.iterdir()):
+    for entry in _entries(paths.pci_devices):
         vendor, device, pci_class = (
             _hex(entry / "vendor"),
             _hex(entry / "device"),
@@ -118,7 +113,7 @@ def read_os_release(paths: Paths) -> dict[str, str]:
         (paths.root, paths.host_os_release),
         (paths.host_filesystem, paths.host_filesystem / "etc/os-release"),
     ):
-        text = _read(resolve_within(root, path)) if path.exists() or path.is_symlink() else None
+        text = _read(resolve_within(root, path))
         if text is not None:
             return parse_os_release(text)
     return {}
@@ -137,36 +132,32 @@ def read_lockdown(paths: Paths) -> str:
 
 def module_refcounts(paths: Paths) -> dict[str, int]:
     counts: dict[str, int] = {}
-    base = paths.sys_module
-    if not base.is_dir():
-        return counts
-    for refcnt in sorted(base.glob("*/refcnt")):
-        text = _read(refcnt)
-        if text is not None and text.strip().lstrip("-").isdigit():
-            counts[refcnt.parent.name] = int(text.strip())
+    for module in _entries(paths.sys_module):
+        text = _read(module / "refcnt")
+        if text is not None and _COUNT.fullmatch(text.strip()):
+            counts[module.name] = int(text.strip())
     return counts
 
 
 def is_loaded(paths: Paths, module: str) -> bool:
-    return (paths.sys_module / module.replace("-", "_") / "refcnt").is_file()
+    refcnt = paths.sys_module / module.replace("-", "_") / "refcnt"
+    try:
+        return refcnt.is_file()
+    except OSError as exc:
+        raise _unreadable(refcnt, exc) from None
 
 
 def nvswitch_devices(paths: Paths) -> list[str]:
-    base = paths.nvswitch_devices
-    if not base.is_dir():
-        return []
-    return sorted(entry.name for entry in base.iterdir())
+    return [entry.name for entry in _entries(paths.nvswitch_devices)]
 
 
 def nvlink5_ports(paths: Paths) -> list[str]:
     """InfiniBand devices whose VPD marks them as NVLink5 switch management ports."""
     ports: list[str] = []
-    base = paths.infiniband
-    if not base.is_dir():
-        return ports
-    for device in sorted(base.iterdir()):
+    for device in _entries(paths.infiniband):
         try:
-            vpd = (device / "device" / "vpd").read_bytes()
+            with (device / "device" / "vpd").open("rb") as file:
+                vpd = file.read(_MAX_FACT_BYTES)
         except OSError:
             continue
         if b"SW_MNG" in vpd:

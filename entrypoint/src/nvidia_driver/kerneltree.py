@@ -34,10 +34,13 @@ are not verified: the download as a whole was verified before (SHA512 and GPG). 
 compat feature that changes nothing for a reader.
 
 Safety: writes never follow a symlink, so nothing is written outside the destination. Archive
-members named absolute or with ".." are refused. Symlink targets are checked lexically:
-absolute ones are rewritten relative to the extracted root, and ones that climb out of it are
-refused. Each tree is built in a staging directory beside the destination and renamed into place
-only when complete.
+members named absolute or with ".." are refused. Symlink targets are checked lexically as they
+are written: absolute ones are rewritten relative to the extracted root, and ones that climb out
+of it are refused. Once extracted, every link is checked again by where it resolves (links.py):
+a chain of links that are each fine as text can still climb out together. A streamed archive is
+only written while it streams: its links are checked and its tree walked and rewritten only
+after the download's verdict. Tool directories that are links are refused. Each tree is built in
+a staging directory beside the destination and renamed into place only when complete.
 """
 
 from __future__ import annotations
@@ -57,13 +60,13 @@ import threading
 import uuid
 import zlib
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, BinaryIO, NamedTuple
 
 from nvidia_driver.errors import DriverError
-from nvidia_driver.host import resolve_within
+from nvidia_driver.links import escaping_links, resolve_within, tree_links
 from nvidia_driver.log import say, warn
 from nvidia_driver.paths import Paths
 
@@ -363,7 +366,20 @@ def relocate_host_tools(build_dir: Path, runtime_root: Path) -> list[Path]:
     return [tool for tool, _ in tools]
 
 
-def _make_tools_runnable(build_dir: Path, libraries_from: Path, root: Path) -> None:
+def _check_tool_dirs(build_dir: Path, root: Path, origin: str) -> None:
+    """Refuse tool directories that are links or lead out of the tree: their tools get rewritten."""
+    for top in _TOOL_DIRS:
+        directory = build_dir / top
+        if directory.is_symlink() or resolve_within(root, directory) != directory:
+            raise DriverError(
+                f"the kernel build tree from {origin} has {top}/ as a symbolic link or out of "
+                f"the tree ({directory}): refusing to rewrite its host tools; report it"
+            )
+
+
+def _make_tools_runnable(build_dir: Path, libraries_from: Path, root: Path, origin: str) -> None:
+    """Wrap the tree's tools; only ever called on a tree whose links were checked."""
+    _check_tool_dirs(build_dir, root, origin)
     tools = [tool for tool, _ in _dynamic_executables(build_dir)]
     if tools:
         install_runtime(tools, libraries_from, root / RUNTIME_LIB_DIR)
@@ -566,6 +582,10 @@ class _Writer:
         os.link(existing, self._vacate(rel), follow_symlinks=False)
         self._made[rel] = _FILE
 
+    def symlinks(self) -> list[str]:
+        """The symbolic links the writer made, relative to root."""
+        return [rel for rel, kind in self._made.items() if kind == _SYMLINK]
+
 
 def _kernels_in(root: Path) -> set[str]:
     modules = root / MODULES_DIR
@@ -643,6 +663,15 @@ def _contain_symlinks(root: Path) -> None:
             elif target != str(path.readlink()):
                 path.unlink()
                 path.symlink_to(target)
+    # Each target is inside on its own; through one another (a chain of "..") they may not be.
+    _drop_escaping_links(root, tree_links(root), "the kernel tree")
+
+
+def _drop_escaping_links(root: Path, links: list[str], what: str) -> None:
+    """Remove the links that resolve outside root (all judged before any is removed)."""
+    for rel in escaping_links(root, links):
+        warn(f"{rel} resolves outside {what} ({(root / rel).readlink()}); left out")
+        (root / rel).unlink()
 
 
 def host_tree(paths: Paths, kernel_release: str, destination: Path) -> KernelTree | None:
@@ -667,7 +696,7 @@ def host_tree(paths: Paths, kernel_release: str, destination: Path) -> KernelTre
         else:
             shutil.copytree(source, modules / "source", symlinks=True)
         _contain_symlinks(staging)
-        _make_tools_runnable(modules / "build", host_root, staging)
+        _make_tools_runnable(modules / "build", host_root, staging, HOST)
     return _tree_at(destination, kernel_release, None, HOST)
 
 
@@ -902,6 +931,18 @@ class _ContainerExtraction:
     def writer(self, placement: _Placement) -> _Writer:
         return self.tree if placement.area == "tree" else self.runtime
 
+    def refuse_escaping_links(self) -> None:
+        """Each link was checked as text when written; here all are, by where they resolve."""
+        for writer in (self.tree, self.runtime):
+            escaping = escaping_links(writer.root, writer.symlinks())
+            if escaping:
+                rel = escaping[0]
+                raise DriverError(
+                    f"{CONTAINER_TARBALL} has a symbolic link that resolves out of the "
+                    f"extraction directory ({rel} -> {Path(writer.path(rel)).readlink()}, through "
+                    "its other links): refusing the archive; report it"
+                )
+
     def member(self, member: _Member) -> None:
         placement = _placement(_member_path(member.name))
         if placement is None:
@@ -1062,8 +1103,8 @@ class _Inflated:
 
 def _read_container_archive(
     stream: BinaryIO, tree_root: Path, libraries_root: Path, kernel_release: str | None
-) -> set[str]:
-    """Write the wanted members; return the kernels that have a tree in the archive."""
+) -> _ContainerExtraction:
+    """Write the wanted members, following nothing; the extraction tells what it wrote."""
     tree, libraries = _Writer(tree_root), _Writer(libraries_root)
     inflated = _Inflated(stream)  # a thread, stopped below whatever happens
     extraction = _ContainerExtraction(inflated, tree, libraries, kernel_release)
@@ -1077,13 +1118,18 @@ def _read_container_archive(
     finally:
         inflated.close()
     _drain(stream)
-    return extraction.kernels
+    return extraction
 
 
 def extract_container_tree(
-    stream: BinaryIO, destination: Path, kernel_release: str | None
+    download: AbstractContextManager[BinaryIO], destination: Path, kernel_release: str | None
 ) -> KernelTree:
     """Extract the kernel build tree of a flatcar-container.tar.gz read once, as a stream.
+
+    ``download`` is the archive's verifying stream (``Fetcher.stream``), entered here. While it
+    is open the members are only written into a private staging directory, never followed.
+    Only once it has closed cleanly (the verdict: DIGESTS and signature) are the links checked
+    by where they resolve, and the tree walked and its tools rewritten.
 
     destination becomes a small root: usr/lib/modules/<kernel>/{build,source} and, in
     usr/lib64, the loader and libraries the tree's host tools need (the tools are wrapped to
@@ -1097,10 +1143,13 @@ def extract_container_tree(
         _staged(destination) as staging,
         _scratch(destination) as libraries,
     ):
-        kernels = _read_container_archive(stream, staging, libraries, kernel_release)
-        release = _single_kernel(kernels, kernel_release, CONTAINER_TARBALL)
+        with download as stream:
+            extraction = _read_container_archive(stream, staging, libraries, kernel_release)
+        # The download verified: from here on the staged tree may be followed and rewritten.
+        extraction.refuse_escaping_links()
+        release = _single_kernel(extraction.kernels, kernel_release, CONTAINER_TARBALL)
         tree = _tree_at(staging, release, None, CONTAINER_TARBALL)
-        _make_tools_runnable(tree.build_dir, libraries, staging)
+        _make_tools_runnable(tree.build_dir, libraries, staging, CONTAINER_TARBALL)
     return _tree_at(destination, release, None, CONTAINER_TARBALL)
 
 
@@ -1626,6 +1675,8 @@ class Ext4:
             say(f"Extracting /{rel} from the developer container...")
             self._extract(inode, rel, extraction)
             done.append(rel)
+        # Each link was checked as text; through one another (a chain of "..") they may leave.
+        _drop_escaping_links(destination, extraction.writer.symlinks(), "the developer container")
         return done
 
     def _extract(self, inode: _Inode, rel: PurePosixPath, extraction: _Extraction) -> None:

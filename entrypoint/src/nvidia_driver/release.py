@@ -133,8 +133,8 @@ class ReleaseSources:
         # Extracted beside its final place and published only once the stream has verified.
         with tempfile.TemporaryDirectory(dir=final.parent, prefix=".incoming-") as incoming:
             staged = Path(incoming) / "tree"
-            with self.fetcher.stream(url) as stream:
-                extract_container_tree(stream, staged, kernel_release)
+            # Entered by the extraction: nothing is followed in the tree before the verdict.
+            extract_container_tree(self.fetcher.stream(url), staged, kernel_release)
             if final.exists():
                 shutil.rmtree(final)
             staged.rename(final)
