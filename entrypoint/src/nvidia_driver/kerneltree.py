@@ -65,6 +65,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, BinaryIO, NamedTuple
 
+from nvidia_driver import limits
 from nvidia_driver.errors import DriverError
 from nvidia_driver.links import escaping_links, resolve_within, tree_links
 from nvidia_driver.log import say, warn
@@ -529,9 +530,13 @@ class _Writer:
         kind = self._made.get(rel)
         if kind == _DIRECTORY:
             return self.path(rel)
-        parent = rel.rpartition("/")[0]
-        if self._made.get(parent) != _DIRECTORY:
-            self.directory(parent)
+        # The missing parents, made from the top down; a loop, not a recursion: deep paths.
+        missing, parent = [], rel.rpartition("/")[0]
+        while self._made.get(parent) != _DIRECTORY:
+            missing.append(parent)
+            parent = parent.rpartition("/")[0]
+        for ancestor in reversed(missing):
+            self.directory(ancestor)
         path = self.path(rel)
         if kind == _SYMLINK:
             raise DriverError(
@@ -714,7 +719,12 @@ def _member_path(name: str) -> str:
     if name.startswith("/") or ".." in parts:
         raise DriverError(
             f"{CONTAINER_TARBALL} has a member that would land outside the extraction "
-            f"directory ({name!r}): refusing the archive; fetch it again or report it"
+            f"directory ({name[:200]!r}): refusing the archive; fetch it again or report it"
+        )
+    if "\0" in name or len(parts) > limits.PATH_DEPTH:
+        raise DriverError(
+            f"{CONTAINER_TARBALL} has a member name with a NUL byte or more than "
+            f"{limits.PATH_DEPTH} components ({name[:200]!r}): refusing the archive; report it"
         )
     return "/".join(parts)
 
@@ -764,7 +774,10 @@ _GNU_SPARSE_EXTENDED = 482  # in a sparse header: more sparse headers follow
 _GNU_SPARSE_MORE = 504  # in those
 _BASE256, _BASE256_NEGATIVE = 0x80, 0xFF  # GNU's first byte of a binary number field
 _HIGH_BIT = 0x80
-_MAX_METADATA = 1 << 20  # longest pax header or GNU long name accepted
+_PAX_NUMBER = re.compile(r"[0-9]+")
+_PAX_TIME = re.compile(r"-?[0-9]{1,12}(\.[0-9]{0,9})?")  # seconds, as pax writes them
+_MAX_MTIME = 1 << 40  # beyond that, os.utime overflows; no real file is that old or new
+_MAX_PAX_DIGITS = 20
 
 
 class _TarError(Exception):
@@ -788,8 +801,12 @@ class _Extended:
     long_name: str | None = None
     long_link: str | None = None
     pax: dict[str, str] = field(default_factory=dict)
+    size: int = 0  # of the extended headers read so far
 
     def add(self, kind: bytes, content: bytes) -> None:
+        self.size += len(content)
+        if self.size > limits.TAR_METADATA:
+            raise _TarError(f"more than {limits.TAR_METADATA} bytes of extended headers")
         if kind == _GNU_LONG_NAME:
             self.long_name = _text(content)
         elif kind == _GNU_LONG_LINK:
@@ -858,7 +875,7 @@ def _next_header(data: _Inflated, first: bool) -> bytes | None:
 
 
 def _read_metadata(data: _Inflated, size: int) -> bytes:
-    if size > _MAX_METADATA:
+    if size > limits.TAR_METADATA:
         raise _TarError(f"a {size}-byte extended header")
     content = data.read(size)
     if len(content) < size:
@@ -891,10 +908,28 @@ def _member(header: bytes, size: int, extended: _Extended) -> _Member:
         kind=kind,
         size=0 if kind in _NO_DATA else size,
         mode=_number(mode),
-        mtime=float(pax["mtime"]) if "mtime" in pax else _number(mtime),
+        mtime=_pax_time(pax["mtime"]) if "mtime" in pax else _mtime(_number(mtime)),
         linkname=extended.long_link or pax.get("linkpath") or _text(link),
         sparse=kind == _GNU_SPARSE or any(key.startswith("GNU.sparse.") for key in pax),
     )
+
+
+def _mtime(seconds: float) -> float:
+    if not -_MAX_MTIME < seconds < _MAX_MTIME:
+        raise _TarError(f"an implausible modification time ({seconds:.0f})")
+    return seconds
+
+
+def _pax_time(text: str) -> float:
+    if not _PAX_TIME.fullmatch(text):
+        raise _TarError(f"a pax mtime that is not a time: {text[:40]!r}")
+    return _mtime(float(text))
+
+
+def _pax_size(text: str) -> int:
+    if not _PAX_NUMBER.fullmatch(text) or len(text) > _MAX_PAX_DIGITS:
+        raise _TarError(f"a pax size that is not a size: {text[:40]!r}")
+    return int(text)
 
 
 def _tar_members(data: _Inflated) -> Iterator[_Member]:
@@ -904,7 +939,7 @@ def _tar_members(data: _Inflated) -> Iterator[_Member]:
     while (header := _next_header(data, first)) is not None:
         first = False
         pax_size = extended.pax.get("size")
-        size = int(pax_size) if pax_size is not None else _number(header[_SIZE])
+        size = _pax_size(pax_size) if pax_size is not None else _number(header[_SIZE])
         if size < 0:
             raise _TarError(f"a member of negative size at byte {data.tell() - _BLOCK}")
         kind = header[_TYPEFLAG]
@@ -927,6 +962,8 @@ class _ContainerExtraction:
     runtime: _Writer
     kernel_release: str | None
     kernels: set[str] = field(default_factory=set)
+    written: int = 0  # bytes of the files written
+    entries: int = 0  # files, links and directories written
 
     def writer(self, placement: _Placement) -> _Writer:
         return self.tree if placement.area == "tree" else self.runtime
@@ -952,6 +989,7 @@ class _ContainerExtraction:
             if self.kernel_release not in (None, placement.kernel):
                 return
         writer, rel, kind = self.writer(placement), placement.path, member.kind
+        self.count(member)
         if member.sparse:
             raise DriverError(
                 f"{CONTAINER_TARBALL}: {member.name} is stored as a sparse file, which the "
@@ -969,8 +1007,29 @@ class _ContainerExtraction:
             writer.file(rel, member.mode, member.mtime, lambda fd: self.data.write_to(fd, size))
         # Devices and fifos have no place in a build tree.
 
+    def count(self, member: _Member) -> None:
+        """Refuse the member before writing it if it would pass a bound."""
+        self.entries += 1
+        if self.entries > limits.CONTAINER_ENTRIES:
+            raise _over_bound(f"more than {limits.CONTAINER_ENTRIES} entries to write")
+        if member.kind not in _REGULAR:
+            return
+        if member.size > limits.CONTAINER_MEMBER:
+            raise _over_bound(
+                f"{member.name} of {member.size} bytes, more than the "
+                f"{limits.size(limits.CONTAINER_MEMBER)} a file may have"
+            )
+        self.written += member.size
+        if self.written > limits.CONTAINER_WRITTEN:
+            raise _over_bound(f"more than {limits.size(limits.CONTAINER_WRITTEN)} to write")
+
     @staticmethod
     def symlink(writer: _Writer, rel: str, member: _Member) -> None:
+        if "\0" in member.linkname or len(member.linkname) > limits.LINK_TARGET:
+            raise DriverError(
+                f"{CONTAINER_TARBALL}: {member.name} is a symbolic link with a NUL byte or more "
+                f"than {limits.LINK_TARGET} bytes in its target: refusing the archive; report it"
+            )
         target = _contained_link_target(PurePosixPath(rel), member.linkname)
         if target is None:
             raise DriverError(
@@ -990,6 +1049,13 @@ class _ContainerExtraction:
                 "which is not part of the kernel tree; report this with the Flatcar version"
             )
         # A library linked to something not extracted is not needed: the closure decides.
+
+
+def _over_bound(what: str) -> DriverError:
+    return DriverError(
+        f"{CONTAINER_TARBALL} has {what}, beyond any Flatcar release: refusing the archive "
+        "(a decompression bomb or not a Flatcar image); report it"
+    )
 
 
 def _drain(stream: BinaryIO) -> None:
@@ -1075,6 +1141,7 @@ class _Inflated:
     def _inflate(self) -> None:
         try:
             inflater = zlib.decompressobj(_GZIP_WBITS)
+            total = 0
             while not inflater.eof:
                 pending = self._stream.read(_CHUNK)
                 if not pending:
@@ -1083,6 +1150,11 @@ class _Inflated:
                 while pending and not inflater.eof:
                     # Bounded output: a small chunk may hold a long run of zeros.
                     inflated = inflater.decompress(pending, _CHUNK)
+                    total += len(inflated)
+                    if total > limits.CONTAINER_INFLATED:
+                        bound = limits.size(limits.CONTAINER_INFLATED)
+                        self._put(_over_bound(f"more than {bound} of data once inflated"))
+                        return
                     if inflated and not self._put(inflated):
                         return
                     pending = inflater.unconsumed_tail
@@ -1187,6 +1259,12 @@ def decompress_sparse(source: Path, target: Path) -> int:
                     if chunk != zero_chunk[: len(chunk)]:
                         _write_nonzero(out.fileno(), chunk, size)
                     size += len(chunk)
+                    if size > limits.DISK_IMAGE:
+                        raise DriverError(
+                            f"{source.name} decompresses to more than "
+                            f"{limits.size(limits.DISK_IMAGE)}, beyond any Flatcar developer "
+                            "container (6 GiB): refusing it; report it"
+                        )
                 out.truncate(size)
         except EOFError as exc:
             raise DriverError(f"cannot {what}: {exc}; delete it and fetch it again") from exc
@@ -1196,7 +1274,6 @@ def decompress_sparse(source: Path, target: Path) -> int:
 _SECTOR = 512
 _GPT_SIGNATURE = b"EFI PART"
 _GPT_HEADER_MIN, _GPT_ENTRY_MIN = 92, 128
-_GPT_MAX_TABLE = 1 << 20
 LINUX_FILESYSTEM = uuid.UUID("0fc63daf-8483-4772-8e79-3d69d8477de4")
 ROOT_PARTITION = 9
 ROOT_LABEL = "ROOT"
@@ -1231,8 +1308,16 @@ def _gpt_table(fd: int, label: str) -> tuple[bytes, int, int]:
         raise DriverError(f"{label} has a malformed GPT header: delete it and fetch it again")
     if zlib.crc32(header[:16] + bytes(4) + header[20:header_size]) != header_crc:
         raise DriverError(f"{label}: the GPT header's CRC does not match; fetch it again")
-    if count * entry_size > _GPT_MAX_TABLE:
-        raise DriverError(f"{label} has an implausible GPT ({count} entries): fetch it again")
+    if count * entry_size > limits.GPT_TABLE:
+        raise DriverError(
+            f"{label} has an implausible GPT ({count} entries of {entry_size} bytes, more than "
+            f"{limits.size(limits.GPT_TABLE)}): fetch it again"
+        )
+    if entries_lba * _SECTOR + count * entry_size > os.fstat(fd).st_size:
+        raise DriverError(
+            f"{label}: its GPT partition table lies beyond the image (LBA {entries_lba}); "
+            "fetch it again"
+        )
     table = _pread_exact(fd, count * entry_size, entries_lba * _SECTOR, label)
     if zlib.crc32(table) != entries_crc:
         raise DriverError(f"{label}: the GPT partition table's CRC does not match; fetch it again")
@@ -1297,7 +1382,7 @@ _INLINE_SIZE = 60  # bytes of i_block, where fast symlinks and inline data live
 _XATTR_MAGIC = 0xEA020000
 _XATTR_SYSTEM = 7
 _DIRENT_HEADER = 8
-_MAX_METADATA = 256 << 20  # directories and symlinks are read whole; refuse absurd sizes
+_MAP_SLACK = 64  # extent entries beyond a file's blocks: index nodes, preallocated extents
 
 
 class _Run(NamedTuple):
@@ -1327,6 +1412,7 @@ class _Extraction:
     writer: _Writer
     hardlinks: dict[int, str] = field(default_factory=dict)
     directories: set[int] = field(default_factory=set)
+    entries: int = 0
 
 
 @dataclass(frozen=True)
@@ -1380,6 +1466,7 @@ class Ext4:
             raise DriverError(f"{label}: partition 9 holds no ext4 filesystem; fetch it again")
         self.sb = _parse_superblock(raw)
         self._tables: dict[int, int] = {}
+        self._written = 0  # bytes of file data extracted: no more than the partition holds
         self._check_geometry()
         self._check_features()
 
@@ -1487,26 +1574,47 @@ class Ext4:
 
     def _runs(self, inode: _Inode) -> list[_Run]:
         if inode.flags & _EXTENTS_FL:
-            return list(self._extent_runs(inode.block, _EXTENT_MAX_DEPTH))
+            return self._extent_runs(inode)
         return self._blockmap_runs(inode)
 
-    def _extent_runs(self, node: bytes, depth_left: int) -> Iterator[_Run]:
-        magic, entries, _, depth = struct.unpack_from("<HHHH", node, 0)
-        if magic != _EXTENT_MAGIC or depth > depth_left or 12 + 12 * entries > len(node):
-            self._corrupt("a bad extent tree node")
-        for index in range(entries):
-            position = 12 + 12 * index
-            if depth == 0:
-                logical, length, start_hi, start_lo = struct.unpack_from("<IHHI", node, position)
-                # Longer than the maximum: unwritten (preallocated) blocks, which read as zeros.
-                if length <= _EXTENT_INIT_MAX:
-                    yield _Run(logical, start_hi << 32 | start_lo, length)
-            else:
-                _, leaf_lo, leaf_hi = struct.unpack_from("<IIH", node, position)
-                child = self._blocks(leaf_hi << 32 | leaf_lo)
-                if struct.unpack_from("<H", child, 6)[0] != depth - 1:
-                    self._corrupt("an extent tree of inconsistent depth")
-                yield from self._extent_runs(child, depth - 1)
+    def _map_budget(self, inode: _Inode) -> int:
+        """How many block-map or extent entries a file can have: one per block, and some."""
+        return min(-(-inode.size // self.sb.block_size), self.sb.blocks_count) + _MAP_SLACK
+
+    def _over_budget(self, inode: _Inode) -> None:
+        self._corrupt(f"inode {inode.number} maps more blocks than it has")
+
+    def _extent_runs(self, inode: _Inode) -> list[_Run]:
+        """The runs of an extent tree, depth first; its nodes are bounded by the file's blocks."""
+        budget = self._map_budget(inode)
+        runs: list[_Run] = []
+        pending = [(inode.block, _EXTENT_MAX_DEPTH)]
+        while pending:
+            node, depth_left = pending.pop()
+            magic, entries, _, depth = struct.unpack_from("<HHHH", node, 0)
+            if magic != _EXTENT_MAGIC or depth > depth_left or 12 + 12 * entries > len(node):
+                self._corrupt("a bad extent tree node")
+            budget -= entries
+            if budget < 0:
+                self._over_budget(inode)
+            children = []
+            for index in range(entries):
+                position = 12 + 12 * index
+                if depth == 0:
+                    logical, length, start_hi, start_lo = struct.unpack_from(
+                        "<IHHI", node, position
+                    )
+                    # Longer than the maximum: unwritten (preallocated) blocks, read as zeros.
+                    if length <= _EXTENT_INIT_MAX:
+                        runs.append(_Run(logical, start_hi << 32 | start_lo, length))
+                else:
+                    _, leaf_lo, leaf_hi = struct.unpack_from("<IIH", node, position)
+                    child = self._blocks(leaf_hi << 32 | leaf_lo)
+                    if struct.unpack_from("<H", child, 6)[0] != depth - 1:
+                        self._corrupt("an extent tree of inconsistent depth")
+                    children.append((child, depth - 1))
+            pending += reversed(children)
+        return runs
 
     def _blockmap_runs(self, inode: _Inode) -> list[_Run]:
         pointers = struct.unpack("<15I", inode.block)
@@ -1515,27 +1623,37 @@ class Ext4:
         mapped: list[tuple[int, int]] = [
             (index, block) for index, block in enumerate(pointers[:_DIRECT_POINTERS]) if block
         ]
+        budget = [self._map_budget(inode)]  # indirect blocks read and blocks mapped
         logical = _DIRECT_POINTERS
         for level in range(1, _BLOCK_POINTERS - _DIRECT_POINTERS + 1):
             root = pointers[_DIRECT_POINTERS + level - 1]
             if root and logical < wanted:
-                mapped += self._indirect(root, level, logical, wanted)
+                self._indirect(inode, (root, level, logical, wanted), mapped, budget)
             logical += per_block**level
         return _coalesce(mapped)
 
-    def _indirect(self, block: int, level: int, logical: int, wanted: int) -> list[tuple[int, int]]:
+    def _indirect(
+        self,
+        inode: _Inode,
+        where: tuple[int, int, int, int],
+        mapped: list[tuple[int, int]],
+        budget: list[int],
+    ) -> None:
+        block, level, logical, wanted = where
         per_block = self.sb.block_size // 4
         span = per_block ** (level - 1)
-        mapped: list[tuple[int, int]] = []
+        budget[0] -= 1  # this indirect block
         for index, child in enumerate(struct.unpack(f"<{per_block}I", self._blocks(block))):
             start = logical + index * span
             if start >= wanted:
                 break
+            if budget[0] < 0:
+                self._over_budget(inode)
             if child and level == 1:
+                budget[0] -= 1
                 mapped.append((start, child))
             elif child:
-                mapped += self._indirect(child, level - 1, start, wanted)
-        return mapped
+                self._indirect(inode, (child, level - 1, start, wanted), mapped, budget)
 
     def _inline_data(self, inode: _Inode) -> bytes:
         """The part of an inline-data inode stored in its system.data attribute."""
@@ -1556,7 +1674,7 @@ class Ext4:
 
     def _content(self, inode: _Inode) -> bytes:
         """A small file's whole content (directories, slow symlinks)."""
-        if inode.size > _MAX_METADATA:
+        if inode.size > limits.EXT4_METADATA:
             self._corrupt(f"inode {inode.number} claims {inode.size} bytes")
         if inode.flags & _INLINE_DATA_FL:
             return (inode.block + self._inline_data(inode))[: inode.size]
@@ -1564,7 +1682,9 @@ class Ext4:
         for run in self._runs(inode):
             start = run.logical * self.sb.block_size
             if start < inode.size:
-                data = self._blocks(run.physical, run.length)
+                # Only the blocks within the size: a run may claim up to 32768 blocks.
+                needed = -(-(inode.size - start) // self.sb.block_size)
+                data = self._blocks(run.physical, min(run.length, needed))
                 content[start : start + len(data)] = data[: inode.size - start]
         return bytes(content[: inode.size])
 
@@ -1580,6 +1700,10 @@ class Ext4:
                 continue
             if run.physical + run.length > self.sb.blocks_count:
                 self._corrupt(f"inode {inode.number} points beyond the filesystem")
+            self._written += length
+            if self._written > self._size:
+                # No file system holds more file data than its partition: blocks are shared.
+                self._corrupt(f"its files hold more than its {self._size}-byte partition")
             for done in range(0, length, _CHUNK):
                 piece = min(_CHUNK, length - done)
                 data = self._read(run.physical * self.sb.block_size + done, piece)
@@ -1587,6 +1711,8 @@ class Ext4:
         os.ftruncate(fd, inode.size)
 
     def link_target(self, inode: _Inode) -> str:
+        if inode.size > limits.LINK_TARGET:
+            self._corrupt(f"inode {inode.number} is a {inode.size}-byte symbolic link")
         is_fast = inode.size < _INLINE_SIZE and not inode.flags & (_EXTENTS_FL | _INLINE_DATA_FL)
         raw = inode.block[: inode.size] if is_fast else self._content(inode)
         return os.fsdecode(raw.split(b"\0", 1)[0])
@@ -1680,6 +1806,11 @@ class Ext4:
         return done
 
     def _extract(self, inode: _Inode, rel: PurePosixPath, extraction: _Extraction) -> None:
+        if len(rel.parts) > limits.PATH_DEPTH:
+            self._corrupt(f"/{str(rel)[:200]} is more than {limits.PATH_DEPTH} directories deep")
+        extraction.entries += 1
+        if extraction.entries > limits.EXT4_ENTRIES:
+            self._corrupt(f"more than {limits.EXT4_ENTRIES} entries to extract")
         if inode.kind == stat.S_IFDIR:
             self._extract_directory(inode, rel, extraction)
         elif inode.kind == stat.S_IFREG:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nvidia_driver import limits
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
 
@@ -25,8 +26,7 @@ BANNER_PREFIX = b"Linux version "
 # A template ("Linux version %s …", or "… #" without a build number) must not match.
 _REAL_BANNER = re.compile(r"Linux version (?P<release>[^\s%]+) \(.*\) #\d+ ")
 _MAX_BANNER_BYTES = 1024
-_TOOL_TIMEOUT_SECONDS = 600.0
-_LZMA_MEMLIMIT = 1 << 30  # a false magic in a scan must not allocate a huge dictionary
+_READ_CHUNK = 1 << 20
 
 # x86 boot protocol (Documentation/arch/x86/boot.rst)
 _SETUP_SECTS = 0x1F1
@@ -53,25 +53,41 @@ class _NotAStreamError(Exception):
     """The bytes at a candidate offset did not decompress."""
 
 
-def _gunzip(data: bytes, _commands: Commands) -> bytes:
-    # A decompress object stops at the end of the stream and ignores what follows.
-    return zlib.decompressobj(wbits=31).decompress(data)
+class _TooLargeError(Exception):
+    """A stream decompresses to more than limits.KERNEL_DECOMPRESSED."""
 
 
-def _bunzip2(data: bytes, _commands: Commands) -> bytes:
-    return bz2.BZ2Decompressor().decompress(data)
+def _bounded(output: bytes | bytearray) -> bytes | bytearray:
+    if len(output) > limits.KERNEL_DECOMPRESSED:
+        raise _TooLargeError
+    return output
 
 
-def _unlzma(data: bytes, _commands: Commands) -> bytes:
-    decompressor = lzma.LZMADecompressor(lzma.FORMAT_ALONE, memlimit=_LZMA_MEMLIMIT)
-    return decompressor.decompress(data)
+# Each decompressor stops one byte past the bound: more than a kernel is a bomb, not a kernel.
+# (A decompress object also stops at the end of its stream and ignores what follows.)
 
 
-def _unxz(data: bytes, _commands: Commands) -> bytes:
-    return lzma.LZMADecompressor(lzma.FORMAT_XZ, memlimit=_LZMA_MEMLIMIT).decompress(data)
+def _gunzip(data: memoryview, _commands: Commands) -> bytes:
+    inflater = zlib.decompressobj(wbits=31)
+    return bytes(_bounded(inflater.decompress(data, limits.KERNEL_DECOMPRESSED + 1)))
 
 
-def _zstd_frame_end(data: bytes, start: int) -> int:
+def _bunzip2(data: memoryview, _commands: Commands) -> bytes:
+    decompressor = bz2.BZ2Decompressor()
+    return bytes(_bounded(decompressor.decompress(data, limits.KERNEL_DECOMPRESSED + 1)))
+
+
+def _unlzma(data: memoryview, _commands: Commands) -> bytes:
+    decompressor = lzma.LZMADecompressor(lzma.FORMAT_ALONE, memlimit=limits.LZMA_MEMORY)
+    return bytes(_bounded(decompressor.decompress(data, limits.KERNEL_DECOMPRESSED + 1)))
+
+
+def _unxz(data: memoryview, _commands: Commands) -> bytes:
+    decompressor = lzma.LZMADecompressor(lzma.FORMAT_XZ, memlimit=limits.LZMA_MEMORY)
+    return bytes(_bounded(decompressor.decompress(data, limits.KERNEL_DECOMPRESSED + 1)))
+
+
+def _zstd_frame_end(data: memoryview, start: int) -> int:
     """Where the zstd frame at ``start`` ends (RFC 8878 §3.1.1)."""
     descriptor = data[start + 4]
     content_size_flag, single_segment = descriptor >> 6, descriptor >> 5 & 1
@@ -95,59 +111,60 @@ def _zstd_frame_end(data: bytes, start: int) -> int:
             return offset + 4 * has_checksum
 
 
-def _zstd_frames(data: bytes) -> bytes:
+def _zstd_frames(data: memoryview) -> memoryview:
     """The zstd frames at the start of ``data`` without what follows.
 
-    zstd refuses trailing bytes and then deletes its output, and the kernel build appends
-    the uncompressed size to the stream.
+    zstd refuses trailing bytes, and the kernel build appends the uncompressed size to the
+    stream.
     """
     end = 0
-    while data.startswith(ZSTD_MAGIC, end):
+    while data[end : end + len(ZSTD_MAGIC)] == ZSTD_MAGIC:
         end = _zstd_frame_end(data, end)
     return data[:end]
 
 
-def _run_tool(
-    commands: Commands, tool: str, data: bytes, arguments: Callable[[Path, Path], list[str | Path]]
-) -> bytes:
-    """Decompress with a command given the input and the output file.
+def _run_tool(commands: Commands, tool: str, data: memoryview, arguments: list[str]) -> bytes:
+    """Decompress with a command that reads the stream from a file and writes to a pipe.
 
-    Files, not pipes: the Commands seam captures text, and a kernel is binary.
+    Its output is read up to the bound; a command still writing then is stopped by the closed
+    pipe, so a bomb neither fills a disk nor the memory.
     """
-    with tempfile.TemporaryDirectory(prefix="vmlinuz-") as scratch:
-        source, target = Path(scratch, "in"), Path(scratch, "out")
-        source.write_bytes(data)
-        result = commands.run(
-            tool, *arguments(source, target), check=False, timeout=_TOOL_TIMEOUT_SECONDS
-        )
-        # lz4 and lzop write the whole stream and then fail on the size the kernel build
-        # appends to it: what they wrote counts, and the banner search judges it.
-        output = target.read_bytes() if target.exists() else b""
+    with tempfile.TemporaryFile(prefix="vmlinuz-") as source:
+        source.write(data)
+        source.seek(0)
+        output = bytearray()
+        try:
+            with commands.pipe_bytes(tool, arguments, source) as decompressed:
+                while chunk := decompressed.read(_READ_CHUNK):
+                    output += chunk
+                    _bounded(output)
+        except DriverError as failure:
+            # lz4 and lzop write the whole stream and then fail on the size the kernel build
+            # appends to it: what they wrote counts, and the banner search judges it.
+            if not output:
+                raise _NotAStreamError(str(failure)) from None
     if not output:
-        reason = result.stderr.strip().splitlines()
-        raise _NotAStreamError(f"{tool}: {reason[0] if reason else 'no output'}")
-    return output
+        raise _NotAStreamError(f"{tool}: no output")
+    return bytes(output)
 
 
-def _unzstd(data: bytes, commands: Commands) -> bytes:
-    return _run_tool(
-        commands, "zstd", _zstd_frames(data), lambda src, dst: ["-d", "-q", "-f", src, "-o", dst]
-    )
+def _unzstd(data: memoryview, commands: Commands) -> bytes:
+    return _run_tool(commands, "zstd", _zstd_frames(data), ["-d", "-q", "-c"])
 
 
-def _unlz4(data: bytes, commands: Commands) -> bytes:
-    return _run_tool(commands, "lz4", data, lambda src, dst: ["-d", "-q", "-f", src, dst])
+def _unlz4(data: memoryview, commands: Commands) -> bytes:
+    return _run_tool(commands, "lz4", data, ["-d", "-q", "-c"])
 
 
-def _unlzo(data: bytes, commands: Commands) -> bytes:
-    return _run_tool(commands, "lzop", data, lambda src, dst: ["-d", "-q", "-f", "-o", dst, src])
+def _unlzo(data: memoryview, commands: Commands) -> bytes:
+    return _run_tool(commands, "lzop", data, ["-d", "-q", "-c"])
 
 
 @dataclass(frozen=True)
 class Codec:
     name: str
     magic: bytes
-    decompress: Callable[[bytes, Commands], bytes] = field(repr=False)
+    decompress: Callable[[memoryview, Commands], bytes] = field(repr=False)
     tool: str | None = None  # the command used for formats outside Python's standard library
 
     def available(self, commands: Commands) -> bool:
@@ -220,21 +237,31 @@ def _stated_streams(image: bytes) -> Iterator[_Stream]:
 
 
 def _scanned_streams(image: bytes, commands: Commands) -> list[tuple[int, Codec]]:
-    """Every offset where the magic of a usable codec appears, in file order."""
-    found = [
-        (match.start(), codec)
-        for codec in CODECS
-        if codec.available(commands)
-        for match in re.finditer(re.escape(codec.magic), image)
-    ]
+    """The first offsets where the magic of a usable codec appears, in file order.
+
+    At most limits.KERNEL_CANDIDATES per codec: a real image has its payload's magic and a
+    few found by chance, and each candidate costs a decompression attempt.
+    """
+    found = []
+    for codec in CODECS:
+        if not codec.available(commands):
+            continue
+        start = image.find(codec.magic)
+        for _ in range(limits.KERNEL_CANDIDATES):
+            if start == -1:
+                break
+            found.append((start, codec))
+            start = image.find(codec.magic, start + 1)
     return sorted(found, key=lambda pair: pair[0])
 
 
-def _try_decompress(codec: Codec, data: bytes, commands: Commands) -> bytes:
+def _try_decompress(codec: Codec, data: memoryview, commands: Commands, start: int) -> bytes:
     try:
         return codec.decompress(data, commands)
     except (zlib.error, OSError, EOFError, lzma.LZMAError, IndexError) as exc:
         raise _NotAStreamError(f"{codec.name}: {exc}") from None
+    except _TooLargeError:
+        raise _TooLargeError(f"the {codec.name} stream at byte {start}") from None
 
 
 @dataclass
@@ -256,9 +283,14 @@ class _Search:
 
 
 def real_banners(data: bytes) -> Iterator[str]:
-    """Each "Linux version …" line in ``data`` that is a real banner, not a template."""
+    """Each "Linux version …" line in ``data`` that is a real banner, not a template.
+
+    Only the first limits.BANNER_CANDIDATES such strings are looked at: one search is linear.
+    """
     start = data.find(BANNER_PREFIX)
-    while start != -1:
+    for _ in range(limits.BANNER_CANDIDATES):
+        if start == -1:
+            return
         raw = data[start : start + _MAX_BANNER_BYTES]
         line = re.split(rb"[\0\n]", raw, maxsplit=1)[0].decode("utf-8", "replace")
         if _REAL_BANNER.match(line):
@@ -277,20 +309,22 @@ def banner_release(banner: str) -> str:
 def _decodings(image: bytes, commands: Commands, search: _Search) -> Iterator[bytes]:
     # An uncompressed arm64 Image ("ARM\x64" at 0x38) or vmlinux carries its banner as is.
     yield image
+    view = memoryview(image)  # slices of it copy nothing
     tried = set()
     for stream in _stated_streams(image):
         tried.add(stream.start)
         if stream.codec.tool:
             # A missing decompressor is the operator's to fix: its DriverError propagates.
             commands.require(stream.codec.tool)
+        payload = view[stream.start : stream.end]
         try:
-            yield _try_decompress(stream.codec, image[stream.start : stream.end], commands)
+            yield _try_decompress(stream.codec, payload, commands, stream.start)
         except _NotAStreamError as exc:
             search.failures.append(f"{stream.container} payload: {exc}")
     for start, codec in _scanned_streams(image, commands):
         if start not in tried:
             try:
-                yield _try_decompress(codec, image[start:], commands)
+                yield _try_decompress(codec, view[start:], commands, start)
             except _NotAStreamError:
                 continue  # magics also occur by chance inside compressed data
 
@@ -305,10 +339,17 @@ def kernel_banner(
     """The banner of the kernel in ``image``; with ``kernel_release``, that kernel's banner."""
     commands = commands or Commands()
     search = _Search(kernel_release)
-    for data in _decodings(image, commands, search):
-        banner = search.banner_in(data)
-        if banner is not None:
-            return banner
+    try:
+        for data in _decodings(image, commands, search):
+            banner = search.banner_in(data)
+            if banner is not None:
+                return banner
+    except _TooLargeError as exc:
+        raise DriverError(
+            f"{source}: {exc} decompresses to more than "
+            f"{limits.size(limits.KERNEL_DECOMPRESSED)}, more than any kernel: refusing it "
+            "(a decompression bomb, or not a kernel image)"
+        ) from None
     if search.other_releases:
         raise DriverError(
             f"{source} is kernel {', '.join(search.other_releases)}, not {kernel_release}: "
@@ -328,7 +369,13 @@ def kernel_banner_from_file(
     commands: Commands | None = None,
 ) -> str:
     try:
-        image = Path(path).read_bytes()
+        with Path(path).open("rb") as file:
+            image = file.read(limits.KERNEL_IMAGE + 1)
     except OSError as exc:
         raise DriverError(f"cannot read kernel image {path}: {exc.strerror}") from None
+    if len(image) > limits.KERNEL_IMAGE:
+        raise DriverError(
+            f"{path} is larger than {limits.size(limits.KERNEL_IMAGE)}, more than any kernel "
+            "image: refusing it"
+        )
     return kernel_banner(image, kernel_release=kernel_release, commands=commands, source=str(path))

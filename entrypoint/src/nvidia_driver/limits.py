@@ -1,0 +1,52 @@
+"""The bounds the readers of downloads and host files keep, in one place (docs/security.md).
+
+Each bound sits well above what the real input needs (the figures in the comments) and low
+enough that a crafted input is refused, with one line naming the artifact and the bound, before
+it exhausts the node's memory, disk or time. The readers look these up when they run.
+"""
+
+from __future__ import annotations
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+
+# flatcar-container.tar.gz: 377 MiB of gzip, a whole root file system. What is written is the
+# kernel's build/source tree (~300 MB in a real release) and the shared libraries of the
+# library directories, of which the tools' closure is kept. The integration fixture made from
+# Debian (135 MB of gzip, 21,381 members inflating to 369 MB) writes 130 MB in 13,708 entries,
+# its largest file 8.2 MB (libasan).
+CONTAINER_INFLATED = 8 * GiB  # the whole archive, inflated (read and mostly skipped)
+CONTAINER_WRITTEN = 2 * GiB  # the bytes of every file written
+CONTAINER_MEMBER = 256 * MiB  # one file written
+CONTAINER_ENTRIES = 200_000  # files, links and directories written
+TAR_METADATA = 1 * MiB  # the pax and GNU long-name headers of one member, together
+
+# Paths: a kernel tree's deepest is ~12 components; PATH_MAX (4096) allows ~2,000.
+PATH_DEPTH = 128
+LINK_TARGET = 4095  # bytes: PATH_MAX without its NUL
+
+# flatcar_developer_container.bin.bz2: ~480 MB of bzip2, a 6 GiB GPT disk, written sparse.
+DISK_IMAGE = 12 * GiB  # the decompressed disk image, holes included
+EXT4_METADATA = 32 * MiB  # a directory read whole (a 10,000-entry directory: ~400 KiB)
+EXT4_ENTRIES = 1_000_000  # written; a 6 GiB ext4 at mke2fs's default ratio has 393,216 inodes
+# The files written out of the ext4 filesystem are bounded by its partition's size: a file
+# system holds no more data than that. An extent tree or block map is bounded by the file's
+# own blocks: each mapped block is a block of the file.
+
+# GPT: the partition entry array (128 entries of 128 bytes on Flatcar images).
+GPT_TABLE = 1 * MiB
+
+# flatcar_production_image.vmlinuz: a 32 MiB bzImage (11 MiB in the Debian fixture) whose
+# payload decompresses to the kernel with its built-in initramfs.
+KERNEL_IMAGE = 256 * MiB  # the file, read whole
+KERNEL_DECOMPRESSED = 256 * MiB  # one decompressed stream
+KERNEL_CANDIDATES = 16  # compression magics tried per codec when scanning (a real image: 1-3)
+BANNER_CANDIDATES = 64  # "Linux version " strings looked at per decoding (a real kernel: 1-3)
+LZMA_MEMORY = 256 * MiB  # the kernel's xz and lzma use dictionaries of 32 and 64 MiB
+
+
+def size(count: int) -> str:
+    """A byte count as these bounds are written: 256 MiB, 8 GiB, 1500 bytes."""
+    for unit, name in ((GiB, "GiB"), (MiB, "MiB"), (KiB, "KiB")):
+        if count >= unit and count % unit == 0:
+            return f"{count // unit} {name}"
+    return f"{count} bytes"

@@ -1,0 +1,274 @@
+"""Decompression bombs and fan-outs: every reader stops at its bound with one line.
+
+The bounds themselves (limits.py) are far above what these small inputs reach, so most tests
+lower the one they prove and check that the reader stops there, before writing or holding more.
+"""
+
+from __future__ import annotations
+
+import bz2
+import io
+import shutil
+import struct
+import tarfile
+import time
+import tracemalloc
+import zlib
+from pathlib import Path
+
+import pytest
+from kerneltree_fixtures import (
+    KERNEL,
+    LINUX_FILESYSTEM,
+    SECTOR,
+    GptPartition,
+    flatcar_root,
+    gpt_disk,
+    mkfs_ext4,
+    tar_gz,
+    write,
+)
+from vmlinuz_images import vmlinux
+
+from nvidia_driver import kerneltree, limits
+from nvidia_driver.errors import DriverError
+from nvidia_driver.vmlinuz import kernel_banner, kernel_banner_from_file
+
+MODULES = f"usr/lib/modules/{KERNEL}"
+needs_e2fsprogs = pytest.mark.skipif(
+    shutil.which("mkfs.ext4") is None, reason="e2fsprogs builds the ext4 images"
+)
+
+
+class Written:
+    """Counts the bytes the extraction writes to files."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.bytes = 0
+        original = kerneltree._write_all
+
+        def counting(fd: int, data: bytes | memoryview, offset: int | None = None) -> None:
+            self.bytes += len(data)
+            original(fd, data, offset)
+
+        monkeypatch.setattr(kerneltree, "_write_all", counting)
+
+
+def zeros_gz(members: list[tuple[str, int]]) -> bytes:
+    """A tar.gz of files of zeros (what a bomb holds), compressed without holding them."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.GNU_FORMAT) as archive:
+        archive.addfile(tarfile.TarInfo(f"{MODULES}/build/Makefile"), io.BytesIO(b""))
+        for name, size in members:
+            info = tarfile.TarInfo(name)
+            info.size = size
+            archive.addfile(info, io.BytesIO(bytes(size)))
+    return zlib.compress(raw.getvalue(), 9, wbits=31)
+
+
+def extract(data: bytes, tmp_path: Path) -> kerneltree.KernelTree:
+    return kerneltree.extract_container_tree(io.BytesIO(data), tmp_path / "tree", KERNEL)
+
+
+# flatcar-container.tar.gz
+
+
+def test_a_member_larger_than_its_bound_is_refused_before_a_byte_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(limits, "CONTAINER_MEMBER", 1 << 20)
+    written = Written(monkeypatch)
+    bomb = zeros_gz([(f"{MODULES}/build/bomb", 8 << 20)])
+    assert len(bomb) < 16 << 10  # 16 KiB of gzip for 8 MiB: the reviewer's 0.5 MB made 512 MiB
+
+    with pytest.raises(DriverError, match=r"bomb of 8388608 bytes, more than the 1 MiB") as error:
+        extract(bomb, tmp_path)
+
+    assert "\n" not in str(error.value)
+    assert "refusing the archive" in str(error.value)
+    assert written.bytes == 0
+    assert sorted(path.name for path in tmp_path.iterdir()) == []  # the staging dir is gone
+
+
+def test_the_bytes_written_in_all_are_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(limits, "CONTAINER_WRITTEN", 4 << 20)
+    written = Written(monkeypatch)
+    bomb = zeros_gz([(f"{MODULES}/build/part{n}", 1 << 20) for n in range(8)])
+
+    with pytest.raises(DriverError, match=r"has more than 4 MiB to write, beyond any Flatcar"):
+        extract(bomb, tmp_path)
+
+    assert written.bytes <= 4 << 20
+
+
+def test_the_entries_written_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(limits, "CONTAINER_ENTRIES", 20)
+    data = tar_gz(flatcar_root(tmp_path / "flatcar"))
+    with pytest.raises(DriverError, match="has more than 20 entries to write"):
+        extract(data, tmp_path / "out")
+
+
+def test_the_inflated_archive_is_bounded_even_where_nothing_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(limits, "CONTAINER_INFLATED", 4 << 20)
+    bomb = zeros_gz([("usr/share/skipped", 16 << 20)])  # not part of the tree: only inflated
+    with pytest.raises(DriverError, match=r"has more than 4 MiB of data once inflated"):
+        extract(bomb, tmp_path)
+
+
+def test_extended_headers_are_bounded_together(tmp_path: Path) -> None:
+    # 400 pax headers before one member, each 16 KiB with keys of its own: they add up.
+    pax = b"".join(
+        tarfile.TarInfo._create_pax_generic_header(  # type: ignore[attr-defined]
+            {f"comment.{n}.{m}": "x" * 4000 for m in range(4)}, tarfile.XHDTYPE, "utf-8"
+        )
+        for n in range(400)
+    )
+    member = tarfile.TarInfo(f"{MODULES}/build/Makefile").tobuf(tarfile.USTAR_FORMAT)
+    archive = pax + member + bytes(2 * tarfile.BLOCKSIZE)
+    with pytest.raises(DriverError, match="more than 1048576 bytes of extended headers"):
+        extract(zlib.compress(archive, 9, wbits=31), tmp_path)
+
+
+# The developer container: its disk image, its GPT and its ext4 file system.
+
+
+def test_the_decompressed_disk_image_is_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(limits, "DISK_IMAGE", 4 << 20)
+    compressor = bz2.BZ2Compressor()
+    data = b"".join(compressor.compress(bytes(1 << 20)) for _ in range(16)) + compressor.flush()
+    (tmp_path / "dev.bin.bz2").write_bytes(data)
+    with pytest.raises(DriverError, match=r"dev.bin.bz2 decompresses to more than 4 MiB"):
+        kerneltree.decompress_sparse(tmp_path / "dev.bin.bz2", tmp_path / "disk.bin")
+    assert (tmp_path / "disk.bin").stat().st_size <= 5 << 20
+
+
+def test_a_gpt_table_beyond_the_image_is_refused(tmp_path: Path) -> None:
+    write(tmp_path / "partition.img", "data")
+    disk = gpt_disk(
+        tmp_path / "disk.bin",
+        [GptPartition(9, LINUX_FILESYSTEM, "ROOT", tmp_path / "partition.img")],
+    )
+    with disk.open("r+b") as image:
+        image.seek(SECTOR)
+        header = bytearray(image.read(92))
+        struct.pack_into("<Q", header, 72, 1 << 62)  # the partition entries' LBA
+        struct.pack_into("<I", header, 16, 0)
+        struct.pack_into("<I", header, 16, zlib.crc32(header))
+        image.seek(SECTOR)
+        image.write(header)
+    with disk.open("rb") as image, pytest.raises(DriverError, match="lies beyond the image"):
+        kerneltree.read_gpt(image.fileno(), "disk.bin")
+
+
+EXTENT_MAGIC, BLOCK = 0xF30A, 4096
+PER_NODE = (BLOCK - 12) // 12  # 340 entries in a 4 KiB extent node
+
+
+def _extent_node(entries: int, depth: int, child: int | None) -> bytes:
+    node = struct.pack("<HHHHI", EXTENT_MAGIC, entries, entries, depth, 0)
+    for index in range(entries):
+        if child is None:  # a leaf: one block each
+            node += struct.pack("<IHHI", index, 1, 0, 1)
+        else:  # an index: every entry points at the same child node
+            node += struct.pack("<IIHH", index, child, 0, 0)
+    return node
+
+
+@needs_e2fsprogs
+def test_an_extent_tree_that_fans_out_is_refused(tmp_path: Path) -> None:
+    # Four entries at the root, each leading to 340 x 340 x 340 runs: 157 million, where the
+    # one-block file has one. It used to end in MemoryError.
+    write(tmp_path / "source/victim", "x" * 100)
+    image = tmp_path / "root.img"
+    mkfs_ext4(image, tmp_path / "source", 8 << 20, ["-b", str(BLOCK), "-O", "^has_journal"])
+    with image.open("r+b") as disk:
+        filesystem = kerneltree.Ext4(disk.fileno(), 0, image.stat().st_size, "root.img")
+        resolved = filesystem.resolve("victim")
+        assert resolved is not None
+        number = resolved[1].number
+        group, index = divmod(number - 1, filesystem.sb.inodes_per_group)
+        inode_at = filesystem._inode_table(group) * BLOCK + index * filesystem.sb.inode_size
+        last = filesystem.sb.blocks_count - 1
+        nodes = {last - 2: (2, last - 1), last - 1: (1, last), last: (0, None)}
+        for block, (depth, child) in nodes.items():
+            disk.seek(block * BLOCK)
+            disk.write(_extent_node(PER_NODE, depth, child).ljust(BLOCK, b"\0"))
+        disk.seek(inode_at + 0x28)  # i_block
+        disk.write(_extent_node(4, 3, last - 2).ljust(60, b"\0"))
+    with image.open("rb") as disk:
+        filesystem = kerneltree.Ext4(disk.fileno(), 0, image.stat().st_size, "root.img")
+        with pytest.raises(DriverError, match=f"inode {number} maps more blocks than it has"):
+            filesystem.extract(["victim"], tmp_path / "out")
+
+
+@needs_e2fsprogs
+def test_file_data_beyond_the_partition_size_is_refused(tmp_path: Path) -> None:
+    # Three names for one inode whose links count says 1: each name is written in full.
+    big = write(tmp_path / "source/big", "y" * (3 << 20))
+    for name in ("big2", "big3"):
+        (tmp_path / "source" / name).hardlink_to(big)
+    image = tmp_path / "root.img"
+    mkfs_ext4(image, tmp_path / "source", 8 << 20, ["-b", str(BLOCK), "-O", "^has_journal"])
+    with image.open("r+b") as disk:
+        filesystem = kerneltree.Ext4(disk.fileno(), 0, image.stat().st_size, "root.img")
+        resolved = filesystem.resolve("big")
+        assert resolved is not None
+        assert resolved[1].links == 3
+        group, index = divmod(resolved[1].number - 1, filesystem.sb.inodes_per_group)
+        inode_at = filesystem._inode_table(group) * BLOCK + index * filesystem.sb.inode_size
+        disk.seek(inode_at + 0x1A)  # i_links_count
+        disk.write(struct.pack("<H", 1))
+    with image.open("rb") as disk:
+        filesystem = kerneltree.Ext4(disk.fileno(), 0, image.stat().st_size, "root.img")
+        with pytest.raises(DriverError, match="its files hold more than its 8388608-byte"):
+            filesystem.extract(["/"], tmp_path / "out")
+
+
+# vmlinuz
+
+
+def test_a_kernel_image_bomb_is_refused_within_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(limits, "KERNEL_DECOMPRESSED", 8 << 20)
+    compressor = bz2.BZ2Compressor()
+    bomb = b"".join(compressor.compress(bytes(1 << 20)) for _ in range(64)) + compressor.flush()
+    assert len(bomb) < 1024  # the reviewer's: 402 bytes to 1 GiB
+    tracemalloc.start()
+    try:
+        with pytest.raises(DriverError, match=r"bzip2 stream at byte 0 decompresses to more"):
+            kernel_banner(bomb, source="vmlinuz")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 24 << 20  # the bound and a copy, not the 64 MiB the stream holds
+
+
+def test_a_kernel_image_larger_than_its_bound_is_not_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(limits, "KERNEL_IMAGE", 1 << 20)
+    (tmp_path / "vmlinuz").write_bytes(bytes(2 << 20))
+    with pytest.raises(DriverError, match=r"vmlinuz is larger than 1 MiB"):
+        kernel_banner_from_file(tmp_path / "vmlinuz")
+
+
+@pytest.mark.parametrize("magic", [b"BZh", b"\x1f\x8b\x08", b"\x5d\x00\x00", b"Linux version "])
+def test_the_banner_search_is_linear(magic: bytes) -> None:
+    # 1 MB of bzip2 magics took 4.9 s: every candidate copied the rest of the image.
+    image = magic * ((1 << 20) // len(magic))
+    started = time.monotonic()
+    with pytest.raises(DriverError, match="no kernel banner found"):
+        kernel_banner(image, source="vmlinuz")
+    assert time.monotonic() - started < 1.0
+
+
+def test_the_banner_is_still_found_behind_chance_magics() -> None:
+    # Chance magics before the real stream, as compressed data has them, cost one try each.
+    payload = zlib.compress(vmlinux(), 9, wbits=31)
+    image = b"BZh" * 10 + b"\0" * 64 + payload
+    assert kernel_banner(image).startswith("Linux version 6.12.81-flatcar ")
