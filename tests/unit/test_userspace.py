@@ -516,3 +516,19 @@ def test_the_command_line_requires_a_run_file(capsys: pytest.CaptureFixture[str]
     with pytest.raises(SystemExit):
         main(["install"])
     assert "--run" in capsys.readouterr().err
+
+
+def test_only_nvidia_modprobe_may_be_setuid(
+    tmp_path: Path, root: Path, commands: Commands, capsys: pytest.CaptureFixture[str]
+) -> None:
+    manifest = manifest_text().replace(
+        "nvidia-smi 0755 UTILITY_BINARY", "nvidia-smi 06755 UTILITY_BINARY"
+    )
+    assert "nvidia-smi 06755" in manifest
+    package = make_package(tmp_path / "package", manifest=manifest)
+    install_tree(package, root, arch="amd64", commands=commands)
+    assert stat.S_IMODE((root / "usr/bin/nvidia-smi").stat().st_mode) == 0o755
+    assert stat.S_IMODE((root / "usr/bin/nvidia-modprobe").stat().st_mode) == 0o4755
+    assert "nvidia-smi asks for mode 6755; only nvidia-modprobe may be setuid" in (
+        capsys.readouterr().out
+    )

@@ -105,9 +105,9 @@ def kernel_gcc_major(tree: Path) -> int | None:
     """The major version of the gcc that built the kernel, from the tree's .config."""
     config = kernel_config(tree)
     version = config.get("CONFIG_GCC_VERSION", "")
-    if version.isdigit() and int(version) > 0:
+    if re.fullmatch(r"[0-9]{1,8}", version) and int(version) > 0:
         return int(version) // 10000
-    match = re.search(r"gcc[^)]*\)\s+(\d+)\.", config.get("CONFIG_CC_VERSION_TEXT", ""))
+    match = re.search(r"gcc[^)]*\)\s+([0-9]+)\.", config.get("CONFIG_CC_VERSION_TEXT", ""))
     return int(match.group(1)) if match else None
 
 

@@ -12,7 +12,8 @@ from nvidia_driver.errors import DriverError
 MODULE_TYPES = ("auto", "open", "proprietary")
 ARCHES = {"amd64": "x86_64", "arm64": "aarch64"}
 _MACHINE_TO_ARCH = {"x86_64": "amd64", "aarch64": "arm64", "arm64": "arm64", "amd64": "amd64"}
-_VERSION = re.compile(r"^\d{3,}\.\d+(\.\d+)?$")
+_VERSION = re.compile(r"[0-9]{3,}\.[0-9]+(\.[0-9]+)?")  # ASCII: str.isdigit() takes "²"
+_NUMBER = re.compile(r"[0-9]+")
 _NVFM_PREFIX = "NVFM_CONFIG_"
 _TRUE = ("true", "1", "yes")
 _FALSE = ("false", "0", "no", "")
@@ -50,7 +51,7 @@ def _driver_version(env: Mapping[str, str], *, required: bool) -> str:
                 "or set DRIVER_VERSION to the driver version the image carries"
             )
         return ""
-    if not _VERSION.match(version):
+    if not _VERSION.fullmatch(version):
         raise _invalid("DRIVER_VERSION", version, "a driver version such as 580.105.08")
     return version
 
@@ -60,7 +61,7 @@ def _driver_branch(env: Mapping[str, str], version: str) -> int:
     derived = version.split(".", 1)[0] if version else ""
     if not raw:
         return int(derived) if derived else 0
-    if not raw.isdigit():
+    if not _NUMBER.fullmatch(raw):
         raise _invalid("DRIVER_BRANCH", raw, "the driver's major version, such as 580")
     if derived and raw != derived:
         raise _invalid("DRIVER_BRANCH", raw, f"{derived}, the branch of DRIVER_VERSION {version}")
@@ -105,7 +106,7 @@ class DriverConfig:
     def from_env(cls, env: Mapping[str, str], *, require_version: bool = True) -> DriverConfig:
         version = _driver_version(env, required=require_version)
         threads = env.get("MAX_THREADS", "").strip()
-        if threads and not threads.isdigit():
+        if threads and not _NUMBER.fullmatch(threads):
             raise _invalid("MAX_THREADS", threads, "a positive number of parallel compile jobs")
         return cls(
             driver_version=version,

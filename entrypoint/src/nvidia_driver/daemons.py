@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -38,7 +39,7 @@ def read_pid(paths: Paths, daemon: Daemon) -> int | None:
         text = paths(daemon.pid_file).read_text().strip()
     except OSError:
         return None
-    return int(text) if text.isdigit() else None
+    return int(text) if re.fullmatch(r"[0-9]{1,10}", text) else None
 
 
 def is_running(pid: int) -> bool:

@@ -23,8 +23,8 @@ DEFAULT_RELEASES_URL = "https://www.flatcar.org/releases-json/releases.json"
 RELEASES_URL_ENV = "FLATCAR_RELEASES_URL"
 
 KERNEL_SUFFIX = "-flatcar"  # EXTRAVERSION set by the coreos-sources ebuild
-_VERSION = re.compile(r"(\d+)\.(\d+)\.(\d+)")
-_LTS_STREAM_KEY = re.compile(r"current-(\d{4})")
+_VERSION = re.compile(r"([0-9]+)\.([0-9]+)\.([0-9]+)")  # ASCII: \d takes any digit
+_LTS_STREAM_KEY = re.compile(r"current-([0-9]{4})")
 
 
 class Channel(StrEnum):

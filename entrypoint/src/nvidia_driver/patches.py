@@ -34,7 +34,7 @@ INDEX_NAME = "index.json"
 INDEX_FORMAT = 1
 TREES = frozenset(SOURCE_DIRS.values())
 
-_RELEASE = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?")
+_RELEASE = re.compile(r"([0-9]+)\.([0-9]+)(?:\.([0-9]+))?")  # ASCII, unlike \d
 _ENTRY_KEYS = frozenset(
     {"name", "file", "branches", "min_kernel", "max_kernel", "trees", "reason", "note"}
 )
@@ -92,7 +92,7 @@ def _text(entry: Mapping[str, object], key: str, index: Path) -> str:
 
 def _kernel(entry: Mapping[str, object], key: str, index: Path) -> KernelVersion:
     text = _text(entry, key, index)
-    if not re.fullmatch(r"\d+\.\d+(\.\d+)?", text):
+    if not re.fullmatch(r"[0-9]+\.[0-9]+(\.[0-9]+)?", text):
         raise _malformed(index, f"{key!r} must be a kernel version like 6.12.97, not {text!r}")
     return parse_kernel_release(text)
 

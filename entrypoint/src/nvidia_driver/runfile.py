@@ -100,12 +100,12 @@ def _unquote(value: str) -> str:
 
 
 def _check_header(runfile: Path, fields: dict[str, str]) -> None:
-    if not fields.get("skip", "").isdigit() or int(fields["skip"]) < 1:
+    if not re.fullmatch(r"[0-9]{1,12}", fields.get("skip", "")) or int(fields["skip"]) < 1:
         raise DriverError(
             f"{runfile} has no valid skip= line in its header: it is not an NVIDIA driver .run "
             "(or it is truncated); download NVIDIA-Linux-<arch>-<version>.run again"
         )
-    if fields.get("CRCsum") and not fields["CRCsum"].isdigit():
+    if fields.get("CRCsum") and not re.fullmatch(r"[0-9]{1,10}", fields["CRCsum"]):
         raise DriverError(f"{runfile} has a malformed CRCsum= header line; download it again")
     if fields.get("MD5") and re.fullmatch(r"[0-9a-fA-F]{32}", fields["MD5"]) is None:
         raise DriverError(f"{runfile} has a malformed MD5= header line; download it again")

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import re
 import secrets
 import shutil
 import sys
@@ -51,6 +52,8 @@ TLS_CLASSES = ("CLASSIC", "NEW")  # a field of TLS_LIB/TLS_SYMLINK up to 410.73
 INHERIT_PREFIX = "INHERIT_PATH_DEPTH:"
 MODULE_PREFIX = "MODULE:"
 MAX_MODE = 0o7777
+SETUID_PROGRAM = "nvidia-modprobe"  # setuid root, so that users can create the device nodes
+_PRIVILEGE_BITS = 0o6000  # setuid and setgid
 SYSTEMD_UNIT_DIR = "/usr/lib/systemd/system"
 
 
@@ -232,10 +235,8 @@ def _parse_entry(tokens: list[str], number: int, line: str) -> ManifestEntry:
 
 
 def _mode(text: str, number: int, line: str) -> int:
-    try:
-        mode = int(text, 8)
-    except ValueError:
-        mode = -1
+    # ASCII octal digits only: int(text, 8) also takes "0o755", "7_55" and other scripts' digits.
+    mode = int(text, 8) if re.fullmatch(r"[0-7]{1,6}", text) else -1
     if not 0 <= mode <= MAX_MODE:
         raise _malformed(number, line, f"{text!r} is not an octal file mode")
     return mode
@@ -245,7 +246,7 @@ def _inherited_dir(file: str, token: str, number: int, line: str) -> str:
     """``kernel/nvidia-uvm/hwref/x.h`` at depth 1 is in ``nvidia-uvm/hwref``."""
     depth_text = token.removeprefix(INHERIT_PREFIX)
     directories = PurePosixPath(file).parent.parts
-    if not depth_text.isdigit() or int(depth_text) > len(directories):
+    if not re.fullmatch(r"[0-9]{1,4}", depth_text) or int(depth_text) > len(directories):
         raise _malformed(number, line, f"{token} does not fit the file's path")
     return "/".join(directories[int(depth_text) :])
 
@@ -721,7 +722,19 @@ def _stage(transaction: _Transaction, tree: Path, root: Path, item: PlannedFile)
         assert item.entry.target is not None  # parse_manifest requires it for symlink types
         transaction.stage_symlink(item.entry.target, final)
     else:
-        transaction.stage_file(_source(tree, item.entry), final, item.entry.mode)
+        transaction.stage_file(_source(tree, item.entry), final, _install_mode(item.entry))
+
+
+def _install_mode(entry: ManifestEntry) -> int:
+    """The entry's mode; setuid and setgid only for nvidia-modprobe, as nvidia-installer has it."""
+    if not entry.mode & _PRIVILEGE_BITS or PurePosixPath(entry.file).name == SETUID_PROGRAM:
+        return entry.mode
+    mode = entry.mode & ~_PRIVILEGE_BITS
+    warn(
+        f".manifest line {entry.line}: {entry.file} asks for mode {entry.mode:04o}; only "
+        f"{SETUID_PROGRAM} may be setuid or setgid: installing it {mode:04o}"
+    )
+    return mode
 
 
 def _stage_sources(

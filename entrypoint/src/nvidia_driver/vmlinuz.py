@@ -24,7 +24,7 @@ from nvidia_driver.errors import DriverError
 
 BANNER_PREFIX = b"Linux version "
 # A template ("Linux version %s …", or "… #" without a build number) must not match.
-_REAL_BANNER = re.compile(r"Linux version (?P<release>[^\s%]+) \(.*\) #\d+ ")
+_REAL_BANNER = re.compile(r"Linux version (?P<release>[^\s%]+) \(.*\) #[0-9]+ ")
 _MAX_BANNER_BYTES = 1024
 _READ_CHUNK = 1 << 20
 
