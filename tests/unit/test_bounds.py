@@ -264,7 +264,7 @@ def test_the_banner_search_is_linear(magic: bytes) -> None:
     started = time.monotonic()
     with pytest.raises(DriverError, match="no kernel banner found"):
         kernel_banner(image, source="vmlinuz")
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 2.0  # ~0.05 s here; quadratic, it took seconds
 
 
 def test_the_banner_is_still_found_behind_chance_magics() -> None:

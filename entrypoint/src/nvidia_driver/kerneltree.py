@@ -244,10 +244,11 @@ def _dynamic_executables(build_dir: Path) -> list[tuple[Path, ElfInfo]]:
 
 def _library_dirs(root: Path) -> list[Path]:
     candidates = [resolve_within(root, root / name) for name in _LIBRARY_DIRS]
-    candidates += sorted(root.glob(_GCC_RUNTIME_DIRS), reverse=True)
+    gcc_dirs = sorted(root.glob(_GCC_RUNTIME_DIRS), reverse=True)
+    candidates += [resolve_within(root, directory) for directory in gcc_dirs]
     unique: list[Path] = []
-    for directory in candidates:
-        if directory.is_dir() and directory.resolve() not in {d.resolve() for d in unique}:
+    for directory in candidates:  # resolved inside root: equal paths are the same directory
+        if directory.is_dir() and directory not in unique:
             unique.append(directory)
     return unique
 

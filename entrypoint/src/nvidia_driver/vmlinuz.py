@@ -145,7 +145,7 @@ def _run_tool(commands: Commands, tool: str, data: memoryview, arguments: list[s
                 raise _NotAStreamError(str(failure)) from None
     if not output:
         raise _NotAStreamError(f"{tool}: no output")
-    return bytes(output)
+    return bytes(_bounded(output))  # also when the command failed after passing the bound
 
 
 def _unzstd(data: memoryview, commands: Commands) -> bytes:
