@@ -1017,7 +1017,7 @@ class _ContainerExtraction:
             return
         if member.size > limits.CONTAINER_MEMBER:
             raise _over_bound(
-                f"{member.name} of {member.size} bytes, more than the "
+                f"{member.name[:200]} of {member.size} bytes, more than the "
                 f"{limits.size(limits.CONTAINER_MEMBER)} a file may have"
             )
         self.written += member.size
@@ -1028,8 +1028,9 @@ class _ContainerExtraction:
     def symlink(writer: _Writer, rel: str, member: _Member) -> None:
         if "\0" in member.linkname or len(member.linkname) > limits.LINK_TARGET:
             raise DriverError(
-                f"{CONTAINER_TARBALL}: {member.name} is a symbolic link with a NUL byte or more "
-                f"than {limits.LINK_TARGET} bytes in its target: refusing the archive; report it"
+                f"{CONTAINER_TARBALL}: {member.name[:200]} is a symbolic link with a NUL byte "
+                f"or more than {limits.LINK_TARGET} bytes in its target: refusing the archive; "
+                "report it"
             )
         target = _contained_link_target(PurePosixPath(rel), member.linkname)
         if target is None:
