@@ -8,12 +8,14 @@ import hashlib
 import os
 import shutil
 import signal
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 
+from nvidia_driver.atomic import write_atomically
 from nvidia_driver.build import BuildRequest, build_package, expected_sources_digest
 from nvidia_driver.commands import Commands
 from nvidia_driver.config import DriverConfig
@@ -48,6 +50,7 @@ from nvidia_driver.vmlinuz import banner_release
 
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 FLATCAR_DOCS = "https://www.flatcar.org/docs/latest/setup/customization/using-nvidia/"
+_LOCK_ATTEMPTS = 10
 
 
 @dataclass(frozen=True)
@@ -56,15 +59,14 @@ class Context:
     commands: Commands
 
 
-def write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(text)
-    temporary.replace(path)
-
-
 class PidLock:
-    """The flock on /run/nvidia/nvidia-driver.pid that keeps one driver instance per node."""
+    """The flock on /run/nvidia/nvidia-driver.pid that keeps one driver instance per node.
+
+    The file exists while an instance holds it. Releasing unlinks it while still locked, so an
+    instance that opened the file just before and locks it just after holds a file that is no
+    longer at the path: acquire() checks that the locked file is the one at the path, and
+    starts over if it is not. The path is opened without following a symbolic link.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -72,28 +74,67 @@ class PidLock:
 
     def acquire(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                holder = self.path.read_text().strip() or "unknown"
-                raise DriverError(
-                    "An instance of the NVIDIA driver is already running, aborting "
-                    f"(pid {holder} holds {self.path})"
-                ) from exc
-            raise
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self.fd = fd
+        for _ in range(_LOCK_ATTEMPTS):
+            fd = self._open()
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                holder = _read_holder(fd)
+                os.close(fd)
+                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise DriverError(
+                        "An instance of the NVIDIA driver is already running, aborting "
+                        f"(pid {holder} holds {self.path})"
+                    ) from exc
+                raise DriverError(f"cannot lock {self.path}: {exc.strerror or exc}") from exc
+            if self._still_at_path(fd):
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+                self.fd = fd
+                return
+            os.close(fd)  # released and unlinked meanwhile: lock the file now at the path
+        raise DriverError(
+            f"cannot lock {self.path}: it was replaced {_LOCK_ATTEMPTS} times while locking; "
+            "is another program rewriting it?"
+        )
 
     def release(self) -> None:
         if self.fd is None:
             return
+        # Unlinked while locked: whoever locks the old file next sees it is gone, and retries.
         self.path.unlink(missing_ok=True)
         os.close(self.fd)
         self.fd = None
+
+    def _open(self) -> int:
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            why = "it is a symbolic link" if exc.errno == errno.ELOOP else exc.strerror or exc
+            raise DriverError(
+                f"cannot open the lock file {self.path}: {why}; remove it and start again"
+            ) from exc
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise DriverError(
+                f"the lock file {self.path} is not a regular file; remove it and start again"
+            )
+        return fd
+
+    def _still_at_path(self, fd: int) -> bool:
+        try:
+            current = self.path.lstat()
+        except FileNotFoundError:
+            return False
+        locked = os.fstat(fd)
+        return (current.st_dev, current.st_ino) == (locked.st_dev, locked.st_ino)
+
+
+def _read_holder(fd: int) -> str:
+    try:
+        return os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+    except OSError:
+        return "unknown"
 
 
 def _raise_caught(signum: int, _frame: FrameType | None) -> None:

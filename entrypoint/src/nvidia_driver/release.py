@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nvidia_driver.atomic import write_atomically
 from nvidia_driver.build import CompilerMismatchError, Toolchain, choose_compiler
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
@@ -68,13 +69,6 @@ def has_container_tree(version: str) -> bool:
     return first is not None and parsed >= first
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(text)
-    temporary.replace(path)
-
-
 def _provide_devices(root: Path) -> None:
     """gcc and make write to /dev/null; a developer container unpacked from disk has no /dev."""
     dev = root / "dev"
@@ -119,7 +113,7 @@ class ReleaseSources:
             return cached.read_text().rstrip("\n")
         say(f"Reading the kernel banner of Flatcar {version} ({arch})...")
         banner = kernel_banner_from_file(self.fetcher.fetch(url), commands=self.commands)
-        _write_atomically(cached, banner + "\n")
+        write_atomically(cached, banner + "\n")
         return banner
 
     def container_tree(self, version: str, arch: str, kernel_release: str) -> KernelTree:
