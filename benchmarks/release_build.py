@@ -49,6 +49,7 @@ from fixtures.runfile import build_run_fixture
 from nvidia_driver.commands import Commands
 from nvidia_driver.fetch import Fetcher
 from nvidia_driver.kerneltree import extract_container_tree
+from nvidia_driver.verify import Trust
 
 DRIVER = "535.261.03"
 RUNTIME_BUILD_GOAL = 1.15
@@ -154,7 +155,7 @@ class StreamTimes:
 
 
 def stream_ratio(url: str, keyring: Path, scratch: Path) -> StreamTimes:
-    fetcher = Fetcher(scratch / "stream-cache", Commands(), keyring=keyring)
+    fetcher = Fetcher(scratch / "stream-cache", Commands(), Trust.of_keyring(keyring))
 
     def download() -> None:
         with fetcher.stream(url) as stream:

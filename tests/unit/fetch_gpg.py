@@ -15,8 +15,10 @@ def gpg(home: Path, *args: str | Path) -> str:
         ["gpg", "--homedir", str(home), *_UNATTENDED, *map(str, args)],
         capture_output=True,
         text=True,
-        check=True,
+        check=False,
     )
+    if result.returncode != 0:
+        raise RuntimeError(f"gpg {' '.join(map(str, args))} failed: {result.stderr.strip()}")
     return result.stdout
 
 
@@ -35,11 +37,32 @@ class Signer:
         )
         return cls(home, fingerprint)
 
-    def sign(self, path: Path, signature: Path | None = None) -> Path:
-        """A detached binary signature, as Flatcar publishes next to each artifact."""
+    def sign(
+        self,
+        path: Path,
+        signature: Path | None = None,
+        *,
+        key: str | None = None,
+        options: tuple[str, ...] = (),
+    ) -> Path:
+        """A detached binary signature, as Flatcar publishes next to each artifact.
+
+        key: a subkey fingerprint to sign with (default: the primary's signing key); options:
+        more gpg options (--digest-algo SHA1, --faked-system-time ...).
+        """
         target = signature or path.with_name(f"{path.name}.sig")
-        gpg(self.home, "--local-user", self.fingerprint, "--output", target, "--detach-sign", path)
+        user = f"{key}!" if key else self.fingerprint
+        gpg(self.home, *options, "--local-user", user, "--output", target, "--detach-sign", path)
         return target
+
+    def add_subkey(self, expires: str, *, options: tuple[str, ...] = ()) -> str:
+        """A new ed25519 signing subkey (gpg expiry syntax: 10d, 1y, never); its fingerprint."""
+        gpg(self.home, *options, "--quick-add-key", self.fingerprint, "ed25519", "sign", expires)
+        listing = gpg(self.home, "--with-colons", "--list-keys", self.fingerprint)
+        return [line.split(":")[9] for line in listing.splitlines() if line[:4] == "fpr:"][-1]
+
+    def set_subkey_expiry(self, subkey: str, expires: str) -> None:
+        gpg(self.home, "--quick-set-expire", self.fingerprint, expires, subkey)
 
     def export(self, destination: Path, *, armor: bool) -> Path:
         gpg(self.home, *(["--armor"] if armor else []), "--output", destination, "--export")

@@ -29,6 +29,11 @@ class ReleaseServer:
         self.requests: Counter[str] = Counter()
         self.truncated: set[str] = set()  # paths answered with half the announced body
         self.failures: Counter[str] = Counter()  # path -> how many 503s to answer first
+        self.redirects: dict[str, str] = {}  # path -> the Location of a 302
+        self.trickled: dict[str, tuple[int, float]] = {}  # path -> (bytes, seconds) per write
+        self.stalled: set[str] = set()  # paths that send half their body, then hang
+        self.stalling = threading.Event()  # set once a stalled path has sent its half
+        self.release = threading.Event()  # ends every stall (set when the server stops)
         self._lock = threading.Lock()
         self._httpd = _HTTPServer(self)
         # A short poll interval: shutdown() waits for the next poll.
@@ -46,6 +51,7 @@ class ReleaseServer:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
+        self.release.set()
         self._httpd.shutdown()
         self._httpd.server_close()  # joins the request threads
         self._thread.join()
@@ -64,6 +70,11 @@ class ReleaseServer:
         file = self.root / path.lstrip("/")
         if failing:
             handler.send_error(HTTPStatus.SERVICE_UNAVAILABLE)
+        elif path in self.redirects:
+            handler.send_response(HTTPStatus.FOUND)
+            handler.send_header("Location", self.redirects[path])
+            handler.send_header("Content-Length", "0")
+            handler.end_headers()
         elif not file.is_file():
             handler.send_error(HTTPStatus.NOT_FOUND)
         else:
@@ -71,7 +82,26 @@ class ReleaseServer:
             handler.send_response(HTTPStatus.OK)
             handler.send_header("Content-Length", str(len(body)))
             handler.end_headers()
-            handler.wfile.write(body[: len(body) // 2] if path in self.truncated else body)
+            self._send(handler, path, body)
+
+    def _send(self, handler: BaseHTTPRequestHandler, path: str, body: bytes) -> None:
+        try:
+            if path in self.trickled:
+                size, pause = self.trickled[path]
+                for start in range(0, len(body), size):
+                    if self.release.wait(pause):
+                        return
+                    handler.wfile.write(body[start : start + size])
+                    handler.wfile.flush()
+            elif path in self.stalled:
+                handler.wfile.write(body[: len(body) // 2])
+                handler.wfile.flush()
+                self.stalling.set()
+                self.release.wait(60)
+            else:
+                handler.wfile.write(body[: len(body) // 2] if path in self.truncated else body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up, as tests expect it to
 
 
 class _HTTPServer(ThreadingHTTPServer):

@@ -5,10 +5,14 @@ from __future__ import annotations
 import errno
 import hashlib
 import io
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import tarfile
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,16 +23,15 @@ from fetch_gpg import Signer
 from fetch_server import ReleaseServer, flatcar_digests
 
 from nvidia_driver.commands import Commands
-from nvidia_driver.errors import DriverError
-from nvidia_driver.fetch import (
-    FLATCAR_IMAGE_SIGNING_KEY,
-    Backoff,
-    Fetcher,
-    dearmor,
-    keyring_from_env,
-    sha512_from_digests,
-    signature_problem,
-)
+from nvidia_driver.download import Backoff, Downloader, DownloadLimits
+from nvidia_driver.errors import CaughtSignalError, DriverError
+from nvidia_driver.fetch import Fetcher, sha512_from_digests
+from nvidia_driver.kerneltree import extract_container_tree
+from nvidia_driver.lifecycle import signals_raise
+from nvidia_driver.openpgp import dearmor, signature_problem
+from nvidia_driver.signingkey import FLATCAR_KEY_URL, FLATCAR_PRIMARY
+from nvidia_driver.signingkey import SHIPPED_KEY as FLATCAR_IMAGE_SIGNING_KEY
+from nvidia_driver.verify import Trust
 
 RELEASE = "amd64-usr/4593.2.5"
 ARTIFACT = f"{RELEASE}/flatcar_production_image.vmlinuz"
@@ -36,7 +39,6 @@ ARCHIVE = f"{RELEASE}/flatcar-container.tar.gz"
 CONTENT = bytes(range(256)) * 4096 + b"tail"  # 1 MiB and a bit: more than one read chunk
 BACKOFF = Backoff(attempts=3, first_delay=0.25, multiplier=2.0)
 
-FLATCAR_PRIMARY = "F88CFEDEFF29A5B4D9523864E25D9AED0593B34A"
 FLATCAR_DOCUMENTED_SUBKEY = "858A560F97C9AEB22EC1C732961DDDD5250D4A42"
 FLATCAR_NEWEST_SUBKEY = "52F145DFD00BBDCD928CBB5A32DA80F91EF52974"
 
@@ -90,9 +92,16 @@ def fetcher(cache: Path, keys: Keys, sleeps: list[float]) -> Fetcher:
     return make_fetcher(cache, keys.armored, sleeps)
 
 
-def make_fetcher(cache: Path, keyring: Path, sleeps: list[float]) -> Fetcher:
+def make_fetcher(
+    cache: Path,
+    keyring: Path,
+    sleeps: list[float],
+    trust: Trust | None = None,
+    timeout: float = 10,
+) -> Fetcher:
     # sleep=sleeps.append: the backoff is recorded, not waited for.
-    return Fetcher(cache, Commands(), keyring, BACKOFF, sleep=sleeps.append, timeout=10)
+    downloader = Downloader(DownloadLimits(timeout=timeout), BACKOFF, sleep=sleeps.append)
+    return Fetcher(cache, Commands(), trust or Trust.of_keyring(keyring), downloader)
 
 
 def publish(root: Path, name: str, content: bytes, signer: Signer) -> Path:
@@ -169,10 +178,18 @@ def test_backoff_needs_at_least_one_attempt() -> None:
         Backoff(attempts=0)
 
 
-def test_keyring_defaults_to_the_shipped_flatcar_key() -> None:
-    assert keyring_from_env({}) == FLATCAR_IMAGE_SIGNING_KEY
-    assert keyring_from_env({"FLATCAR_KEYRING": " "}) == FLATCAR_IMAGE_SIGNING_KEY
-    assert keyring_from_env({"FLATCAR_KEYRING": "/etc/test.gpg"}) == Path("/etc/test.gpg")
+def test_the_keyring_defaults_to_the_shipped_flatcar_key_pinned_and_refreshed() -> None:
+    flatcar = Trust(FLATCAR_IMAGE_SIGNING_KEY, FLATCAR_PRIMARY, FLATCAR_KEY_URL)
+    assert Trust.from_env({}) == flatcar
+    assert Trust.from_env({"FLATCAR_KEYRING": " "}) == flatcar
+    mirror = "https://mirror.example.internal/Flatcar_Image_Signing_Key.asc"
+    assert Trust.from_env({"FLATCAR_SIGNING_KEY_URL": mirror}).key_url == mirror
+    assert Trust.from_env({"FLATCAR_SIGNING_KEY_URL": "none"}).key_url is None
+
+
+def test_a_keyring_of_ones_own_is_neither_pinned_nor_refreshed() -> None:
+    own = Trust.from_env({"FLATCAR_KEYRING": "/etc/test.gpg", "FLATCAR_SIGNING_KEY_URL": "x"})
+    assert own == Trust(Path("/etc/test.gpg"), None, None)
 
 
 @pytest.mark.parametrize(
@@ -614,3 +631,73 @@ def test_stream_reports_a_truncation_the_caller_wrapped_in_its_own_error(
     assert isinstance(raised.value.__cause__, RuntimeError)
     assert server.requests[f"/{ARTIFACT}"] == 1
     assert leftovers(cache) == []
+
+
+# --- a signal during a download -------------------------------------------------------------
+
+
+def terminate_once_stalled(
+    server: ReleaseServer, signalled: list[float], busy: Path | None = None
+) -> threading.Thread:
+    """SIGTERM to this process once the server has sent half the body and stopped.
+
+    With busy, also once something is in that directory (the extraction has begun).
+    """
+
+    def terminate() -> None:
+        deadline = time.monotonic() + 10
+        while busy is not None and not any(busy.iterdir()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if server.stalling.wait(10):
+            time.sleep(0.1)  # the reading thread is now blocked on the socket
+            signalled.append(time.monotonic())
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    thread = threading.Thread(target=terminate)
+    thread.start()
+    return thread
+
+
+def test_a_signal_ends_a_streamed_extraction_at_once_and_keeps_nothing(
+    server: ReleaseServer, cache: Path, keys: Keys, tmp_path: Path
+) -> None:
+    # The extraction reads the download in a thread of its own; before, a signal was drained
+    # like a caller's error: the rest of the download was read (or waited for) first.
+    publish(server.root, ARCHIVE, BIG_ARCHIVE, keys.trusted)
+    server.stalled.add(f"/{ARCHIVE}")
+    fetcher = make_fetcher(cache, keys.armored, [], timeout=10)
+    incoming = tmp_path / "incoming"
+    incoming.mkdir()
+    signalled: list[float] = []
+
+    thread = terminate_once_stalled(server, signalled, busy=incoming)
+    with signals_raise(), pytest.raises(CaughtSignalError):
+        extract_container_tree(fetcher.stream(server.url(ARCHIVE)), incoming / "tree", None)
+    ended = time.monotonic()
+    thread.join()
+
+    assert ended - signalled[0] < 2  # not the 10 s read timeout
+    assert leftovers(cache) == []
+    assert list(incoming.iterdir()) == []
+
+
+def test_a_signal_ends_a_download_to_the_cache_at_once_and_keeps_nothing(
+    server: ReleaseServer, cache: Path, keys: Keys
+) -> None:
+    publish(server.root, ARTIFACT, CONTENT, keys.trusted)
+    server.stalled.add(f"/{ARTIFACT}")
+    fetcher = make_fetcher(cache, keys.armored, [], timeout=10)
+    signalled: list[float] = []
+
+    thread = terminate_once_stalled(server, signalled)
+    with signals_raise(), pytest.raises(CaughtSignalError):
+        fetcher.fetch(server.url(ARTIFACT))
+    ended = time.monotonic()
+    thread.join()
+
+    assert ended - signalled[0] < 2
+    assert leftovers(cache) == []
+
+
+def test_a_caught_signal_is_not_an_error_a_step_may_handle() -> None:
+    assert not issubclass(CaughtSignalError, Exception)

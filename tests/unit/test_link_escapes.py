@@ -43,6 +43,7 @@ from nvidia_driver.flatcar import ReleaseServer as FlatcarServer
 from nvidia_driver.links import escaping_links, resolve_within, tree_links
 from nvidia_driver.paths import Paths
 from nvidia_driver.release import ReleaseSources
+from nvidia_driver.verify import Trust
 
 VERSION = "4230.2.4"
 ARCHIVE = f"stable/amd64-usr/{VERSION}/flatcar-container.tar.gz"
@@ -151,7 +152,7 @@ def test_a_link_chain_in_the_container_tarball_changes_nothing_outside(
             Commands(),
             tmp_path / "cache",
             server=FlatcarServer(server.url("{channel}")),
-            keyring=keys.keyring,
+            trust=Trust.of_keyring(keys.keyring),
         )
         expected = (
             "signed by a key that is not in the keyring"

@@ -20,6 +20,7 @@ from nvidia_driver.build import BuildRequest, build_package, expected_sources_di
 from nvidia_driver.commands import Commands
 from nvidia_driver.config import DriverConfig
 from nvidia_driver.daemons import DaemonManager
+from nvidia_driver.download import abort_downloads
 from nvidia_driver.errors import CaughtSignalError, DriverError
 from nvidia_driver.host import HostFacts, read_host_facts
 from nvidia_driver.kerneltree import KernelTree, host_tree
@@ -138,6 +139,9 @@ def _read_holder(fd: int) -> str:
 
 
 def _raise_caught(signum: int, _frame: FrameType | None) -> None:
+    # A helper thread may be blocked reading a download (the tarball's inflater): wake it, so
+    # that the unwinding does not wait for the network.
+    abort_downloads()
     raise CaughtSignalError(signum)
 
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from nvidia_driver.commands import Commands
 from nvidia_driver.config import DriverConfig
-from nvidia_driver.errors import DriverError
+from nvidia_driver.errors import CaughtSignalError, DriverError
 from nvidia_driver.host import is_loaded
 from nvidia_driver.lifecycle import signals_raise, wait_for_signal
 from nvidia_driver.log import say
@@ -51,7 +51,7 @@ def reload_nvidia_peermem(
     try:
         with signals_raise():
             wait()
-    except Exception:  # noqa: BLE001 - any signal ends the sidecar cleanly
+    except CaughtSignalError:  # any signal ends the sidecar cleanly
         return 0
     return 0
 

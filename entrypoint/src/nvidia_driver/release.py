@@ -24,8 +24,9 @@ from pathlib import Path
 from nvidia_driver.atomic import write_atomically
 from nvidia_driver.build import CompilerMismatchError, Toolchain, choose_compiler
 from nvidia_driver.commands import Commands
+from nvidia_driver.download import Downloader, DownloadLimits
 from nvidia_driver.errors import DriverError
-from nvidia_driver.fetch import Fetcher, keyring_from_env
+from nvidia_driver.fetch import Fetcher
 from nvidia_driver.flatcar import Artifact, FlatcarVersion, ReleaseServer, release_server_from_env
 from nvidia_driver.kerneltree import (
     CONTAINER_TARBALL,
@@ -35,6 +36,7 @@ from nvidia_driver.kerneltree import (
     extract_developer_container,
 )
 from nvidia_driver.log import say
+from nvidia_driver.verify import Trust
 from nvidia_driver.vmlinuz import kernel_banner_from_file
 
 CACHE_ENV = "NVIDIA_DRIVER_CACHE_DIR"
@@ -87,19 +89,21 @@ class ReleaseSources:
     cache: Path
     server: ReleaseServer = field(default_factory=ReleaseServer)
     fetcher: Fetcher = field(init=False)
-    keyring: Path | None = None
+    trust: Trust = field(default_factory=Trust)
+    limits: DownloadLimits = field(default_factory=DownloadLimits)
 
     def __post_init__(self) -> None:
-        downloads = self.cache / "downloads"
-        if self.keyring is None:
-            self.fetcher = Fetcher(downloads, self.commands)
-        else:
-            self.fetcher = Fetcher(downloads, self.commands, keyring=self.keyring)
+        downloader = Downloader(self.limits)
+        self.fetcher = Fetcher(self.cache / "downloads", self.commands, self.trust, downloader)
 
     @classmethod
     def from_env(cls, commands: Commands, cache: Path, env: Mapping[str, str]) -> ReleaseSources:
         return cls(
-            commands, cache, server=release_server_from_env(env), keyring=keyring_from_env(env)
+            commands,
+            cache,
+            server=release_server_from_env(env),
+            trust=Trust.from_env(env),
+            limits=DownloadLimits.from_env(env),
         )
 
     def url(self, version: str, arch: str, artifact: Artifact) -> str:

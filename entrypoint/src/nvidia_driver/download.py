@@ -1,0 +1,429 @@
+"""HTTP(S) and file downloads with bounded time, bounded retries and a redirect policy.
+
+Every download of a URL is bounded three ways:
+
+* ``timeout``: no single read waits longer (the socket timeout);
+* ``min_rate``: over every ``rate_window`` seconds the body must arrive at least this fast, so a
+  server that trickles bytes (one every few seconds keeps a socket timeout from ever firing) is
+  dropped and retried;
+* ``deadline``: the whole download of one URL, every attempt and pause included, ends by then.
+
+Redirects are followed only on the same scheme, and only to the URL's own host or to one of
+``redirect_hosts``; any other is refused with one line. Failures worth another attempt
+(unreachable host, timeouts, HTTP 408/425/429/5xx, a truncated or too slow body) are retried
+with exponential backoff.
+
+A signal must end a download at once, even one a helper thread is blocked reading:
+:func:`abort_downloads` (called by the entrypoint's signal handler) shuts every open connection
+down, which wakes any read of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import os
+import re
+import socket
+import stat
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import IO, Protocol, TypeVar
+
+from nvidia_driver.errors import DriverError
+from nvidia_driver.log import warn
+
+CHUNK = 1 << 20
+SCHEMES = frozenset({"http", "https", "file"})
+USER_AGENT = "nvidia-driver-entrypoint (Flatcar GPU driver container)"
+NOT_FOUND = frozenset({HTTPStatus.NOT_FOUND, HTTPStatus.GONE})
+RETRYABLE = frozenset(
+    {HTTPStatus.REQUEST_TIMEOUT, HTTPStatus.TOO_EARLY, HTTPStatus.TOO_MANY_REQUESTS}
+)
+
+TIMEOUT_ENV = "NVIDIA_DRIVER_DOWNLOAD_TIMEOUT"
+DEADLINE_ENV = "NVIDIA_DRIVER_DOWNLOAD_DEADLINE"
+MIN_RATE_ENV = "NVIDIA_DRIVER_DOWNLOAD_MIN_RATE"
+REDIRECT_HOSTS_ENV = "NVIDIA_DRIVER_REDIRECT_HOSTS"
+# Sized for the biggest artifact, the ~480 MB developer container: at the minimum rate it
+# takes 2 h 2 min, within the deadline; the ~377 MB container tarball takes 1 h 36 min.
+DEFAULT_TIMEOUT = 60.0
+DEFAULT_DEADLINE = 9000.0
+DEFAULT_MIN_RATE = 64 << 10
+DEFAULT_RATE_WINDOW = 60.0
+# Flatcar's own release servers and website (the signing key): content from them is verified
+# like any other, so a redirect between them is harmless.
+DEFAULT_REDIRECT_HOSTS = ("*.release.flatcar-linux.net", "flatcar.org", "*.flatcar.org")
+MAX_REDIRECTS = 5
+
+_HOST_PATTERN = re.compile(r"(\*\.)?[a-z0-9]([a-z0-9.-]*[a-z0-9])?")
+_SIZE = re.compile(r"([0-9]+)([kKmM]?)")
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20}
+
+_T = TypeVar("_T")
+
+
+class TransientError(Exception):
+    """A download failure worth another attempt."""
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Bounded retries: ``attempts`` tries with exponentially growing pauses in between."""
+
+    attempts: int = 5
+    first_delay: float = 2.0
+    multiplier: float = 2.0
+    max_delay: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError(f"attempts must be at least 1, not {self.attempts}")
+
+    def delays(self) -> tuple[float, ...]:
+        """The pauses between attempts: one fewer than the attempts."""
+        return tuple(
+            min(self.first_delay * self.multiplier**retry, self.max_delay)
+            for retry in range(self.attempts - 1)
+        )
+
+
+@dataclass(frozen=True)
+class DownloadLimits:
+    """How long a download may take, how slow it may be, and where it may be redirected."""
+
+    timeout: float = DEFAULT_TIMEOUT  # seconds one read may wait
+    deadline: float = DEFAULT_DEADLINE  # seconds for one URL, all attempts included
+    min_rate: int = DEFAULT_MIN_RATE  # bytes per second over each window; 0: no minimum
+    rate_window: float = DEFAULT_RATE_WINDOW
+    redirect_hosts: tuple[str, ...] = DEFAULT_REDIRECT_HOSTS
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> DownloadLimits:
+        """The limits, with the ``NVIDIA_DRIVER_DOWNLOAD_*`` and redirect variables applied."""
+        return cls(
+            timeout=_seconds(env, TIMEOUT_ENV, DEFAULT_TIMEOUT),
+            deadline=_seconds(env, DEADLINE_ENV, DEFAULT_DEADLINE),
+            min_rate=_rate(env, MIN_RATE_ENV, DEFAULT_MIN_RATE),
+            redirect_hosts=_hosts(env, REDIRECT_HOSTS_ENV, DEFAULT_REDIRECT_HOSTS),
+        )
+
+
+def redirect_refusal(origin: str, target: str, allowed: tuple[str, ...]) -> str | None:
+    """Why a redirect from ``origin`` to ``target`` is refused; None when it is allowed."""
+    source, destination = urllib.parse.urlsplit(origin), urllib.parse.urlsplit(target)
+    if destination.scheme != source.scheme:
+        return f"it changes the scheme from {source.scheme} to {destination.scheme or 'none'}"
+    if _endpoint(source) == _endpoint(destination):
+        return None
+    host = (destination.hostname or "").lower()
+    if any(_host_matches(host, pattern) for pattern in allowed):
+        return None
+    hosts = ", ".join((source.hostname or "", *allowed))
+    return f"{host or 'no host'} is not among the allowed hosts ({hosts})"
+
+
+def abort_downloads() -> None:
+    """Shut down every open connection, waking whatever blocks reading one (signal-safe)."""
+    for opened in tuple(_IN_FLIGHT):
+        opened.abort()
+
+
+class _Body(Protocol):
+    def read1(self, size: int, /) -> bytes: ...
+
+    def fileno(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+class Opened:
+    """A response whose body is being read, paced, and the length its headers announced."""
+
+    def __init__(self, url: str, body: _Body, length: int | None, pace: _Pace) -> None:
+        self.url = url
+        self.length = length
+        self._body = body
+        self._pace = pace
+        self._connection = _connection_of(body)
+        if self._connection is not None:
+            _IN_FLIGHT.add(self)
+
+    def read(self, size: int) -> bytes:
+        """At most ``size`` bytes, after at most one read of the connection."""
+        try:
+            chunk = self._body.read1(size)
+        except (OSError, http.client.HTTPException) as exc:
+            raise TransientError(f"download of {self.url} broke off: {exc}") from exc
+        self._pace.received(self.url, len(chunk))
+        return chunk
+
+    def check_complete(self, size: int) -> None:
+        """Refuse a body that ended before its Content-Length (the server or link dropped)."""
+        if self.length is not None and size < self.length:
+            raise TransientError(
+                f"download of {self.url} was truncated: got {size} of {self.length} bytes"
+            )
+
+    def abort(self) -> None:
+        if self._connection is not None:
+            with contextlib.suppress(OSError):
+                self._connection.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        _IN_FLIGHT.discard(self)
+        if self._connection is not None:
+            self._connection.close()
+        self._body.close()
+
+
+@dataclass
+class _Pace:
+    """Refuses a download past its deadline, or slower than the minimum rate over a window."""
+
+    limits: DownloadLimits
+    clock: Callable[[], float]
+    ends: float  # the deadline, on clock
+    since: float = 0.0  # start of the current window
+    window_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        self.since = self.clock()
+
+    def received(self, url: str, size: int) -> None:
+        now = self.clock()
+        if now > self.ends:
+            raise DriverError(_past_deadline(url, self.limits))
+        self.window_bytes += size
+        elapsed = now - self.since
+        if elapsed < self.limits.rate_window:
+            return
+        rate = self.window_bytes / elapsed
+        if rate < self.limits.min_rate:
+            minimum = _per_second(self.limits.min_rate)
+            raise TransientError(
+                f"download of {url} is too slow: {_per_second(rate)} over the last "
+                f"{round(elapsed, 1):g} s, under the minimum of {minimum} ({MIN_RATE_ENV})"
+            )
+        self.since, self.window_bytes = now, 0
+
+
+@dataclass(frozen=True)
+class Downloader:
+    """Opens URLs within the limits, retrying what is worth retrying."""
+
+    limits: DownloadLimits = field(default_factory=DownloadLimits)
+    backoff: Backoff = field(default_factory=Backoff)
+    sleep: Callable[[float], None] = time.sleep
+    clock: Callable[[], float] = time.monotonic
+
+    def open(self, url: str) -> Opened:
+        """``url``'s response, its opening retried; the caller reads and closes it."""
+        return self.transfer(url, lambda opened: opened, close=False)
+
+    def transfer(self, url: str, use: Callable[[Opened], _T], *, close: bool = True) -> _T:
+        """Open ``url`` and hand the response to ``use``; a transient failure starts over."""
+        self._check_scheme(url)
+        ends = self.clock() + self.limits.deadline
+        delays = self.backoff.delays()
+        for attempt in range(self.backoff.attempts):
+            try:
+                opened = self._open(url, ends)
+                if not close:
+                    return use(opened)
+                try:
+                    return use(opened)
+                finally:
+                    opened.close()
+            except TransientError as exc:
+                if attempt == len(delays):
+                    raise DriverError(
+                        f"{exc} (gave up after {self.backoff.attempts} attempts); "
+                        "check the node's network, DNS and proxy settings"
+                    ) from exc
+                delay = delays[attempt]
+                if self.clock() + delay > ends:
+                    raise DriverError(f"{exc}; {_past_deadline(url, self.limits)}") from exc
+                warn(f"{exc}; retrying in {delay:g} s")
+                self.sleep(delay)
+        raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
+
+    def get_small(self, url: str, limit: int, what: str) -> bytes:
+        """The whole body of a small file, refused past ``limit`` bytes."""
+
+        def read(opened: Opened) -> bytes:
+            content = b""
+            while chunk := opened.read(CHUNK):
+                content += chunk
+                if len(content) > limit:
+                    raise DriverError(
+                        f"{url} is over {limit} bytes: not {what}; check the URL and any "
+                        "proxy in between"
+                    )
+            opened.check_complete(len(content))
+            return content
+
+        return self.transfer(url, read)
+
+    def _check_scheme(self, url: str) -> None:
+        if urllib.parse.urlsplit(url).scheme not in SCHEMES:
+            raise DriverError(f"cannot download {url}: only http, https and file URLs work")
+
+    def _open(self, url: str, ends: float) -> Opened:
+        remaining = ends - self.clock()
+        if remaining <= 0:
+            raise DriverError(_past_deadline(url, self.limits))
+        opener = urllib.request.build_opener(_RedirectPolicy(url, self.limits.redirect_hosts))
+        request = urllib.request.Request(url, headers={"User-Agent": USER_AGENT})  # noqa: S310 - scheme checked
+        try:
+            response = opener.open(request, timeout=min(self.limits.timeout, remaining))
+        except urllib.error.HTTPError as exc:
+            exc.close()  # it holds the error page's connection open
+            raise _http_failure(url, exc.code, exc.reason) from None
+        except urllib.error.URLError as exc:
+            if isinstance(exc.reason, FileNotFoundError):  # file:// URLs
+                raise not_found(url, "no such file") from None
+            raise TransientError(f"cannot reach {url}: {exc.reason}") from exc
+        except (OSError, http.client.HTTPException) as exc:
+            raise TransientError(f"cannot reach {url}: {exc}") from exc
+        length = _content_length(response.headers.get("Content-Length"))
+        return Opened(url, response, length, _Pace(self.limits, self.clock, ends))
+
+
+class _RedirectPolicy(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect only on the same scheme, to the same host or an allowed one."""
+
+    max_redirections = MAX_REDIRECTS
+
+    def __init__(self, origin: str, allowed: tuple[str, ...]) -> None:
+        super().__init__()
+        self.origin = origin
+        self.allowed = allowed
+
+    def redirect_request(  # noqa: PLR0917 - urllib's signature
+        self,
+        req: urllib.request.Request,
+        fp: IO[bytes],
+        code: int,
+        msg: str,
+        headers: http.client.HTTPMessage,
+        newurl: str,
+    ) -> urllib.request.Request | None:
+        refusal = redirect_refusal(self.origin, newurl, self.allowed)
+        if refusal is not None:
+            fp.close()
+            raise DriverError(
+                f"refusing the redirect of {req.full_url} to {newurl}: {refusal}; "
+                f"{REDIRECT_HOSTS_ENV} lists the hosts redirects may go to"
+            )
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+_IN_FLIGHT: set[Opened] = set()
+
+
+def _connection_of(body: _Body) -> socket.socket | None:
+    """A duplicate of the body's socket, to shut it down from elsewhere; None for files."""
+    try:
+        descriptor = body.fileno()
+        if not stat.S_ISSOCK(os.fstat(descriptor).st_mode):
+            return None
+        return socket.socket(fileno=os.dup(descriptor))
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _http_failure(url: str, code: int, reason: str) -> Exception:
+    if code in NOT_FOUND:
+        return not_found(url, f"HTTP {code}")
+    if code in RETRYABLE or code >= HTTPStatus.INTERNAL_SERVER_ERROR:
+        return TransientError(f"{url} answered HTTP {code} {reason}")
+    return DriverError(f"{url} answered HTTP {code} {reason}; check the URL and any proxy")
+
+
+def not_found(url: str, why: str) -> DriverError:
+    return DriverError(
+        f"{url} does not exist ({why}): no such Flatcar release or artifact; "
+        "check the Flatcar version and channel"
+    )
+
+
+def _past_deadline(url: str, limits: DownloadLimits) -> str:
+    return (
+        f"the download of {url} did not finish within {limits.deadline:g} s ({DEADLINE_ENV}); "
+        "use a faster mirror or raise the limit"
+    )
+
+
+def _per_second(rate: float) -> str:
+    return f"{rate / 1024:.1f} KiB/s"
+
+
+def _content_length(header: str | None) -> int | None:
+    try:
+        length = int(header or "")
+    except ValueError:
+        return None
+    return length if length >= 0 else None
+
+
+def _endpoint(url: urllib.parse.SplitResult) -> tuple[str, int | None]:
+    try:
+        port = url.port
+    except ValueError:
+        port = None
+    default = {"http": 80, "https": 443}.get(url.scheme)
+    return (url.hostname or "").lower(), port or default
+
+
+def _host_matches(host: str, pattern: str) -> bool:
+    if pattern.startswith("*."):
+        return host.endswith(pattern[1:])
+    return host == pattern
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    text = env.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise DriverError(f"{name}={text!r} is not a number of seconds above 0")
+    return value
+
+
+def _rate(env: Mapping[str, str], name: str, default: int) -> int:
+    text = env.get(name, "").strip()
+    if not text:
+        return default
+    match = _SIZE.fullmatch(text)
+    if match is None:
+        raise DriverError(
+            f"{name}={text!r} is not a rate: give bytes per second, optionally with K or M "
+            "(KiB/s, MiB/s), or 0 for no minimum"
+        )
+    return int(match[1]) * _UNITS[match[2].lower()]
+
+
+def _hosts(env: Mapping[str, str], name: str, default: tuple[str, ...]) -> tuple[str, ...]:
+    text = env.get(name, "").strip().lower()
+    if not text:
+        return default
+    if text == "none":
+        return ()
+    hosts = tuple(host for host in re.split(r"[\s,]+", text) if host)
+    wrong = [host for host in hosts if not _HOST_PATTERN.fullmatch(host)]
+    if wrong:
+        raise DriverError(
+            f"{name} lists {', '.join(wrong)}: give host names (or *.domain), comma-separated, "
+            "or 'none'"
+        )
+    return hosts
