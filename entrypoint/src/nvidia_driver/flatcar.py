@@ -6,6 +6,7 @@ Nothing here touches the network: callers fetch, these functions name and parse.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import string
@@ -13,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 from nvidia_driver.errors import DriverError
@@ -242,6 +244,42 @@ def parse_version_txt(text: str) -> VersionTxt:
         build_id=values["FLATCAR_BUILD_ID"],
         sdk_version=values["FLATCAR_SDK_VERSION"],
     )
+
+
+# --- /usr/share/flatcar/release: what a release's own files say they are ----------------------
+
+# Written into every Flatcar root by flatcar/scripts build_library/set_lsb_release, so both
+# flatcar-container.tar.gz and the developer container carry it; nothing else a release
+# publishes names the release and is covered by its signature.
+RELEASE_FILE = "usr/share/flatcar/release"
+_RELEASE_FILE_LIMIT = 4096
+
+
+def check_release_file(root: Path, version: str, arch: str, artifact: str) -> None:
+    """Refuse an unpacked artifact whose /usr/share/flatcar/release names another release.
+
+    The signature proves Flatcar made the file, not for which release: a mirror or proxy could
+    serve an older release's signed file, with its DIGESTS and signature, under this URL.
+    """
+    wanted = (str(FlatcarVersion.parse(version)), board_of(arch))
+    path = root / RELEASE_FILE
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(descriptor, "rb") as file:
+            text = file.read(_RELEASE_FILE_LIMIT).decode("utf-8", errors="replace")
+    except OSError as exc:
+        raise DriverError(
+            f"{artifact} has no readable /{RELEASE_FILE} ({exc.strerror or exc}), so it cannot "
+            f"be tied to Flatcar {wanted[0]}: refusing it; check the release URL and mirror"
+        ) from exc
+    values = parse_shell_assignments(text, source=f"/{RELEASE_FILE} of {artifact}")
+    found = (values.get("FLATCAR_RELEASE_VERSION", ""), values.get("FLATCAR_RELEASE_BOARD", ""))
+    if found != wanted:
+        raise DriverError(
+            f"{artifact} is signed by Flatcar but is the file of Flatcar {found[0] or '?'} "
+            f"({found[1] or '?'}), not of {wanted[0]} ({wanted[1]}): the mirror or a proxy served "
+            "another release's file under this URL; refusing it"
+        )
 
 
 # --- releases.json -----------------------------------------------------------------------------

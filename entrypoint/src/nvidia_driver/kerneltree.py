@@ -67,6 +67,7 @@ from typing import IO, BinaryIO, NamedTuple
 
 from nvidia_driver import limits
 from nvidia_driver.errors import DriverError
+from nvidia_driver.flatcar import RELEASE_FILE
 from nvidia_driver.links import escaping_links, resolve_within, tree_links
 from nvidia_driver.log import say, warn
 from nvidia_driver.paths import Paths
@@ -731,6 +732,8 @@ def _member_path(name: str) -> str:
 
 
 def _placement(path: str) -> _Placement | None:
+    if path == RELEASE_FILE:  # which release the archive is: checked once it is verified
+        return _Placement("release", path, "")
     if path.startswith(_MODULES_PREFIX):
         # usr, lib, modules, <kernel>, <entry>, the rest
         parts = path.split("/", _MODULES_DEPTH + 2)
@@ -967,7 +970,7 @@ class _ContainerExtraction:
     entries: int = 0  # files, links and directories written
 
     def writer(self, placement: _Placement) -> _Writer:
-        return self.tree if placement.area == "tree" else self.runtime
+        return self.runtime if placement.area == "runtime" else self.tree
 
     def refuse_escaping_links(self) -> None:
         """Each link was checked as text when written; here all are, by where they resolve."""
@@ -1205,9 +1208,10 @@ def extract_container_tree(
     Only once it has closed cleanly (the verdict: DIGESTS and signature) are the links checked
     by where they resolve, and the tree walked and its tools rewritten.
 
-    destination becomes a small root: usr/lib/modules/<kernel>/{build,source} and, in
-    usr/lib64, the loader and libraries the tree's host tools need (the tools are wrapped to
-    use them). kernel_release None takes the only kernel in the archive.
+    destination becomes a small root: usr/lib/modules/<kernel>/{build,source}, in usr/lib64
+    the loader and libraries the tree's host tools need (the tools are wrapped to use them),
+    and usr/share/flatcar/release, which names the release. kernel_release None takes the only
+    kernel in the archive.
     """
     say(f"Extracting the kernel build tree from {CONTAINER_TARBALL}...")
     destination = destination.absolute()  # make runs with -C: relative paths would break

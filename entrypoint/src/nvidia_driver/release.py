@@ -27,7 +27,14 @@ from nvidia_driver.commands import Commands
 from nvidia_driver.download import Downloader, DownloadLimits
 from nvidia_driver.errors import DriverError
 from nvidia_driver.fetch import Fetcher
-from nvidia_driver.flatcar import Artifact, FlatcarVersion, ReleaseServer, release_server_from_env
+from nvidia_driver.flatcar import (
+    RELEASE_FILE,
+    Artifact,
+    FlatcarVersion,
+    ReleaseServer,
+    check_release_file,
+    release_server_from_env,
+)
 from nvidia_driver.kerneltree import (
     CONTAINER_TARBALL,
     KernelTree,
@@ -52,6 +59,7 @@ DEVELOPER_CONTAINER_PATHS = [
     "bin", "sbin", "lib", "lib64", "etc",
     "usr/bin", "usr/sbin", "usr/lib", "usr/lib64", "usr/libexec", "usr/include",
     "usr/x86_64-cros-linux-gnu", "usr/aarch64-cros-linux-gnu",
+    RELEASE_FILE,  # which release it is, checked once unpacked
 ]  # fmt: skip
 _DEVICES = {"null": (1, 3), "zero": (1, 5), "urandom": (1, 9)}
 
@@ -125,14 +133,18 @@ class ReleaseSources:
         url = self.url(version, arch, Artifact.CONTAINER_TARBALL)
         final = self.cache / "trees" / _key(url)
         if (final / "usr/lib/modules" / kernel_release / "build/Makefile").is_file():
-            say(f"Using the cached kernel build tree of Flatcar {version} in {final}")
-            return _tree_in(final, kernel_release)
+            if _of_release(final, version, arch, url):
+                say(f"Using the cached kernel build tree of Flatcar {version} in {final}")
+                return _tree_in(final, kernel_release)
+            say(f"The cached tree in {final} does not name its release; fetching it again")
         final.parent.mkdir(parents=True, exist_ok=True)
-        # Extracted beside its final place and published only once the stream has verified.
+        # Extracted beside its final place and published only once the stream has verified
+        # and the verified tree says it is this release's.
         with tempfile.TemporaryDirectory(dir=final.parent, prefix=".incoming-") as incoming:
             staged = Path(incoming) / "tree"
             # Entered by the extraction: nothing is followed in the tree before the verdict.
             extract_container_tree(self.fetcher.stream(url), staged, kernel_release)
+            check_release_file(staged, version, arch, url)
             if final.exists():
                 shutil.rmtree(final)
             staged.rename(final)
@@ -142,10 +154,18 @@ class ReleaseSources:
         """The release's developer container, unpacked: its gcc built the kernel."""
         url = self.url(version, arch, Artifact.DEVELOPER_CONTAINER)
         root = self.cache / "devcontainers" / _key(url)
-        if not (root / "usr/lib/modules" / kernel_release / "build/Makefile").is_file():
+        complete = root / "usr/lib/modules" / kernel_release / "build/Makefile"
+        if not (complete.is_file() and _of_release(root, version, arch, url)):
             image = self.fetcher.fetch(url)
             say(f"Unpacking the developer container of Flatcar {version}...")
             extract_developer_container(image, root, DEVELOPER_CONTAINER_PATHS)
+            try:
+                check_release_file(root, version, arch, url)
+            except DriverError:
+                # Verified bytes of another release: keep neither them nor their URL record.
+                shutil.rmtree(root, ignore_errors=True)
+                self.fetcher.forget(url)
+                raise
         _provide_devices(root)
         return developer_container_tree(root, kernel_release)
 
@@ -173,6 +193,14 @@ class ReleaseSources:
                     f"{mismatch} (the developer container is unavailable: {unavailable})"
                 ) from unavailable
         return tree
+
+
+def _of_release(root: Path, version: str, arch: str, url: str) -> bool:
+    try:
+        check_release_file(root, version, arch, url)
+    except DriverError:
+        return False
+    return True
 
 
 def _tree_in(root: Path, kernel_release: str) -> KernelTree:
