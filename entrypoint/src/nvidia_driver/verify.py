@@ -92,7 +92,11 @@ class SignatureCheck:
         if self.trust.key_url is None or self.trust.primary is None:
             return keyrings
         info = signature_info(signature.read_bytes())
-        reason = self._why_refresh(info, scratch)
+        try:
+            reason = self._why_refresh(info, scratch)
+        except DriverError as exc:  # gpgv still decides; only the refresh is off
+            warn(f"cannot tell whether Flatcar's signing key needs refreshing: {exc}")
+            return keyrings
         if reason is None:
             return keyrings
         return self._refresh(url, info, reason, scratch) or keyrings
