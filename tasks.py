@@ -3,8 +3,8 @@
     invoke tags  [--variant precompiled] [--driver-version V] [--flatcar-version V] [--prefix P]
     invoke build [same] [--arch amd64|arm64|all] [--registry R] [--push]
     invoke push  [same]
-    invoke matrix  [--json] [--registry R] [--prefix P]
-    invoke publish --registry R [--dry-run] [--prefix P]
+    invoke matrix  [--json | --github-output] [--registry R] [--prefix P]
+    invoke publish --registry R [--arch A] [--step stage|merge|all] [--rebuild] [--dry-run]
     invoke sign    --registry R [--key K] [--no-sbom] [--require-cosign]
 
 Defaults: the newest driver in versions.toml, Flatcar's current stable release (from the
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 # The tooling and the entrypoint package it reuses (the Flatcar feed parser) live in this
@@ -34,14 +35,21 @@ from gdc import commands, images, matrix, plan, releases  # noqa: E402
 from gdc import publish as publishing  # noqa: E402
 from gdc import sign as signing  # noqa: E402
 from gdc import tags as tag_rules  # noqa: E402
+from gdc.builder import BuildSettings, DockerBuilder  # noqa: E402
 from gdc.docker_api import Buildx, Docker, DockerError, DockerSDK  # noqa: E402
 from gdc.registry import Registry, RegistryError, Repository, credentials_for  # noqa: E402
 from gdc.releases import ReleaseError  # noqa: E402
-from gdc.tags import TagError  # noqa: E402
-from gdc.tags import repository as join_repository  # noqa: E402
+from gdc.tags import TagError, Variant, check_repository  # noqa: E402
 from gdc.versions import Versions, VersionsError, load_versions  # noqa: E402
 
-FAILURES = (VersionsError, ReleaseError, TagError, DockerError, RegistryError)
+FAILURES = (
+    VersionsError,
+    ReleaseError,
+    TagError,
+    DockerError,
+    RegistryError,
+    publishing.BuildError,
+)
 
 SELECTION_HELP = {
     "variant": "build (compiles on the node) or precompiled (one per Flatcar release)",
@@ -53,11 +61,12 @@ SELECTION_HELP = {
     "prefix": "tag prefix for test builds, e.g. flatcar-test-<sha8>",
     "ci_prefix": "prefix from GitHub Actions: flatcar-test-<sha8> on a branch, none on a tag",
     "releases_url": "Flatcar releases.json URL (default: $FLATCAR_RELEASES_URL or flatcar.org)",
+    "lts_info_url": "Flatcar's lts-info URL (default: $FLATCAR_LTS_INFO_URL or flatcar's)",
 }
 BUILD_HELP = {
     **SELECTION_HELP,
     "push": "push every tag after building",
-    "base_image": "base image of the build image (default in the Dockerfile: debian:trixie-slim)",
+    "base_image": "base image of the build image (default: the Dockerfile's pinned Debian)",
     "driver_sha256": "the .run's SHA-256 (HEX or amd64=HEX,arm64=HEX) instead of versions.toml",
     "driver_base_url": "where NVIDIA-Linux-*.run files are (default: NVIDIA's tesla downloads)",
     "fabricmanager_base_url": "NVIDIA's redist base for fabric manager archives (or a mirror)",
@@ -70,22 +79,29 @@ BUILD_HELP = {
 
 MATRIX_HELP = {
     "json": "print one line of JSON for GitHub Actions (shape: tooling/gdc/matrix.py)",
+    "github_output": "write that JSON as json=... to $GITHUB_OUTPUT (fails if it cannot)",
     "registry": SELECTION_HELP["registry"],
     "image": SELECTION_HELP["image"],
     "prefix": SELECTION_HELP["prefix"],
+    "ci_prefix": SELECTION_HELP["ci_prefix"],
     "releases_url": SELECTION_HELP["releases_url"],
+    "lts_info_url": SELECTION_HELP["lts_info_url"],
     "versions_file": "the versions file (default: versions.toml at the repository root)",
 }
 PUBLISH_HELP = {
-    **{key: value for key, value in MATRIX_HELP.items() if key != "json"},
+    **{key: value for key, value in MATRIX_HELP.items() if key not in {"json", "github_output"}},
     "registry": "where to publish, e.g. ghcr.io/<owner> (required)",
+    "arch": "the arches to build here (default: versions.toml's; CI: one per native runner)",
+    "step": "stage (build and push each arch), merge (write the multi-arch tags) or all",
+    "variant": "only build or only precompiled images (default: both)",
+    "rebuild": "rebuild every image, whatever its recorded build inputs say",
     "dry_run": "print the plan and the summary; build, push and tag nothing",
     **{key: BUILD_HELP[key] for key in ("base_image", "driver_base_url", "fabricmanager_base_url",
                                         "release_base_url", "flatcar_keyring", "network",
                                         "docker_host")},
 }  # fmt: skip
 SIGN_HELP = {
-    **{key: value for key, value in MATRIX_HELP.items() if key != "json"},
+    **{key: value for key, value in MATRIX_HELP.items() if key not in {"json", "github_output"}},
     "registry": "where the images are, e.g. ghcr.io/<owner> (required)",
     "ci_prefix": SELECTION_HELP["ci_prefix"],
     "key": "cosign key reference (default: keyless, with the CI job's OIDC token)",
@@ -100,9 +116,9 @@ def connect_docker(docker_host: str, multi_arch: bool) -> Docker:
     return Buildx(sdk, docker_host=docker_host) if multi_arch else sdk
 
 
-def _git(c: Context, command: str) -> str:
+def _git(c: Context, command: str, default: str = "unknown") -> str:
     result = c.run(f"git {command}", hide=True, warn=True)
-    return result.stdout.strip() if result is not None and result.ok else "unknown"
+    return result.stdout.strip() if result is not None and result.ok else default
 
 
 def _request(c: Context, options: plan.Options) -> plan.Request:
@@ -112,6 +128,7 @@ def _request(c: Context, options: plan.Options) -> plan.Request:
         os.environ,
         git_commit=_git(c, "rev-parse HEAD"),
         source_url=_git(c, "remote get-url origin"),
+        created=_git(c, "log -1 --format=%cI", default=""),
     )
 
 
@@ -130,17 +147,32 @@ def _versions(versions_file: str) -> Versions:
     return load_versions(Path(versions_file)) if versions_file else load_versions()
 
 
-def _matrix(versions: Versions, releases_url: str, registry: str, image: str, prefix: str) -> (
-    matrix.Matrix
-):  # fmt: skip
+def _matrix(  # noqa: PLR0917 - the task options it needs
+    versions: Versions, releases_url: str, lts_info_url: str, registry: str, image: str,
+    prefix: str,
+) -> matrix.Matrix:  # fmt: skip
+    check_repository(registry, image)  # before the network is read
     feed = releases.load_feed(releases.feed_url(os.environ, releases_url))
-    return matrix.build_matrix(feed, versions, registry=registry, image=image, prefix=prefix)
+    lts = releases.lts_info(os.environ, override=lts_info_url) if "lts" in versions.channels \
+        else None  # fmt: skip
+    return matrix.build_matrix(feed, versions, lts_info=lts, registry=registry, image=image,
+                               prefix=prefix)  # fmt: skip
 
 
 def _registry(registry: str, image: str) -> tuple[Repository, Registry]:
-    repository = Repository.parse(join_repository(registry, image))
+    repository = Repository.parse(check_repository(registry, image))
     credentials = credentials_for(repository.host, os.environ)
     return repository, Registry(repository.host, credentials=credentials)
+
+
+def _choice(text: str, kind: type[publishing.Step | Variant], what: str) -> (
+    publishing.Step | Variant
+):  # fmt: skip
+    try:
+        return kind(text)
+    except ValueError:
+        known = ", ".join(member.value for member in kind)
+        raise Exit(f"invoke publish: unknown {what} {text!r}: use {known}", code=1) from None
 
 
 @task(help=SELECTION_HELP, auto_shortflags=False)
@@ -197,6 +229,7 @@ def build(  # noqa: PLR0917 - invoke maps each option to a parameter
                            _prefix(prefix, ci_prefix), releases_url, driver_sha256, network,
                            sources)  # fmt: skip
     try:
+        plan.check_options(options, push=push)
         request = _request(c, options)
         if request.multi_arch and not push:
             raise Exit("invoke build: a multi-arch build is pushed as it is built: add --push")
@@ -245,17 +278,30 @@ def push_(  # noqa: PLR0917 - invoke maps each option to a parameter
 def matrix_(  # noqa: PLR0917 - invoke maps each option to a parameter
     _c: Context,
     json: bool = False,
+    github_output: bool = False,
     registry: str = "",
     image: str = "driver",
     prefix: str = "",
+    ci_prefix: bool = False,
     releases_url: str = "",
+    lts_info_url: str = "",
     versions_file: str = "",
 ) -> None:
-    """List every image to publish: current Flatcar releases x drivers x arches."""
+    """List every image to publish: live Flatcar releases x drivers x arches."""
+    output = os.environ.get("GITHUB_OUTPUT", "")
+    if github_output and not output:
+        raise Exit("invoke matrix: --github-output needs $GITHUB_OUTPUT (GitHub Actions sets "
+                   "it); outside Actions use --json", code=1)  # fmt: skip
     try:
-        covered = _matrix(_versions(versions_file), releases_url, registry, image, prefix)
+        covered = _matrix(_versions(versions_file), releases_url, lts_info_url, registry, image,
+                          _prefix(prefix, ci_prefix))  # fmt: skip
     except FAILURES as exc:
         raise Exit(f"invoke matrix: {exc}", code=1) from None
+    if github_output:
+        with Path(output).open("a") as lines:
+            lines.write(f"json={matrix.to_json(covered)}\n")
+        print(matrix.to_table(covered), end="")
+        return
     print(matrix.to_json(covered) if json else matrix.to_table(covered), end="\n" if json else "")
 
 
@@ -265,8 +311,14 @@ def publish(  # noqa: PLR0917 - invoke maps each option to a parameter
     registry: str = "",
     image: str = "driver",
     prefix: str = "",
+    ci_prefix: bool = False,
     releases_url: str = "",
+    lts_info_url: str = "",
     versions_file: str = "",
+    arch: str = "",
+    step: str = "all",
+    variant: str = "",
+    rebuild: bool = False,
     dry_run: bool = False,
     base_image: str = "",
     driver_base_url: str = "",
@@ -276,25 +328,39 @@ def publish(  # noqa: PLR0917 - invoke maps each option to a parameter
     network: str = "host",
     docker_host: str = "",
 ) -> None:
-    """Build and push the images of the matrix that the registry lacks; print a summary."""
+    """Build and push what the registry lacks or what changed; merge the arches; summarize."""
+    started = time.monotonic()
+    chosen_step = publishing.Step(_choice(step, publishing.Step, "--step"))
+    chosen_variant = Variant(_choice(variant, Variant, "--variant")) if variant else None
     sources = plan.Sources(base_image, driver_base_url, fabricmanager_base_url, release_base_url,
                            Path(flatcar_keyring) if flatcar_keyring else None)  # fmt: skip
-    settings = publishing.BuildSettings(registry, image, prefix, sources, network,
-                                        _git(c, "rev-parse HEAD"),
-                                        _git(c, "remote get-url origin"))  # fmt: skip
+    tag_prefix = _prefix(prefix, ci_prefix)
+    settings = BuildSettings(registry, image, tag_prefix, sources, network,
+                             _git(c, "rev-parse HEAD"), _git(c, "remote get-url origin"),
+                             _git(c, "log -1 --format=%cI", default=""))  # fmt: skip
     try:
-        covered = _matrix(_versions(versions_file), releases_url, registry, image, prefix)
-        repository, client = _registry(registry, image)
-        builder = publishing.DockerBuilder(settings, covered.releases,
-                                           lambda multi: connect_docker(docker_host, multi),
-                                           _print)  # fmt: skip
-        outcomes = publishing.publish(covered, client, repository, builder, dry_run=dry_run)
+        if not registry:
+            raise TagError("--registry is required, e.g. ghcr.io/<your owner>")
+        versions = _versions(versions_file)
+        arches = plan.parse_arches(arch, versions) if arch else versions.arches
+        repository, client = _registry(registry, image)  # arguments, before any network
+        covered = _matrix(versions, releases_url, lts_info_url, registry, image, tag_prefix)
+        client.check(repository.name)  # once, up front: unreachable or denied stops here
+        with DockerBuilder(
+            settings, covered, lambda multi: connect_docker(docker_host, multi), _print
+        ) as builder:
+            outcomes = publishing.publish(covered, client, repository, builder, arches=arches,
+                                          step=chosen_step, variant=chosen_variant,
+                                          dry_run=dry_run, rebuild=rebuild)  # fmt: skip
     except FAILURES as exc:
         raise Exit(f"invoke publish: {exc}; nothing was built", code=1) from None
-    print(publishing.summary(outcomes, covered.excluded, repository), end="")
+    print(publishing.summary(outcomes, covered.excluded, repository, covered.notes), end="")
+    print(f"registry: {client.requests} requests ({client.retried} retried) in "
+          f"{time.monotonic() - started:.1f} s")  # fmt: skip
     failed = publishing.failures(outcomes)
     if failed:
-        message = (f"invoke publish: {len(failed)} of {len(outcomes)} images failed (see the "
+        would = "would fail" if dry_run else "failed"
+        message = (f"invoke publish: {len(failed)} of {len(outcomes)} images {would} (see the "
                    "summary); fix the cause and re-run: only what is missing is built")  # fmt: skip
         raise Exit(message, code=1)
 
@@ -307,6 +373,7 @@ def sign(  # noqa: PLR0917 - invoke maps each option to a parameter
     prefix: str = "",
     ci_prefix: bool = False,
     releases_url: str = "",
+    lts_info_url: str = "",
     versions_file: str = "",
     key: str = "",
     sbom: bool = True,
@@ -319,9 +386,8 @@ def sign(  # noqa: PLR0917 - invoke maps each option to a parameter
         print(f"invoke sign: {signing.NO_COSIGN}")
         return
     try:
-        covered = _matrix(
-            _versions(versions_file), releases_url, registry, image, _prefix(prefix, ci_prefix)
-        )
+        covered = _matrix(_versions(versions_file), releases_url, lts_info_url, registry,
+                          image, _prefix(prefix, ci_prefix))  # fmt: skip
         repository, client = _registry(registry, image)
         signer = signing.Signer(repository, key)
         results = signing.sign_images(covered, client, signer, sbom=sbom)

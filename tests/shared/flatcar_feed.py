@@ -14,6 +14,17 @@ from typing import Any
 
 RECENT_TSV = Path(__file__).with_name("resources") / "flatcar-releases-recent.tsv"
 LTS_STREAMS = {"4081": "2024"}  # LTS major -> stream year (lts-info)
+# lts-info (https://lts.release.flatcar-linux.net/lts-info): major:year:supported|unsupported,
+# as flatcar/scripts ci-automation/vendor-testing/qemu_update.sh reads it; the dead streams are
+# the ones releases.json still keeps markers for (current-2021 ... current-2023).
+LTS_INFO = {"2605": ("2021", False), "3033": ("2022", False), "3510": ("2023", False),
+            "4081": ("2024", True)}  # fmt: skip
+
+
+def lts_info_text(streams: dict[str, tuple[str, bool]] | None = None) -> str:
+    chosen = LTS_INFO if streams is None else streams
+    return "".join(f"{major}:{year}:{'supported' if live else 'unsupported'}\n"
+                   for major, (year, live) in chosen.items())  # fmt: skip
 
 
 def _version_key(version: str) -> tuple[int, ...]:

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from flatcar_feed import lts_info_text
 from simhost import (
     FLATCAR_OS_RELEASE_UNQUOTED,
     H100,
@@ -37,3 +38,12 @@ def host(tmp_path: Path) -> Iterator[SimulatedHost]:
     for pid in simulated.daemon_pids():
         if process_alive(pid):
             os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture(autouse=True)
+def lts_info(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Flatcar's lts-info as a local file: no unit test reads the network."""
+    path = tmp_path_factory.getbasetemp() / "lts-info"
+    path.write_text(lts_info_text())
+    monkeypatch.setenv("FLATCAR_LTS_INFO_URL", path.as_uri())
+    return path

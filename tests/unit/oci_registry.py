@@ -38,6 +38,7 @@ class OCIRegistry:
     username: str = ""  # token auth when set
     password: str = ""
     status: int = 0  # answer every /v2 request with this status when set
+    burst: list[tuple[int, str]] = field(default_factory=list)  # (status, Retry-After) next
     manifests: dict[str, dict[str, Stored]] = field(default_factory=dict)  # name -> ref -> ...
     blobs: dict[str, bytes] = field(default_factory=dict)
     log: list[tuple[str, str, str]] = field(default_factory=list)  # method, path, Authorization
@@ -79,11 +80,13 @@ class OCIRegistry:
         return digest
 
     def add_image(self, name: str, tags: list[str], arches: tuple[str, ...] = ("amd64",),
-                  *, index: bool = True, label: str = "") -> str:  # fmt: skip
+                  *, index: bool = True, label: str = "",
+                  labels: dict[str, str] | None = None) -> str:  # fmt: skip
         """An image with one platform per arch (an index, or one plain manifest); its digest."""
         platforms = []
         for arch in arches:
-            config = json.dumps({"os": "linux", "architecture": arch, "label": label}).encode()
+            config = json.dumps({"os": "linux", "architecture": arch, "label": label,
+                                 "config": {"Labels": labels or {}}}).encode()  # fmt: skip
             self.blobs[digest_of(config)] = config
             manifest = json.dumps({
                 "schemaVersion": 2, "mediaType": IMAGE,
@@ -119,6 +122,13 @@ class OCIRegistry:
             self._token(handler, urllib.parse.parse_qs(url.query))
             return
         head = method == "HEAD"  # a HEAD answer has headers only, or keep-alive breaks
+        with self._lock:
+            spoiled = self.burst.pop(0) if self.burst else None
+        if spoiled is not None:
+            status, retry_after = spoiled
+            headers = {"Retry-After": retry_after} if retry_after else {}
+            _send(handler, status, b'{"errors":[{"code":"TOOMANYREQUESTS"}]}', headers, head=head)
+            return
         if self.status:
             down = b'{"errors":[{"code":"UNAVAILABLE","message":"down"}]}'
             _send(handler, self.status, down, head=head)

@@ -6,12 +6,12 @@ import json
 from typing import Any
 
 import pytest
-from flatcar_feed import feed_entry, feed_from_tsv, with_markers
+from flatcar_feed import feed_entry, feed_from_tsv, lts_info_text, with_markers
 
 from gdc import matrix
-from gdc.releases import ReleaseError
+from gdc.coverage import LtsInfo, covered_releases, parse_lts_info
 from gdc.tags import Variant
-from gdc.versions import Versions, load_versions, parse_versions
+from gdc.versions import Versions, VersionsError, load_versions, parse_versions
 
 SUM = "ab" * 32
 
@@ -30,9 +30,17 @@ def _text(feed: dict[str, Any]) -> str:
     return json.dumps(feed)
 
 
+LTS = LtsInfo(parse_lts_info(lts_info_text()))
+
+
 def _covered(feed: dict[str, Any], versions: Versions) -> dict[str, tuple[str, ...]]:
-    covered, _ = matrix.covered_releases(_text(feed), versions)
+    covered, _, _ = covered_releases(_text(feed), versions, LTS)
     return {c.version: c.streams for c in covered}
+
+
+def _build(feed: dict[str, Any] | str, versions: Versions, **options: Any) -> matrix.Matrix:
+    text = feed if isinstance(feed, str) else _text(feed)
+    return matrix.build_matrix(text, versions, lts_info=LTS, **options)
 
 
 def test_the_current_release_of_every_channel_and_lts_stream() -> None:
@@ -62,18 +70,33 @@ def test_pinned_releases_are_covered_too() -> None:
     assert covered["4593.2.5"] == ("stable", "pinned")
 
 
-def test_an_lts_stream_with_no_release_for_months_is_no_longer_maintained() -> None:
+def test_dead_lts_streams_come_from_lts_info() -> None:
+    feed = feed_from_tsv()
+    feed["3510.3.8"] = feed_entry("lts", "2025-08-19", "5.15.189")
+    feed["current-2023"] = feed["3510.3.8"]  # releases.json keeps dead markers forever
+    covered, excluded, notes = covered_releases(_text(feed), _versions(), LTS)
+    assert "3510.3.8" not in {c.version for c in covered}
+    [exclusion] = excluded
+    assert (exclusion.flatcar, exclusion.reason) == (
+        "lts-2023",
+        "lts-2023 (Flatcar 3510) is no longer supported (lts-info)",
+    )
+    assert notes == ()
+    pinned = _covered(feed, _versions(pinned=("3510.3.8",)))
+    assert pinned["3510.3.8"] == ("pinned",)
+
+
+def test_without_lts_info_a_stream_is_judged_by_age_and_says_so() -> None:
     feed = feed_from_tsv()
     feed["3510.3.8"] = feed_entry("lts", "2025-06-30", "5.15.185")
     feed["current-2023"] = feed["3510.3.8"]
-    covered, excluded = matrix.covered_releases(_text(feed), _versions())
-    assert "3510.3.8" not in {c.version for c in covered}
+    unread = LtsInfo(unavailable="https://lts.example/lts-info: HTTP 503")
+    covered, excluded, notes = covered_releases(_text(feed), _versions(), unread)
+    assert {c.version: c.streams for c in covered}["4081.3.10"] == ("lts-2024",)
     [exclusion] = excluded
-    assert exclusion.flatcar == "3510.3.8"
     assert exclusion.reason.startswith("lts-2023's newest release is from 2025-06-30, 409 days")
-    assert "pin the release in versions.toml" in exclusion.reason
-    pinned = _covered(feed, _versions(pinned=("3510.3.8",)))
-    assert pinned["3510.3.8"] == ("pinned",)
+    assert "(lts-info unavailable)" in exclusion.reason
+    assert notes[0].startswith("lts-info could not be read (https://lts.example/lts-info: HTTP")
 
 
 def test_a_current_release_without_a_kernel_is_excluded_not_replaced() -> None:
@@ -81,30 +104,34 @@ def test_a_current_release_without_a_kernel_is_excluded_not_replaced() -> None:
     feed["4790.0.1"] = feed_entry("alpha", "2026-08-20", None)
     feed["4593.2.6"] = feed_entry("stable", "2026-08-20", None)
     feed = with_markers(feed)  # current now copies 4593.2.6, kernel and all
-    covered, excluded = matrix.covered_releases(_text(feed), _versions())
+    covered, excluded, _ = covered_releases(_text(feed), _versions(), LTS)
     assert {c.version for c in covered} == {"4081.3.10", "4757.1.0"}
-    assert [(x.flatcar, x.driver, x.arch) for x in excluded] == [
-        ("4790.0.1", "*", "*"),
+    assert sorted((x.flatcar, x.driver, x.arch) for x in excluded) == [
         ("4593.2.6", "*", "*"),
+        ("4790.0.1", "*", "*"),
     ]
-    assert excluded[0].reason == (
+    assert next(x for x in excluded if x.flatcar == "4790.0.1").reason == (
         "Flatcar 4790.0.1 (alpha) has no kernel in the releases feed (major_software.kernel): "
-        "nothing is built or tagged for it until the feed lists one; re-run later"
+        "nothing is built or tagged for it until the feed is fixed; re-run later"
     )
 
 
 def test_an_old_release_without_a_kernel_does_not_matter() -> None:
     feed = feed_from_tsv()
     feed["4593.0.0"] = feed_entry("alpha", "2026-01-27", None)
-    covered, excluded = matrix.covered_releases(_text(feed), _versions())
+    covered, excluded, notes = covered_releases(_text(feed), _versions(), LTS)
     assert len(covered) == 4
     assert excluded == ()
+    assert notes == (
+        "1 older feed entry cannot be read, ignored: 4593.0.0 has no kernel in the "
+        "releases feed (major_software.kernel)",
+    )
 
 
 def test_a_pinned_release_missing_from_the_feed_or_its_kernel_is_excluded() -> None:
     feed = feed_from_tsv()
     feed["4628.1.3"] = feed_entry("beta", "2026-06-01", None)
-    _, excluded = matrix.covered_releases(_text(feed), _versions(pinned=("4628.1.3", "1.2.3")))
+    _, excluded, _ = covered_releases(_text(feed), _versions(pinned=("4628.1.3", "1.2.3")), LTS)
     assert [x.flatcar for x in excluded] == ["4628.1.3", "1.2.3"]
     assert "(pinned) has no kernel" in excluded[0].reason
     assert excluded[1].reason == (
@@ -112,24 +139,18 @@ def test_a_pinned_release_missing_from_the_feed_or_its_kernel_is_excluded() -> N
     )
 
 
-def test_entries_cross_drivers_releases_and_arches() -> None:
+def test_images_cross_drivers_kernels_and_arches() -> None:
     versions = _versions("580.178.04", "610.57.04", channels=("stable", "lts"))
-    built = matrix.build_matrix(_text(feed_from_tsv()), versions, registry="ghcr.io/me")
-    assert [entry.id for entry in built.entries] == [
-        "build-580.178.04-amd64",
-        "build-580.178.04-arm64",
-        "precompiled-580.178.04-4081.3.10-amd64",
-        "precompiled-580.178.04-4081.3.10-arm64",
-        "precompiled-580.178.04-4593.2.5-amd64",
-        "precompiled-580.178.04-4593.2.5-arm64",
-        "build-610.57.04-amd64",
-        "build-610.57.04-arm64",
-        "precompiled-610.57.04-4081.3.10-amd64",
-        "precompiled-610.57.04-4081.3.10-arm64",
-        "precompiled-610.57.04-4593.2.5-amd64",
-        "precompiled-610.57.04-4593.2.5-arm64",
+    built = _build(feed_from_tsv(), versions, registry="ghcr.io/me")
+    assert [(i.id, i.arches) for i in built.images] == [
+        ("build-580.178.04", ("amd64", "arm64")),
+        ("build-610.57.04", ("amd64", "arm64")),
+        ("precompiled-580.178.04-6.6.150-flatcar", ("amd64",)),
+        ("precompiled-580.178.04-6.12.102-flatcar", ("amd64", "arm64")),
+        ("precompiled-610.57.04-6.6.150-flatcar", ("amd64",)),
+        ("precompiled-610.57.04-6.12.102-flatcar", ("amd64", "arm64")),
     ]
-    build, precompiled = built.entries[6], built.entries[10]
+    build, precompiled = built.images[1], built.images[5]
     assert build.tags.references == (
         "ghcr.io/me/driver:610.57.04-flatcar",
         "ghcr.io/me/driver:610.57.04-flatcar-flatcar4081.3.10",
@@ -138,68 +159,101 @@ def test_entries_cross_drivers_releases_and_arches() -> None:
     assert precompiled.variant is Variant.PRECOMPILED
     assert precompiled.tags.tags == (
         "610.57.04-flatcar4593.2.5",
+        "610-6.12.102-flatcar-flatcar4081.3.10",
         "610-6.12.102-flatcar-flatcar4593.2.5",
     )
+
+
+def test_arm64_releases_with_x86_host_tools_in_their_tree_are_excluded_with_the_reason() -> None:
+    built = _build(feed_from_tsv(), _versions(channels=("lts",)))
+    [lts] = [i for i in built.images if i.variant is Variant.PRECOMPILED]
+    assert lts.arches == ("amd64",)
+    [exclusion] = built.excluded
+    assert (exclusion.flatcar, exclusion.arch) == ("4081.3.10", "arm64")
+    assert exclusion.reason.startswith("Flatcar 4081.3.10's arm64 module build tree carries "
+                                       "x86-64 host tools")  # fmt: skip
+    assert matrix.arch_problem(built.releases[0], "amd64") == ""
+    for version, channel, problem in (("4230.1.0", "beta", False), ("4230.0.1", "alpha", True),
+                                      ("4277.0.0", "alpha", False), ("4230.2.0", "stable", False),
+                                      ("4186.1.1", "beta", True)):  # fmt: skip
+        feed = with_markers({version: feed_entry(channel, "2026-01-01", "6.6.1")})
+        covered = _build(feed, _versions(channels=(channel,)))
+        assert bool(matrix.arch_problem(covered.releases[0], "arm64")) is problem, version
+
+
+def test_one_precompiled_image_carries_every_live_release_of_its_kernel() -> None:
+    built = _build(feed_from_tsv(), _versions())
+    [kernel_image] = [i for i in built.images if i.kernel == "6.12.102-flatcar"]
+    assert [c.version for c in kernel_image.platform("arm64").releases] == [
+        "4593.2.5", "4757.1.0", "4790.0.0"]  # fmt: skip
+    assert kernel_image.tags.tags[:3] == (
+        "610.57.04-flatcar4593.2.5",
+        "610.57.04-flatcar4757.1.0",
+        "610.57.04-flatcar4790.0.0",
+    )
+    assert "610-6.12.102-flatcar-flatcar4081.3.10" in kernel_image.tags.tags
 
 
 def test_a_branch_a_kernel_broke_is_excluded_unless_a_patch_fixes_it() -> None:
     """535 and 570 ship the pci_resize_resource patch, 560 has none, 580 needs none."""
     versions = _versions("535.261.03", "560.35.03", "570.195.03", "580.178.04")
-    built = matrix.build_matrix(_text(feed_from_tsv()), versions)
-    excluded = [(x.driver, x.flatcar) for x in built.excluded]
-    assert excluded == [("560.35.03", "4593.2.5"), ("560.35.03", "4757.1.0"),
-                        ("560.35.03", "4790.0.0")]  # fmt: skip
-    reason = built.excluded[0].reason
+    built = _build(feed_from_tsv(), versions)
+    broken = [(x.driver, x.flatcar) for x in built.excluded if x.variant == "*"]
+    assert broken == [("560.35.03", "4593.2.5"), ("560.35.03", "4757.1.0"),
+                      ("560.35.03", "4790.0.0")]  # fmt: skip
+    reason = next(x.reason for x in built.excluded if x.driver == "560.35.03")
     assert reason.startswith(
         "driver 560.35.03 kernel-open does not build on kernel 6.12.102-flatcar: it needs patch "
         "pci-resize-resource-exclude-bars (kernels from 6.12.97; fixed by NVIDIA from branch 580)"
     )
     assert "patches/index.json has none for branch 560" in reason
-    build_560 = next(e for e in built.entries if e.id == "build-560.35.03-amd64")
+    build_560 = next(i for i in built.images if i.id == "build-560.35.03")
     assert build_560.aliases == ("4081.3.10",)  # LTS 4081 runs 6.6: unaffected
-    assert {e.release.version for e in built.entries
-            if e.driver.version == "570.195.03" and e.release} == {
-        "4081.3.10", "4593.2.5", "4757.1.0", "4790.0.0"}  # fmt: skip
+    assert {c.version for i in built.images if i.driver.version == "570.195.03"
+            for c in i.releases} == {"4081.3.10", "4593.2.5", "4757.1.0", "4790.0.0"}  # fmt: skip
 
 
-def test_a_release_not_built_for_an_arch_gets_no_image_for_it() -> None:
+def test_a_release_not_built_for_an_arch_gets_no_platform_for_it() -> None:
     feed = feed_from_tsv()
     feed["4790.0.0"]["architectures"] = ["amd64"]
-    feed = with_markers(feed)
-    built = matrix.build_matrix(_text(feed), _versions(channels=("alpha",)))
-    assert [e.id for e in built.entries] == [
-        "build-610.57.04-amd64", "build-610.57.04-arm64", "precompiled-610.57.04-4790.0.0-amd64"
-    ]  # fmt: skip
+    built = _build(with_markers(feed), _versions(channels=("alpha",)))
+    assert [(i.id, i.arches) for i in built.images] == [
+        ("build-610.57.04", ("amd64", "arm64")),
+        ("precompiled-610.57.04-6.12.102-flatcar", ("amd64",)),
+    ]
     [exclusion] = built.excluded
     assert (exclusion.variant, exclusion.arch) == ("precompiled", "arm64")
     assert exclusion.reason == "Flatcar 4790.0.0 is not released for arm64"
 
 
-def test_no_release_covered_means_no_image() -> None:
-    feed = with_markers({"4790.0.1": feed_entry("alpha", "2026-08-20", None)})
-    built = matrix.build_matrix(_text(feed), _versions())
-    assert built.entries == ()
-    assert [x.flatcar for x in built.excluded] == ["4790.0.1"]
+def test_a_duplicate_branch_is_refused() -> None:
+    with pytest.raises(VersionsError, match="drivers 580.105.08 and 580.178.04 are both branch "
+                       "580: keep one driver per branch"):  # fmt: skip
+        _versions("580.105.08", "580.178.04")
 
 
-def test_the_json_is_one_line_of_include_entries_with_the_same_keys() -> None:
+def test_the_json_is_one_line_with_the_same_keys_in_every_entry() -> None:
     versions = _versions(channels=("stable",), arches=("amd64",))
-    text = matrix.to_json(matrix.build_matrix(_text(feed_from_tsv()), versions, prefix="t"))
+    text = matrix.to_json(_build(feed_from_tsv(), versions, prefix="t"))
     assert "\n" not in text
     document = json.loads(text)
-    assert set(document) == {"include", "excluded", "releases", "drivers"}
+    assert set(document) == {"include", "excluded", "releases", "drivers", "arches", "group",
+                             "notes"}  # fmt: skip
     assert document["drivers"] == ["610.57.04"]
+    assert document["arches"] == [{"arch": "amd64", "runner": "ubuntu-24.04",
+                                   "group": "publish driver:t amd64"}]  # fmt: skip
+    assert document["group"] == "publish driver:t"
     build, precompiled = document["include"]
     assert build == {
         "id": "build-610.57.04-amd64", "variant": "build", "driver": "610.57.04",
-        "branch": "610", "arch": "amd64", "flatcar": "", "channel": "", "streams": [],
+        "branch": "610", "arch": "amd64", "flatcar": [], "streams": [],
         "kernel": "", "aliases": ["4593.2.5"], "repository": "driver",
         "tags": ["t-610.57.04-flatcar", "t-610.57.04-flatcar-flatcar4593.2.5"],
     }  # fmt: skip
     assert precompiled == {
-        "id": "precompiled-610.57.04-4593.2.5-amd64", "variant": "precompiled",
-        "driver": "610.57.04", "branch": "610", "arch": "amd64", "flatcar": "4593.2.5",
-        "channel": "stable", "streams": ["stable"], "kernel": "6.12.102-flatcar",
+        "id": "precompiled-610.57.04-6.12.102-flatcar-amd64", "variant": "precompiled",
+        "driver": "610.57.04", "branch": "610", "arch": "amd64", "flatcar": ["4593.2.5"],
+        "streams": ["stable"], "kernel": "6.12.102-flatcar",
         "aliases": [], "repository": "driver",
         "tags": ["t-610.57.04-flatcar4593.2.5", "t-610-6.12.102-flatcar-flatcar4593.2.5"],
     }  # fmt: skip
@@ -210,47 +264,21 @@ def test_the_json_is_one_line_of_include_entries_with_the_same_keys() -> None:
     assert document["excluded"] == []
 
 
-def test_the_json_lists_exclusions_with_their_reasons() -> None:
+def test_the_table_lists_releases_images_exclusions_and_notes() -> None:
     feed = feed_from_tsv()
     feed["4790.0.1"] = feed_entry("alpha", "2026-08-20", None)
-    document = json.loads(matrix.to_json(matrix.build_matrix(_text(feed), _versions())))
-    [excluded] = document["excluded"]
-    assert set(excluded) == {"variant", "driver", "flatcar", "arch", "reason"}
-    assert excluded["flatcar"] == "4790.0.1"
-
-
-def test_the_table_lists_releases_images_and_exclusions() -> None:
-    feed = feed_from_tsv()
-    feed["4790.0.1"] = feed_entry("alpha", "2026-08-20", None)
+    feed["bogus"] = {"channel": "stable"}
     versions = _versions("580.178.04", channels=("stable", "alpha"), arches=("amd64",))
-    table = matrix.to_table(matrix.build_matrix(_text(feed), versions)).splitlines()
+    table = matrix.to_table(_build(feed, versions)).splitlines()
     assert table[:3] == [
         "Flatcar releases (1):",
         "FLATCAR   STREAMS  KERNEL            ARCHES",
         "4593.2.5  stable   6.12.102-flatcar  amd64,arm64",
     ]
-    assert table[5:8] == [
-        "VARIANT      DRIVER      FLATCAR   KERNEL            ARCH   TAGS",
-        "build        580.178.04  -         -                 amd64  580.178.04-flatcar (+1 alias)",
-        (
-            "precompiled  580.178.04  4593.2.5  6.12.102-flatcar  amd64  "
-            "580.178.04-flatcar4593.2.5, 580-6.12.102-flatcar-flatcar4593.2.5"
-        ),
-    ]
+    assert table[5].split() == ["VARIANT", "DRIVER", "FLATCAR", "KERNEL", "ARCHES", "TAGS"]
+    assert table[6].split() == ["build", "580.178.04", "-", "-", "amd64", "580.178.04-flatcar",
+                                "(+1", "tag)"]  # fmt: skip
     assert table[9] == "Excluded (1):"
     assert table[11].startswith("*        *       4790.0.1  *     Flatcar 4790.0.1 (alpha) has no")
-
-
-@pytest.mark.parametrize(
-    ("feed", "message"),
-    [
-        ("{not json", "the Flatcar releases feed is not JSON"),
-        ("[1, 2]", "not an object keyed by version"),
-        (json.dumps({"4593.2.5": {"channel": "stable", "major_software": {"kernel": ["6.1"]}}}),
-         "releases feed: release 4593.2.5: architectures is not a list"),
-    ],
-)  # fmt: skip
-def test_a_malformed_feed_is_one_clear_error(feed: str, message: str) -> None:
-    with pytest.raises(ReleaseError, match=message) as error:
-        matrix.build_matrix(feed, _versions())
-    assert "\n" not in str(error.value)
+    assert table[13] == "Notes (1):"
+    assert table[14].startswith("- the releases feed has 1 key(s) that are neither a version")

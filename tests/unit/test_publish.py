@@ -10,15 +10,18 @@ from typing import Any
 
 import pytest
 import tasks
-from flatcar_feed import feed_entry, feed_from_tsv, with_markers
+from flatcar_feed import feed_entry, feed_from_tsv, lts_info_text, with_markers
 from invoke.context import MockContext
 from invoke.exceptions import Exit
 from invoke.runners import Result
 from oci_registry import OCIRegistry
 
-from gdc import matrix, publish
+from gdc import inputs, matrix, publish
+from gdc.coverage import LtsInfo, parse_lts_info
 from gdc.docker_api import BuildJob, DockerError, ImageInfo, Progress
-from gdc.publish import Action, Image, Status
+from gdc.images import Base
+from gdc.matrix import Image
+from gdc.publish import BuildError, Status, Step
 from gdc.registry import Registry, Repository
 from gdc.tags import Variant
 from gdc.versions import Versions, parse_versions
@@ -26,12 +29,15 @@ from gdc.versions import Versions, parse_versions
 SUM = "ab" * 32
 NAME = "gdc/driver"
 BUILD = "610.57.04-flatcar"
+KERNEL_IMAGE = "610.57.04-flatcar4593.2.5"  # the first tag of the 6.12.102 image
+LTS_IMAGE = "610.57.04-flatcar4081.3.10"
 
 
-def _versions(arches: tuple[str, ...] = ("amd64", "arm64"), sums: bool = True) -> Versions:
+def _versions(arches: tuple[str, ...] = ("amd64", "arm64"), sums: bool = True,
+              channels: tuple[str, ...] = ("stable", "lts")) -> Versions:  # fmt: skip
     checksums = dict.fromkeys(arches, SUM if sums else "TODO")
     return parse_versions({
-        "images": {"channels": ["stable", "lts"], "arches": list(arches)},
+        "images": {"channels": list(channels), "arches": list(arches)},
         "drivers": {"610.57.04": {"sha256": checksums}},
     })  # fmt: skip
 
@@ -44,35 +50,50 @@ def registry() -> Iterator[OCIRegistry]:
 
 @dataclass
 class FakeBuilder:
-    """Pushes a made-up image with every tag and arch, as a buildx build would."""
+    """Pushes a made-up image per arch under the staging tag, recording its inputs."""
 
     registry: OCIRegistry
-    built: list[str] = field(default_factory=list)
+    entrypoint: str = "v1"
+    built: list[str] = field(default_factory=list)  # "<first tag> <arch>"
     failing: set[str] = field(default_factory=set)  # first tags whose build fails
 
-    def __call__(self, image: Image, build_image: str) -> None:
-        first = image.tags.tags[0]
-        self.built.append(first)
-        if first in self.failing:
-            raise DockerError("docker build failed: returned a non-zero code: 2\nStep 3/9 : RUN")
+    def base(self, image: Image, arch: str) -> Base:
+        return Base("debian@sha256:" + "1" * 64, "sha256:" + "1" * 64)
+
+    def inputs(self, image: Image, arch: str, base: Base) -> dict[str, str]:
+        found = {"base": base.digest, "entrypoint": self.entrypoint}
         if image.variant is Variant.PRECOMPILED:
-            assert build_image == f"{self.registry.host}/{NAME}:{BUILD}"
-            assert BUILD in self.registry.tags(NAME)
-        self.registry.add_image(NAME, list(image.tags.tags), image.arches, label=first)
+            releases = image.platform(arch).releases
+            found[inputs.RELEASES] = " ".join(c.version for c in releases)
+        return found
+
+    def build(self, image: Image, arch: str, base: Base) -> None:
+        first = image.tags.tags[0]
+        self.built.append(f"{first} {arch}")
+        if first in self.failing:
+            raise BuildError("docker build failed: returned a non-zero code: 2")
+        if image.variant is Variant.PRECOMPILED:
+            assert base.name == f"{self.registry.host}/{NAME}:610.57.04-flatcar-{arch}"
+        labels = {inputs.INPUTS_LABEL: inputs.to_label(self.inputs(image, arch, base))}
+        # Every build is a new image, as a real one is (its config has the build's date).
+        self.registry.add_image(NAME, [image.staging_tag(arch)], (arch,), index=False,
+                                labels=labels, label=f"{first} build {len(self.built)}")  # fmt: skip
 
 
 def _matrix(registry: OCIRegistry, feed: dict[str, Any] | None = None,
             versions: Versions | None = None) -> matrix.Matrix:  # fmt: skip
     feed_text = json.dumps(feed or feed_from_tsv())
-    return matrix.build_matrix(feed_text, versions or _versions(), registry=f"{registry.host}/gdc")
+    lts = LtsInfo(parse_lts_info(lts_info_text()))
+    return matrix.build_matrix(feed_text, versions or _versions(), lts_info=lts,
+                               registry=f"{registry.host}/gdc")  # fmt: skip
 
 
 def _publish(registry: OCIRegistry, builder: FakeBuilder, covered: matrix.Matrix,
-             dry_run: bool = False) -> tuple[list[publish.Outcome], list[str]]:  # fmt: skip
+             **options: Any) -> tuple[list[publish.Outcome], list[str]]:  # fmt: skip
     said: list[str] = []
     repository = Repository(registry.host, NAME)
-    outcomes = publish.publish(covered, Registry(registry.host), repository, builder,
-                               dry_run=dry_run, say=said.append)  # fmt: skip
+    client = Registry(registry.host, sleep=lambda _seconds: None)
+    outcomes = publish.publish(covered, client, repository, builder, say=said.append, **options)
     return outcomes, said
 
 
@@ -80,41 +101,82 @@ def _statuses(outcomes: list[publish.Outcome]) -> list[tuple[str, str]]:
     return [(o.image.tags.tags[0], o.status.value) for o in outcomes]
 
 
-def test_images_group_the_arches_of_one_tag_set_build_images_first(
+def test_one_build_image_per_driver_and_one_precompiled_image_per_kernel(
     registry: OCIRegistry,
 ) -> None:
-    images = publish.images_of(_matrix(registry))
-    assert [(i.variant.value, i.tags.tags[0], i.arches) for i in images] == [
-        ("build", BUILD, ("amd64", "arm64")),
-        ("precompiled", "610.57.04-flatcar4081.3.10", ("amd64", "arm64")),
-        ("precompiled", "610.57.04-flatcar4593.2.5", ("amd64", "arm64")),
-    ]
+    covered = _matrix(registry, versions=_versions(channels=("stable", "beta", "alpha", "lts")))
+    assert [(i.variant.value, i.kernel, [c.version for c in i.releases]) for i in covered.images
+            ] == [("build", "", []),
+                  ("precompiled", "6.6.150-flatcar", ["4081.3.10"]),
+                  ("precompiled", "6.12.102-flatcar", ["4593.2.5", "4757.1.0", "4790.0.0"])]  # fmt: skip
+    kernel_image = covered.images[2]
+    assert kernel_image.tags.tags == (
+        "610.57.04-flatcar4593.2.5", "610.57.04-flatcar4757.1.0", "610.57.04-flatcar4790.0.0",
+        # The cross-release aliases: whatever the first GPU node runs, a node on 6.12.102
+        # finds this image.
+        "610-6.12.102-flatcar-flatcar4081.3.10", "610-6.12.102-flatcar-flatcar4593.2.5",
+        "610-6.12.102-flatcar-flatcar4757.1.0", "610-6.12.102-flatcar-flatcar4790.0.0",
+    )  # fmt: skip
+    assert kernel_image.staging_tag("arm64") == "610.57.04-6.12.102-flatcar-arm64"
+    # LTS 4081's arm64 tree has x86-64 host tools: no arm64 platform for it.
+    assert covered.images[1].arches == ("amd64",)
 
 
 def test_from_empty_everything_is_built_and_a_second_run_builds_nothing(
     registry: OCIRegistry,
 ) -> None:
     builder = FakeBuilder(registry)
-    outcomes, _ = _publish(registry, builder, _matrix(registry))
-    assert _statuses(outcomes) == [
-        (BUILD, "built"),
-        ("610.57.04-flatcar4081.3.10", "built"),
-        ("610.57.04-flatcar4593.2.5", "built"),
-    ]
-    assert outcomes[0].digest == registry.tags(NAME)[BUILD]
-    assert set(registry.tags(NAME)) == {
-        BUILD, f"{BUILD}-flatcar4081.3.10", f"{BUILD}-flatcar4593.2.5",
-        "610.57.04-flatcar4081.3.10", "610-6.6.150-flatcar-flatcar4081.3.10",
-        "610.57.04-flatcar4593.2.5", "610-6.12.102-flatcar-flatcar4593.2.5",
-    }  # fmt: skip
+    outcomes, said = _publish(registry, builder, _matrix(registry))
+    assert _statuses(outcomes) == [(BUILD, "built"), (LTS_IMAGE, "built"),
+                                   (KERNEL_IMAGE, "built")]  # fmt: skip
+    assert builder.built == [f"{BUILD} amd64", f"{BUILD} arm64", f"{LTS_IMAGE} amd64",
+                             f"{KERNEL_IMAGE} amd64", f"{KERNEL_IMAGE} arm64"]  # fmt: skip
+    assert said[0] == f"[1/3] build 610.57.04: {registry.host}/{NAME}:{BUILD}"
+    assert said[1].startswith("[1/3] built in ")
+    tags = registry.tags(NAME)
+    client = Registry(registry.host)
+    assert client.platforms(NAME, KERNEL_IMAGE) == {"linux/amd64", "linux/arm64"}
+    for tag in (BUILD, f"{BUILD}-flatcar4081.3.10", "610-6.12.102-flatcar-flatcar4081.3.10"):
+        assert tag in tags
+    assert tags["610-6.12.102-flatcar-flatcar4081.3.10"] == tags[KERNEL_IMAGE]
+    assert tags["610-6.6.150-flatcar-flatcar4593.2.5"] == tags[LTS_IMAGE]
     builder.built.clear()
+    registry.log.clear()
     again, _ = _publish(registry, builder, _matrix(registry))
     assert builder.built == []
     assert {o.status for o in again} == {Status.SKIPPED}
-    assert [method for method, _, _ in registry.log[-3:]] == ["HEAD", "HEAD", "GET"]
+    # A no-op run: per arch image a HEAD, the manifest and its config; a HEAD per tag.
+    assert [m for m, _, _ in registry.log if m == "PUT"] == []
+    assert len(registry.log) == 5 * 3 + sum(len(i.tags.tags) for i in _matrix(registry).images)
 
 
-def test_a_new_release_adds_a_build_image_alias_and_builds_only_its_image(
+def test_a_changed_input_rebuilds_exactly_the_images_it_reaches(registry: OCIRegistry) -> None:
+    builder = FakeBuilder(registry)
+    _publish(registry, builder, _matrix(registry))
+    before = registry.tags(NAME)
+    builder.built.clear()
+    builder.entrypoint = "v2"
+    outcomes, _ = _publish(registry, builder, _matrix(registry))
+    assert len(builder.built) == 5
+    assert outcomes[0].detail.startswith("amd64: the entrypoint changed; arm64: the entrypoint")
+    after = registry.tags(NAME)
+    assert after[BUILD] != before[BUILD]
+    builder.built.clear()
+    _publish(registry, builder, _matrix(registry))
+    assert builder.built == []
+    # The base of a precompiled image is its build image: a rebuilt build image rebuilds it.
+    builder.built.clear()
+    registry.manifests[NAME].pop(f"{BUILD[:-8]}-flatcar-arm64")
+    outcomes, _ = _publish(registry, builder, _matrix(registry))
+    assert builder.built == [f"{BUILD} arm64", f"{KERNEL_IMAGE} arm64"]
+    assert "arm64: the base image changed" in outcomes[2].detail
+    builder.built.clear()
+    outcomes, _ = _publish(registry, builder, _matrix(registry), rebuild=True)
+    assert len(builder.built) == 5
+    assert outcomes[0].detail.startswith("amd64: --rebuild")
+
+
+def test_a_new_release_of_a_live_kernel_rebuilds_its_image_and_tags_the_rest(
     registry: OCIRegistry,
 ) -> None:
     builder = FakeBuilder(registry)
@@ -124,66 +186,90 @@ def test_a_new_release_adds_a_build_image_alias_and_builds_only_its_image(
     feed["4593.2.6"] = feed_entry("stable", "2026-09-10", "6.12.110")
     builder.built.clear()
     outcomes, _ = _publish(registry, builder, _matrix(registry, with_markers(feed)))
-    assert builder.built == ["610.57.04-flatcar4593.2.6"]
-    assert _statuses(outcomes) == [
-        (BUILD, "tagged"),
-        ("610.57.04-flatcar4081.3.10", "skipped"),
-        ("610.57.04-flatcar4593.2.6", "built"),
-    ]
-    assert outcomes[0].detail == f"added {BUILD}-flatcar4593.2.6"
+    assert builder.built == ["610.57.04-flatcar4593.2.6 amd64", "610.57.04-flatcar4593.2.6 arm64"]
+    assert _statuses(outcomes) == [(BUILD, "tagged"), (LTS_IMAGE, "tagged"),
+                                   ("610.57.04-flatcar4593.2.6", "built")]  # fmt: skip
+    assert outcomes[0].detail == "1 of 3 tags set"
     assert registry.tags(NAME)[f"{BUILD}-flatcar4593.2.6"] == build_digest  # no rebuild
-    puts = [path for method, path, _ in registry.log if method == "PUT"]
-    assert puts == [f"/v2/{NAME}/manifests/{BUILD}-flatcar4593.2.6"]
-
-
-def test_an_image_lacking_an_arch_is_rebuilt(registry: OCIRegistry) -> None:
-    covered = _matrix(registry)
-    for image in publish.images_of(covered):
-        registry.add_image(NAME, list(image.tags.tags), ("amd64",))
-    builder = FakeBuilder(registry)
-    outcomes, _ = _publish(registry, builder, covered)
-    assert builder.built == [BUILD, "610.57.04-flatcar4081.3.10", "610.57.04-flatcar4593.2.5"]
-    assert outcomes[0].detail == f"{BUILD} lacks linux/arm64"
+    assert registry.tags(NAME)["610-6.6.150-flatcar-flatcar4593.2.6"] == registry.tags(NAME)[
+        LTS_IMAGE]  # fmt: skip
 
 
 def test_a_failure_is_recorded_and_the_run_goes_on(registry: OCIRegistry) -> None:
-    builder = FakeBuilder(registry, failing={"610.57.04-flatcar4081.3.10"})
+    builder = FakeBuilder(registry, failing={LTS_IMAGE})
     outcomes, _ = _publish(registry, builder, _matrix(registry))
-    assert _statuses(outcomes) == [
-        (BUILD, "built"),
-        ("610.57.04-flatcar4081.3.10", "failed"),
-        ("610.57.04-flatcar4593.2.5", "built"),
-    ]
-    assert outcomes[1].detail == (
-        "610.57.04-flatcar4081.3.10 not in the registry; build failed: docker build failed: "
-        "returned a non-zero code: 2"
-    )
+    assert _statuses(outcomes) == [(BUILD, "built"), (LTS_IMAGE, "failed"),
+                                   (KERNEL_IMAGE, "built")]  # fmt: skip
+    assert outcomes[1].detail == "amd64: docker build failed: returned a non-zero code: 2"
     assert publish.failures(outcomes) == [outcomes[1]]
     builder.failing.clear()
     builder.built.clear()
     rerun, _ = _publish(registry, builder, _matrix(registry))
-    assert builder.built == ["610.57.04-flatcar4081.3.10"]
+    assert builder.built == [f"{LTS_IMAGE} amd64"]
     assert publish.failures(rerun) == []
 
 
-def test_precompiled_images_fail_with_their_build_image(registry: OCIRegistry) -> None:
+def test_only_a_failed_build_image_build_blocks_its_precompiled_images(
+    registry: OCIRegistry,
+) -> None:
     builder = FakeBuilder(registry, failing={BUILD})
     outcomes, _ = _publish(registry, builder, _matrix(registry))
-    assert builder.built == [BUILD]
+    assert builder.built == [f"{BUILD} amd64", f"{BUILD} arm64"]
     assert [o.status for o in outcomes] == [Status.FAILED] * 3
-    assert outcomes[2].detail == (
-        f"610.57.04-flatcar4593.2.5 not in the registry, and its build image "
-        f"{registry.host}/{NAME}:{BUILD} failed"
-    )
+    assert outcomes[2].detail.startswith("amd64: its build image failed on amd64 (docker build")
+
+
+def test_stage_and_merge_in_separate_runs_as_the_arch_jobs_do(registry: OCIRegistry) -> None:
+    builder = FakeBuilder(registry)
+    covered = _matrix(registry)
+    for arch in ("amd64", "arm64"):
+        staged, _ = _publish(registry, builder, covered, arches=(arch,), step=Step.STAGE)
+        assert {o.status for o in staged if arch in o.image.arches} == {Status.BUILT}
+    assert BUILD not in registry.tags(NAME)
+    merged, _ = _publish(registry, builder, covered, step=Step.MERGE)
+    assert {o.status for o in merged} == {Status.TAGGED}
+    assert Registry(registry.host).platforms(NAME, BUILD) == {"linux/amd64", "linux/arm64"}
+
+
+def test_a_merge_without_an_arch_fails_saying_which(registry: OCIRegistry) -> None:
+    builder = FakeBuilder(registry)
+    covered = _matrix(registry)
+    _publish(registry, builder, covered, arches=("amd64",), step=Step.STAGE)
+    merged, _ = _publish(registry, builder, covered, step=Step.MERGE)
+    assert merged[0].status is Status.FAILED
+    assert merged[0].detail.startswith("no arm64 image under 610.57.04-flatcar-arm64 to merge")
 
 
 def test_a_driver_without_a_checksum_fails_before_building(registry: OCIRegistry) -> None:
-    builder = FakeBuilder(registry)
-    outcomes, _ = _publish(registry, builder, _matrix(registry, versions=_versions(sums=False)))
+    class NoSums(FakeBuilder):
+        def inputs(self, image: Image, arch: str, base: Base) -> dict[str, str]:
+            raise BuildError("no SHA-256 recorded for NVIDIA-Linux-*-610.57.04.run on amd64")
+
+    builder = NoSums(registry)
+    _publish(registry, FakeBuilder(registry), _matrix(registry))
+    outcomes, _ = _publish(registry, builder, _matrix(registry))
     assert builder.built == []
     assert outcomes[0].status is Status.FAILED
-    assert outcomes[0].detail.startswith(f"{BUILD} not in the registry, and cannot be built: "
-                                         "no SHA-256 recorded")  # fmt: skip
+    assert "no SHA-256 recorded" in outcomes[0].detail
+    assert "--driver-sha256" not in outcomes[0].detail
+
+
+def test_429_and_5xx_are_retried_honouring_retry_after(registry: OCIRegistry) -> None:
+    builder = FakeBuilder(registry)
+    _publish(registry, builder, _matrix(registry))
+    waits: list[float] = []
+    client = Registry(registry.host, sleep=waits.append)
+    registry.burst = [(429, "3"), (503, ""), (429, "Wed, 21 Oct 2015 07:28:00 GMT")]
+    outcomes = publish.publish(_matrix(registry), client, Repository(registry.host, NAME),
+                               builder, say=lambda _line: None)  # fmt: skip
+    assert {o.status for o in outcomes} == {Status.SKIPPED}
+    assert waits == [3.0, 2.0, 0.0]  # Retry-After, then backoff; a past date: at once
+    assert client.retried == 3
+    registry.burst = [(429, "3600")]  # longer than we wait: the answer stands
+    outcomes = publish.publish(_matrix(registry), client, Repository(registry.host, NAME),
+                               builder, say=lambda _line: None)  # fmt: skip
+    assert outcomes[0].status is Status.FAILED
+    assert "429" in outcomes[0].detail
 
 
 def test_a_registry_error_fails_each_image_with_its_reason(registry: OCIRegistry) -> None:
@@ -192,64 +278,56 @@ def test_a_registry_error_fails_each_image_with_its_reason(registry: OCIRegistry
     outcomes, _ = _publish(registry, builder, _matrix(registry))
     assert builder.built == []
     assert {o.status for o in outcomes} == {Status.FAILED}
-    assert "answered HEAD gdc/driver:610.57.04-flatcar with 500" in outcomes[0].detail
+    assert "answered HEAD gdc/driver:610.57.04-flatcar-amd64 with 500" in outcomes[0].detail
 
 
-def test_the_plan_for_each_image(registry: OCIRegistry) -> None:
-    client, repository = Registry(registry.host), Repository(registry.host, NAME)
-    build, old, new = publish.images_of(_matrix(registry))
-    registry.add_image(NAME, list(build.tags.tags[:2]), ("amd64", "arm64"))
-    registry.add_image(NAME, [build.tags.tags[2]], ("amd64", "arm64"), label="older")
-    registry.add_image(NAME, list(old.tags.tags), ("amd64", "arm64"))
-    step = publish.plan_image(build, client, repository)
-    assert (step.action, step.tags) == (Action.TAG, (build.tags.tags[2],))
-    assert step.reason == "1 tag(s) missing or pointing elsewhere"
-    assert publish.plan_image(old, client, repository).action is Action.SKIP
-    step = publish.plan_image(new, client, repository)
-    assert (step.action, step.tags) == (Action.BUILD, new.tags.tags)
+def test_identical_failures_are_told_once(registry: OCIRegistry) -> None:
+    class NoBase(FakeBuilder):
+        def base(self, image: Image, arch: str) -> Base:
+            raise BuildError("the base image debian:x is neither pinned by digest nor in dockerd")
+
+    versions = parse_versions({"images": {"channels": ["stable"], "arches": ["amd64"]},
+                               "drivers": {"580.178.04": {"sha256": {"amd64": SUM}},
+                                           "610.57.04": {"sha256": {"amd64": SUM}}}})  # fmt: skip
+    outcomes, _ = _publish(registry, NoBase(registry), _matrix(registry, versions=versions))
+    assert [o.status for o in outcomes] == [Status.FAILED] * 4
+    lines = publish.summary(outcomes, (), "r").splitlines()
+    assert sum("neither pinned" in line for line in lines) == 2  # once per kind of image
+    assert lines[3].endswith("the same failure as 580.178.04-flatcar")
 
 
-def test_a_dry_run_prints_the_plan_and_changes_nothing(registry: OCIRegistry) -> None:
+def test_a_dry_run_prints_the_plan_changes_nothing_and_counts_failures(
+    registry: OCIRegistry,
+) -> None:
     covered = _matrix(registry)
-    build = publish.images_of(covered)[0]
-    registry.add_image(NAME, [build.tags.tags[0]], ("amd64", "arm64"))
     builder = FakeBuilder(registry)
     outcomes, said = _publish(registry, builder, covered, dry_run=True)
     assert builder.built == []
     assert [method for method, _, _ in registry.log if method == "PUT"] == []
-    repository = f"{registry.host}/{NAME}"
-    assert said == [
-        f"tag: {repository}:{BUILD} (2 tag(s) missing)",
-        *(
-            f"build: {repository}:{image} ({image} not in the registry)"
-            for image in ("610.57.04-flatcar4081.3.10", "610.57.04-flatcar4593.2.5")
-        ),
-    ]
+    assert said[1] == "[1/3] would build in 0.0 s: amd64: not in the registry; arm64: not in " \
+        "the registry"  # fmt: skip
     assert publish.failures(outcomes) == []
-    table = publish.summary(outcomes, covered.excluded, repository).splitlines()
-    assert table[1].split() == ["STATUS", "IMAGE", "ARCHES", "TAG", "DETAIL"]
-    assert table[2].startswith("would tag    build 610.57.04  ")
-    assert table[-1] == "would tag 1, would build 2"
+    table = publish.summary(outcomes, covered.excluded, "r").splitlines()
+    assert table[-1].startswith("would build 3")
+    registry.status = 500
+    failing, _ = _publish(registry, builder, covered, dry_run=True)
+    assert len(publish.failures(failing)) == 3
 
 
-def test_the_summary_lists_outcomes_exclusions_and_counts(registry: OCIRegistry) -> None:
+def test_the_summary_lists_outcomes_exclusions_notes_and_counts(registry: OCIRegistry) -> None:
     feed = feed_from_tsv()
     feed["4593.2.6"] = feed_entry("stable", "2026-09-10", None)
     covered = _matrix(registry, with_markers(feed))
-    builder = FakeBuilder(registry, failing={"610.57.04-flatcar4081.3.10"})
+    builder = FakeBuilder(registry, failing={LTS_IMAGE})
     outcomes, _ = _publish(registry, builder, covered)
-    lines = publish.summary(outcomes, covered.excluded, "r/driver").splitlines()
+    lines = publish.summary(outcomes, covered.excluded, "r/driver", ["a note"]).splitlines()
     assert lines[0] == "Summary for r/driver:"
-    assert lines[1].split() == ["STATUS", "IMAGE", "ARCHES", "TAG", "DETAIL"]
-    assert lines[3].endswith(
-        "  610.57.04-flatcar4081.3.10  610.57.04-flatcar4081.3.10 not in the registry; build "
-        "failed: docker build failed: returned a non-zero code: 2"
-    )
+    assert lines[1].split() == ["STATUS", "IMAGE", "ARCHES", "TAG", "TIME", "DETAIL"]
     assert lines[2].split()[:3] == ["built", "build", "610.57.04"]
     assert lines[3].split()[:2] == ["failed", "precompiled"]
-    assert lines[4].startswith("excluded  * * for Flatcar 4593.2.6")
-    assert "has no kernel in the releases feed" in lines[4]
-    assert lines[-1] == "built 1, failed 1, excluded 1"
+    assert any(line.startswith("excluded  * * for Flatcar 4593.2.6") for line in lines)
+    assert "note: a note" in lines
+    assert lines[-1].startswith("built 1, failed 1, excluded")
 
 
 # --- through invoke, with a fake dockerd that pushes into the loopback registry ----------------
@@ -262,18 +340,15 @@ class RegistryDocker:
     registry: OCIRegistry
     jobs: list[BuildJob] = field(default_factory=list)
     local: dict[str, ImageInfo] = field(default_factory=dict)
+    labels: dict[str, dict[str, str]] = field(default_factory=dict)
     pushed: list[str] = field(default_factory=list)
 
     def build(self, job: BuildJob, progress: Progress) -> str:  # noqa: ARG002
         self.jobs.append(job)
         info = ImageInfo(f"sha256:{len(self.jobs)}", 100, ("layer",), ())
-        if len(job.platforms) > 1:  # buildx: pushed as built
-            tags = [reference.rpartition(":")[2] for reference in job.references]
-            arches = tuple(platform.removeprefix("linux/") for platform in job.platforms)
-            self.registry.add_image(NAME, tags, arches)
-            return ""
         for reference in job.references:
             self.local[reference] = info
+            self.labels[reference] = dict(job.labels)
         return info.id
 
     def tag(self, image: str, reference: str) -> None:
@@ -281,8 +356,11 @@ class RegistryDocker:
 
     def push(self, reference: str, progress: Progress) -> str:  # noqa: ARG002
         self.pushed.append(reference)
-        self.registry.add_image(NAME, [reference.rpartition(":")[2]], ("amd64",), index=False)
-        return self.registry.tags(NAME)[reference.rpartition(":")[2]]
+        tag = reference.rpartition(":")[2]
+        arch = tag.rpartition("-")[2]
+        self.registry.add_image(NAME, [tag], (arch,), index=False,
+                                labels=self.labels.get(reference, {}))  # fmt: skip
+        return self.registry.tags(NAME)[tag]
 
     def inspect(self, reference: str) -> ImageInfo:
         return self.local[reference]
@@ -291,7 +369,7 @@ class RegistryDocker:
         return reference in self.local
 
     def read_files(self, reference: str, directory: str) -> dict[str, bytes]:  # noqa: ARG002
-        kernel = "6.12.102-flatcar" if "4593" in reference else "6.6.150-flatcar"
+        kernel = "6.12.102-flatcar" if "6.12.102" in reference else "6.6.150-flatcar"
         return {"open/p/metadata.json": json.dumps({"kernel_release": kernel}).encode()}
 
 
@@ -300,63 +378,66 @@ def c() -> MockContext:
     return MockContext(run={
         "git rev-parse HEAD": Result("0123abcd" * 5 + "\n"),
         "git remote get-url origin": Result("https://example.invalid/gdc.git\n"),
+        "git log -1 --format=%cI": Result("2026-08-20T10:00:00+00:00\n"),
     })  # fmt: skip
 
 
-def _files(tmp_path: Path, arches: tuple[str, ...], feed: dict[str, Any] | None = None) -> (
-    tuple[str, str]
-):  # fmt: skip
+def _files(tmp_path: Path, arches: tuple[str, ...], feed: dict[str, Any] | None = None,
+           pinned: tuple[str, ...] = ()) -> tuple[str, str]:  # fmt: skip
     versions = tmp_path / "versions.toml"
     sums = ", ".join(f'{arch} = "{SUM}"' for arch in arches)
     versions.write_text(f'[images]\nchannels = ["stable"]\narches = {list(arches)!r}\n'
+                        f'pinned = {list(pinned)!r}\n'
                         f'[drivers."610.57.04"]\nsha256 = {{ {sums} }}\n')  # fmt: skip
     releases = tmp_path / "releases.json"
     releases.write_text(json.dumps(feed or feed_from_tsv()))
     return str(versions), releases.as_uri()
 
 
-def test_invoke_publish_builds_with_the_docker_sdk_for_one_arch(
+def test_invoke_publish_builds_each_arch_then_merges_the_tags(
     c: MockContext, registry: OCIRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: Any,
 ) -> None:  # fmt: skip
     docker = RegistryDocker(registry)
-    monkeypatch.setattr(tasks, "connect_docker", lambda _host, _multi: docker)
-    versions, feed = _files(tmp_path, ("amd64",))
-    tasks.publish(c, registry=f"{registry.host}/gdc", versions_file=versions, releases_url=feed)
-    build_job, precompiled_job = docker.jobs
-    assert build_job.platforms == ("linux/amd64",)
-    assert build_job.buildargs["FLATCAR_VERSIONS"] == "4593.2.5"
-    assert precompiled_job.buildargs["BUILD_IMAGE"] == f"{registry.host}/{NAME}:{BUILD}"
-    assert [ref.rpartition(":")[2] for ref in docker.pushed] == [
-        BUILD, f"{BUILD}-flatcar4593.2.5",
-        "610.57.04-flatcar4593.2.5", "610-6.12.102-flatcar-flatcar4593.2.5",
-    ]  # fmt: skip
-    out = capsys.readouterr().out
-    assert out.splitlines()[-1] == "built 2"
-    docker.jobs.clear()
-    tasks.publish(c, registry=f"{registry.host}/gdc", versions_file=versions, releases_url=feed)
-    assert docker.jobs == []
-    assert capsys.readouterr().out.splitlines()[-1] == "skipped 2"
-
-
-def test_invoke_publish_builds_several_arches_with_buildx(
-    c: MockContext, registry: OCIRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
-    docker = RegistryDocker(registry)
-    multi_arch: list[bool] = []
+    connected: list[bool] = []
 
     def connect(_host: str, multi: bool) -> RegistryDocker:
-        multi_arch.append(multi)
+        connected.append(multi)
         return docker
 
     monkeypatch.setattr(tasks, "connect_docker", connect)
     versions, feed = _files(tmp_path, ("amd64", "arm64"))
-    tasks.publish(c, registry=f"{registry.host}/gdc", versions_file=versions, releases_url=feed)
-    assert multi_arch == [True, True]
-    assert [job.platforms for job in docker.jobs] == [("linux/amd64", "linux/arm64")] * 2
-    assert docker.pushed == []
-    assert Registry(registry.host).platforms(NAME, "610.57.04-flatcar4593.2.5") == {
+    tasks.publish(c, registry=f"{registry.host}/gdc", versions_file=versions, releases_url=feed,
+                  base_image="debian@sha256:" + "1" * 64)  # fmt: skip
+    assert connected == [False]  # the classic builder, one arch per build
+    assert [job.references for job in docker.jobs] == [
+        (f"{registry.host}/{NAME}:610.57.04-flatcar-amd64",),
+        (f"{registry.host}/{NAME}:610.57.04-flatcar-arm64",),
+        (f"{registry.host}/{NAME}:610.57.04-6.12.102-flatcar-amd64",),
+        (f"{registry.host}/{NAME}:610.57.04-6.12.102-flatcar-arm64",),
+    ]
+    build_job, _, precompiled_job, _ = docker.jobs
+    assert build_job.buildargs["FLATCAR_VERSIONS"] == "4593.2.5"
+    assert build_job.buildargs["TARGETARCH"] == "amd64"
+    assert precompiled_job.buildargs["BUILD_IMAGE"] == (
+        f"{registry.host}/{NAME}:610.57.04-flatcar-amd64")  # fmt: skip
+    assert precompiled_job.buildargs["FLATCAR_VERSIONS"] == "4593.2.5"
+    labels = precompiled_job.labels
+    assert labels["org.opencontainers.image.base.name"] == precompiled_job.buildargs["BUILD_IMAGE"]
+    assert labels["org.opencontainers.image.base.digest"] == registry.tags(NAME)[
+        "610.57.04-flatcar-amd64"]  # fmt: skip
+    assert labels["org.opencontainers.image.created"] == "2026-08-20T10:00:00+00:00"
+    assert json.loads(build_job.labels[inputs.INPUTS_LABEL])["base"] == "sha256:" + "1" * 64
+    assert Registry(registry.host).platforms(NAME, "610-6.12.102-flatcar-flatcar4593.2.5") == {
         "linux/amd64", "linux/arm64"}  # fmt: skip
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2] == "built 2"
+    assert out[-1].startswith("registry: ")
+    docker.jobs.clear()
+    tasks.publish(c, registry=f"{registry.host}/gdc", versions_file=versions, releases_url=feed,
+                  base_image="debian@sha256:" + "1" * 64)  # fmt: skip
+    assert docker.jobs == []
+    assert capsys.readouterr().out.splitlines()[-2] == "skipped 2"
 
 
 def test_invoke_publish_exits_non_zero_after_a_failure(
@@ -382,9 +463,10 @@ def test_invoke_publish_exits_non_zero_after_a_failure(
     [
         ("missing", "cannot read the Flatcar releases feed"),
         ("{", "the Flatcar releases feed is not JSON"),
+        ("{}", "the releases feed covers none of the channels versions.toml lists"),
         (
             '{"4593.2.5": {"channel": "stable", "major_software": {"kernel": ["6.12.102"]}}}',
-            "release 4593.2.5: architectures is not a list of names",
+            "covers none of the channels",
         ),
     ],
 )
@@ -407,35 +489,67 @@ def test_feed_errors_are_one_line_and_nothing_is_built(  # noqa: PLR0917 - fixtu
     assert registry.log == []
 
 
-def test_a_current_release_without_a_kernel_is_excluded_and_nothing_built(
+def test_a_current_release_without_a_kernel_is_excluded_and_the_rest_published(
     c: MockContext, registry: OCIRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: Any,
 ) -> None:  # fmt: skip
     docker = RegistryDocker(registry)
     monkeypatch.setattr(tasks, "connect_docker", lambda _host, _multi: docker)
-    feed = with_markers({"4593.2.6": feed_entry("stable", "2026-09-10", None)})
-    versions, url = _files(tmp_path, ("amd64",), feed)
-    tasks.publish(c, registry=f"{registry.host}/gdc", versions_file=versions, releases_url=url)
-    assert docker.jobs == []
+    feed = feed_from_tsv()
+    feed["4593.2.6"] = feed_entry("stable", "2026-09-10", None)
+    versions, url = _files(tmp_path, ("amd64",), with_markers(feed), pinned=("4593.2.5",))
+    tasks.publish(c, registry=f"{registry.host}/gdc", versions_file=versions, releases_url=url,
+                  base_image="debian@sha256:" + "1" * 64)  # fmt: skip
     lines = capsys.readouterr().out.splitlines()
-    assert lines[-2].startswith("excluded  * * for Flatcar 4593.2.6  *       -    Flatcar 4593.2.6 "
-                                "(stable) has no kernel in the releases feed")  # fmt: skip
-    assert lines[-1] == "excluded 1"
+    excluded = [line for line in lines if line.startswith("excluded  ")]
+    assert excluded[0].startswith("excluded  * * for Flatcar 4593.2.6 ")
+    assert "Flatcar 4593.2.6 (stable) has no kernel in the releases feed" in excluded[0]
+    assert lines[-2] == "built 2, excluded 1"
 
 
-def test_invoke_publish_needs_a_registry_host(c: MockContext, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({}, "--registry is required"),
+        ({"registry": "ghcr.io/<owner>"}, "is not a valid repository"),
+        ({"registry": "127.0.0.1:9/gdc", "step": "half"}, "unknown --step 'half'"),
+    ],
+)
+def test_invoke_publish_checks_its_arguments_before_any_network(
+    c: MockContext, tmp_path: Path, options: dict[str, str], message: str
+) -> None:
+    versions = tmp_path / "versions.toml"
+    versions.write_text('[drivers."610.57.04"]\nsha256 = { amd64 = "TODO" }\n')
+    nowhere = "http://127.0.0.1:9/releases.json"  # would fail differently if it were read
+    with pytest.raises(Exit, match=message):
+        tasks.publish(c, versions_file=str(versions), releases_url=nowhere, **options)
+
+
+def test_an_unreachable_registry_stops_the_run_up_front(c: MockContext, tmp_path: Path) -> None:
     versions, feed = _files(tmp_path, ("amd64",))
-    with pytest.raises(Exit, match=r"pass --registry with one, e\.g\. ghcr\.io/<owner>"):
-        tasks.publish(c, versions_file=versions, releases_url=feed)
+    with pytest.raises(Exit, match=r"cannot reach the registry 127\.0\.0\.1:9 .*nothing was "
+                       "built") as error:  # fmt: skip
+        tasks.publish(c, registry="127.0.0.1:9/gdc", versions_file=versions, releases_url=feed)
+    assert "\n" not in str(error.value)
 
 
-def test_invoke_matrix_prints_json_or_a_table(tmp_path: Path, capsys: Any) -> None:
+def test_invoke_matrix_prints_json_a_table_or_the_github_output(
+    tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     versions, feed = _files(tmp_path, ("amd64",))
     tasks.matrix_(MockContext(), json=True, versions_file=versions, releases_url=feed)
     document = json.loads(capsys.readouterr().out)
     assert [entry["id"] for entry in document["include"]] == [
-        "build-610.57.04-amd64", "precompiled-610.57.04-4593.2.5-amd64"]  # fmt: skip
+        "build-610.57.04-amd64", "precompiled-610.57.04-6.12.102-flatcar-amd64"]  # fmt: skip
+    assert document["arches"] == [
+        {"arch": "amd64", "runner": "ubuntu-24.04", "group": "publish driver:<release tags> amd64"}
+    ]
     tasks.matrix_(MockContext(), versions_file=versions, releases_url=feed)
     assert capsys.readouterr().out.startswith("Flatcar releases (1):\n")
+    output = tmp_path / "github-output"
+    monkeypatch.setenv("GITHUB_OUTPUT", str(output))
+    tasks.matrix_(MockContext(), github_output=True, versions_file=versions, releases_url=feed)
+    assert output.read_text().startswith('json={"include":')
     with pytest.raises(Exit, match="invoke matrix: cannot read the Flatcar releases feed"):
-        tasks.matrix_(MockContext(), releases_url=(tmp_path / "none.json").as_uri())
+        tasks.matrix_(MockContext(), github_output=True, releases_url=(tmp_path / "x").as_uri())
+    assert output.read_text().count("json=") == 1

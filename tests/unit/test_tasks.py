@@ -22,6 +22,7 @@ from gdc import docker_api
 from gdc.docker_api import BuildJob, Buildx, ImageInfo, Progress
 
 SUM = "ab" * 32
+BASE = "gdc/debian:trixie@sha256:" + "1" * 64
 KERNEL = "6.12.102-flatcar"
 NEWEST = "610.57.04"
 
@@ -107,6 +108,7 @@ def c() -> MockContext:
         run={
             "git rev-parse HEAD": Result("0123abcd" * 5 + "\n"),
             "git remote get-url origin": Result("https://example.invalid/gdc.git\n"),
+            "git log -1 --format=%cI": Result("2026-08-20T10:00:00+00:00\n"),
         }
     )
 
@@ -119,8 +121,15 @@ def test_tags_prints_what_a_build_would_get(c: MockContext, feed_url: str, capsy
         f"127.0.0.1:5000/gdc/driver:{NEWEST}-flatcar-flatcar4593.2.5",
         f"127.0.0.1:5000/gdc/driver:{NEWEST}-flatcar-flatcar4757.1.0",
         f"127.0.0.1:5000/gdc/driver:{NEWEST}-flatcar-flatcar4790.0.0",
+        # One image per kernel: every live release of 6.12.102, and an alias for every OS tag
+        # the Operator may ask with (the first GPU node's release).
         f"127.0.0.1:5000/gdc/driver:{NEWEST}-flatcar4593.2.5",
+        f"127.0.0.1:5000/gdc/driver:{NEWEST}-flatcar4757.1.0",
+        f"127.0.0.1:5000/gdc/driver:{NEWEST}-flatcar4790.0.0",
+        f"127.0.0.1:5000/gdc/driver:610-{KERNEL}-flatcar4081.3.10",
         f"127.0.0.1:5000/gdc/driver:610-{KERNEL}-flatcar4593.2.5",
+        f"127.0.0.1:5000/gdc/driver:610-{KERNEL}-flatcar4757.1.0",
+        f"127.0.0.1:5000/gdc/driver:610-{KERNEL}-flatcar4790.0.0",
     ]
 
 
@@ -141,7 +150,7 @@ def test_build_of_the_build_image(
     c: MockContext, docker: FakeDocker, feed_url: str, capsys: Any
 ) -> None:
     tasks.build(c, variant="build", arch="amd64", releases_url=feed_url, driver_sha256=SUM,
-                base_image="gdc/debian:trixie")  # fmt: skip
+                base_image=BASE)  # fmt: skip
     [job] = docker.jobs
     assert job.dockerfile == "images/build/Dockerfile"
     assert job.buildargs["DRIVER_VERSION"] == NEWEST
@@ -163,7 +172,12 @@ def test_build_and_push_of_a_precompiled_image(
                 releases_url=feed_url, driver_sha256=SUM)  # fmt: skip
     build_job, precompiled_job = docker.jobs
     assert precompiled_job.buildargs["BUILD_IMAGE"] == build_job.references[0]
-    assert precompiled_job.buildargs["FLATCAR_VERSION"] == "4593.2.5"
+    assert precompiled_job.buildargs["FLATCAR_VERSIONS"] == "4593.2.5"
+    labels = build_job.labels
+    assert labels["org.opencontainers.image.created"] == "2026-08-20T10:00:00+00:00"
+    assert labels["org.opencontainers.image.base.digest"].startswith("sha256:")
+    assert precompiled_job.labels["org.opencontainers.image.base.name"] == build_job.references[0]
+    assert precompiled_job.labels["org.opencontainers.image.base.digest"] == "sha256:1"
     assert docker.pushed == [
         f"r/driver:{NEWEST}-flatcar",
         f"r/driver:{NEWEST}-flatcar-flatcar4593.2.5",
@@ -179,7 +193,7 @@ def test_push_pushes_what_an_earlier_build_left(
     tasks.build(c, arch="amd64", releases_url=feed_url, driver_sha256=SUM)
     docker.pushed.clear()
     tasks.push_(c, releases_url=feed_url)
-    assert docker.pushed[-1] == f"driver:610-{KERNEL}-flatcar4593.2.5"
+    assert f"driver:610-{KERNEL}-flatcar4593.2.5" in docker.pushed
     assert f"pushed driver:{NEWEST}-flatcar@sha256:" in capsys.readouterr().out
 
 

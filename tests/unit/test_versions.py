@@ -42,21 +42,23 @@ def test_checksums_are_recorded_or_clearly_missing() -> None:
 def test_a_missing_checksum_says_how_to_supply_one() -> None:
     driver = parse_versions(_data()).driver("580.178.04")
     assert driver.checksum("amd64") == SUM
-    with pytest.raises(VersionsError, match=r"arm64: copy it .* or pass --driver-sha256"):
+    with pytest.raises(VersionsError, match=r"arm64: copy it .* into versions\.toml$"):
         driver.checksum("arm64")
 
 
-def test_drivers_sort_numerically_and_a_branch_picks_its_newest() -> None:
+def test_drivers_sort_numerically_and_a_branch_names_its_driver() -> None:
     versions = parse_versions(
         _data(**{
-            "580.95.05": {"sha256": {}},
+            "1000.1.2": {"sha256": {}},
             "580.105.08": {"sha256": {}},
             "570.195.03": {"sha256": {}},
         })
     )  # fmt: skip
-    assert [d.version for d in versions.drivers] == ["570.195.03", "580.95.05", "580.105.08"]
+    assert [d.version for d in versions.drivers] == ["570.195.03", "580.105.08", "1000.1.2"]
     assert versions.driver("580").version == "580.105.08"
-    assert versions.driver("580.95.05").branch == "580"
+    assert versions.driver("580.105.08").branch == "580"
+    with pytest.raises(VersionsError, match=r"both branch 580: keep one driver per branch"):
+        parse_versions(_data(**{"580.95.05": {"sha256": {}}, "580.105.08": {"sha256": {}}}))
     with pytest.raises(VersionsError, match=r"driver 999 is not in versions.toml"):
         versions.driver("999")
 

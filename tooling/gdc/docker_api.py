@@ -53,6 +53,7 @@ class ImageInfo:
     size: int
     layers: tuple[str, ...]  # RootFS diff IDs, base first
     history: tuple[HistoryEntry, ...]  # base first; metadata steps have size 0
+    repo_digest: str = ""  # sha256:... of the manifest it was pulled by or pushed as, if any
 
     @property
     def data_steps(self) -> tuple[HistoryEntry, ...]:
@@ -145,11 +146,13 @@ class DockerSDK:
             HistoryEntry(str(item.get("CreatedBy", "")), int(item.get("Size", 0)))
             for item in reversed(raw_history)
         )
+        repo_digests = [str(d) for d in image.attrs.get("RepoDigests") or [] if "@" in str(d)]
         return ImageInfo(
             id=str(image.id),
             size=int(image.attrs.get("Size", 0)),
             layers=tuple(image.attrs.get("RootFS", {}).get("Layers", [])),
             history=history,
+            repo_digest=repo_digests[0].rpartition("@")[2] if repo_digests else "",
         )
 
     def exists(self, reference: str) -> bool:

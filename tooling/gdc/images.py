@@ -10,19 +10,70 @@ the feed's kernel.
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 
-from gdc import context
+from gdc import context, inputs
 from gdc.docker_api import BuildJob, Docker, DockerError, ImageInfo, Progress
 from gdc.plan import Request
 from gdc.tags import ImageTags, Variant, build_image_tags, precompiled_tags, repository
 
 PRECOMPILED_DIR = "/opt/nvidia/precompiled"
 FLATCAR_VERSION_LABEL = "gpu-driver-container.flatcar-version"
-BUILD_INPUTS_LABEL = "gpu-driver-container.build-inputs"  # digest of the build context
+CREATED_LABEL = "org.opencontainers.image.created"
+BASE_NAME_LABEL = "org.opencontainers.image.base.name"
+BASE_DIGEST_LABEL = "org.opencontainers.image.base.digest"
+_BASE_ARG = re.compile(r"^ARG BASE_IMAGE=(\S+)$", re.MULTILINE)
+_DIGEST = re.compile(r"@(sha256:[0-9a-f]{64})$")
+
+
+@dataclass(frozen=True)
+class Base:
+    """The image a build starts FROM: its reference and digest (base.name, base.digest)."""
+
+    name: str
+    digest: str
+
+
+def default_base_image() -> str:
+    """The build image's pinned base: ARG BASE_IMAGE's default in images/build/Dockerfile."""
+    match = _BASE_ARG.search((context.ROOT / "images/build/Dockerfile").read_text())
+    if match is None:
+        raise DockerError("images/build/Dockerfile has no ARG BASE_IMAGE=<image> default")
+    return match.group(1)
+
+
+def base_of(reference: str, docker: Docker) -> Base:
+    """A reference pinned by digest names its digest; else dockerd's image says it.
+
+    A local image with no registry digest (a test's imported base) is named by its ID.
+    """
+    pinned = _DIGEST.search(reference)
+    if pinned:
+        return Base(reference, pinned.group(1))
+    if not docker.exists(reference):
+        raise DockerError(f"the base image {reference} is neither pinned by digest nor in "
+                          "dockerd: pin it (name@sha256:...) or pull it first")  # fmt: skip
+    info = docker.inspect(reference)
+    return Base(reference, info.repo_digest or info.id)
+
+
+def created(commit_time: str) -> str:
+    """The commit's time (rebuilding a commit gives the same config); now without one."""
+    return commit_time or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def labels(request: Request, base: Base, recorded: dict[str, str]) -> dict[str, str]:
+    return {
+        inputs.INPUTS_LABEL: inputs.to_label(recorded),
+        CREATED_LABEL: created(request.created),
+        BASE_NAME_LABEL: base.name,
+        BASE_DIGEST_LABEL: base.digest,
+    }
 
 
 @dataclass(frozen=True)
@@ -37,9 +88,8 @@ def build_tags(request: Request) -> ImageTags:
 
 
 def precompiled_image_tags(request: Request, kernel_release: str) -> ImageTags:
-    tags = precompiled_tags(
-        request.driver.version, str(request.flatcar.version), kernel_release, request.prefix
-    )
+    tags = precompiled_tags(request.driver.version, request.carried, kernel_release,
+                            request.os_versions, request.prefix)  # fmt: skip
     return ImageTags(repository(request.registry, request.image), tags)
 
 
@@ -60,7 +110,7 @@ def _optional(**values: str) -> dict[str, str]:
     return {key: value for key, value in values.items() if value}
 
 
-def build_job(request: Request, ctx: context.Context) -> BuildJob:
+def build_args(request: Request) -> dict[str, str]:
     args = {
         "DRIVER_VERSION": request.driver.version,
         "DRIVER_BRANCH": request.driver.branch,
@@ -76,36 +126,60 @@ def build_job(request: Request, ctx: context.Context) -> BuildJob:
     }
     if not request.multi_arch:
         args["TARGETARCH"] = request.arches[0]  # buildx sets it per platform itself
+    return args
+
+
+def build_inputs(request: Request, ctx: context.Context, base: Base) -> dict[str, str]:
+    args = build_args(request)
+    return {**inputs.context_digests(ctx.directory), "base": base.digest,
+            "driver": f"{request.driver.version} {args['DRIVER_SHA256']}",
+            "arguments": inputs.arguments_digest(args)}  # fmt: skip
+
+
+def build_job(request: Request, ctx: context.Context, base: Base,
+              references: tuple[str, ...] = ()) -> BuildJob:  # fmt: skip
     return BuildJob(
         context=ctx.directory,
         dockerfile=ctx.dockerfile,
-        buildargs=args,
-        references=build_tags(request).references,
+        buildargs=build_args(request),
+        references=references or build_tags(request).references,
         platforms=platforms(request),
         network=request.network,
-        labels={BUILD_INPUTS_LABEL: ctx.digest()},
+        labels=labels(request, base, build_inputs(request, ctx, base)),
     )
 
 
-def precompiled_job(request: Request, ctx: context.Context, build_image: str) -> BuildJob:
-    args = {
+def precompiled_args(request: Request, ctx: context.Context, build_image: str) -> dict[str, str]:
+    return {
         "BUILD_IMAGE": build_image,
-        "FLATCAR_VERSION": str(request.flatcar.version),
+        "FLATCAR_VERSIONS": " ".join(request.carried),
         **_optional(
             FLATCAR_RELEASE_BASE_URL=request.sources.release_base_url,
             FLATCAR_KEYRING=ctx.keyring,
         ),
     }
+
+
+def precompiled_inputs(request: Request, ctx: context.Context, base: Base) -> dict[str, str]:
+    args = precompiled_args(request, ctx, base.name)
+    return {**inputs.context_digests(ctx.directory), "base": base.digest,
+            inputs.RELEASES: " ".join(request.carried),
+            "arguments": inputs.arguments_digest(args)}  # fmt: skip
+
+
+def precompiled_job(request: Request, ctx: context.Context, base: Base,
+                    references: tuple[str, ...] = ()) -> BuildJob:  # fmt: skip
     tags = precompiled_image_tags(request, request.flatcar.kernel_release)
     # Single-arch: only the kernel-free tag until the image says which kernel it serves.
-    references = tags.references if request.multi_arch else tags.references[:1]
+    default = tags.references if request.multi_arch else tags.references[:1]
     return BuildJob(
         context=ctx.directory,
         dockerfile=ctx.dockerfile,
-        buildargs=args,
-        references=references,
+        buildargs=precompiled_args(request, ctx, base.name),
+        references=references or default,
         platforms=platforms(request),
         network=request.network,
+        labels=labels(request, base, precompiled_inputs(request, ctx, base)),
     )
 
 
@@ -129,23 +203,36 @@ def build_images(
 ) -> list[Built]:
     """Build what request asks for; return each image with its tags (build image first).
 
-    A precompiled build on an existing build_image (a registry reference: publish) builds
-    only the precompiled image.
+    A precompiled build on an existing build_image (a registry reference) builds only the
+    precompiled image.
     """
     with tempfile.TemporaryDirectory(prefix="gdc-context.") as scratch:
         built = []
         if not (build_image and request.variant is Variant.PRECOMPILED):
             build_ctx = context.assemble(Variant.BUILD, Path(scratch) / "build")
-            built.append(_build(docker, build_job(request, build_ctx), build_tags(request),
+            base = base_of(request.sources.base_image or default_base_image(), docker)
+            built.append(_build(docker, build_job(request, build_ctx, base), build_tags(request),
                                 progress))  # fmt: skip
             build_image = built[0].tags.primary
         if request.variant is Variant.PRECOMPILED:
             ctx = context.assemble(
                 Variant.PRECOMPILED, Path(scratch) / "precompiled", request.sources.keyring
             )
-            job = precompiled_job(request, ctx, build_image)
+            base = _built_base(build_image, built, docker)
+            job = precompiled_job(request, ctx, base)
             built.append(_build_precompiled(request, docker, job, progress))
     return built
+
+
+def _built_base(build_image: str, built: list[Built], docker: Docker) -> Base:
+    """The build image a precompiled one starts from: its ID when it was just built here."""
+    info = built[0].info if built else None
+    if info is not None:
+        return Base(build_image, info.repo_digest or info.id)
+    if docker.exists(build_image):
+        found = docker.inspect(build_image)
+        return Base(build_image, found.repo_digest or found.id)
+    return Base(build_image, "")
 
 
 def _build(docker: Docker, job: BuildJob, tags: ImageTags, progress: Progress) -> Built:

@@ -1,77 +1,95 @@
-"""What to publish: the Flatcar releases to cover, crossed with the drivers and the arches.
+"""What to publish: the live Flatcar releases, crossed with the drivers and the arches.
 
-The releases covered are the current release of each channel that versions.toml lists
-(``lts``: every live LTS stream, from the feed's ``current-<year>`` markers) plus the releases
-pinned there. Each (driver, arch) gets a build-image entry, tagged ``<driver>-flatcar`` with one
-alias per covered release it can serve, and each (driver, release, arch) a precompiled entry.
-Entries of different arches share their tags: they are the platforms of one multi-arch image.
+The releases covered are the current release of each channel that versions.toml lists (``lts``:
+every supported LTS stream, from Flatcar's lts-info) plus the releases pinned there
+(:mod:`gdc.coverage`). Images, one platform per arch:
 
-Excluded, with the reason: releases without a kernel in the feed (nothing to name the
-precompiled tag after), arches a release is not built for, and driver/kernel pairs known not to
-build, i.e. a driver branch that a kernel change broke (:data:`KERNEL_BREAKS`) and for which the
-entrypoint ships no compatibility patch (``patches/index.json``, chosen by its own
+* per driver, a **build image** ``<driver>-flatcar``, with an alias ``<driver>-flatcar-flatcar<V>``
+  for each covered release V it can serve;
+* per driver and **kernel**, a **precompiled image** carrying the packages of every covered
+  release with that kernel: several live releases often share one (6.12.102 was stable
+  4593.2.5, beta 4757.1.0 and alpha 4790.0.0 at once) but their banners differ, and the GPU
+  Operator sends all nodes of one kernel to one image. It is tagged ``<driver>-flatcar<V>`` for
+  each of those releases and ``<branch>-<kernel>-flatcar<A>`` for **every** covered release A:
+  with ``usePrecompiled`` the Operator gives each per-kernel DaemonSet the OS tag of the first GPU
+  node it lists (gpu-operator ``controllers/object_controls.go`` ``resolveDriverTag``,
+  ``state_manager.go`` ``getGPUNodeOSInfo``), so a node on release B asks for
+  ``<branch>-<kernel B>-flatcar<A>``. Serving it B's image is safe: the image checks the node's
+  banner and builds at runtime when nothing matches.
+
+Excluded, with the reason: streams without a usable current release, releases not built for an
+arch, arm64 releases whose module build tree carries x86-64 host tools (before 4230.1.0, LTS
+4081: :data:`NATIVE_ARM64_TOOLS`), and driver/kernel pairs known not to build, i.e. a driver
+branch that a kernel change broke (:data:`KERNEL_BREAKS`) and for which the entrypoint ships no
+compatibility patch (``patches/index.json``, chosen by its own
 :func:`~nvidia_driver.patches.select_patches`).
 
-``invoke matrix --json`` prints one line, ready for ``$GITHUB_OUTPUT``::
+``invoke matrix --json`` prints one line (``invoke matrix --github-output`` writes it to
+``$GITHUB_OUTPUT`` as ``json=``)::
 
-    {"include": [{"id": "build-610.57.04-amd64", "variant": "build",
-                  "driver": "610.57.04", "branch": "610", "arch": "amd64",
-                  "flatcar": "", "channel": "", "streams": [], "kernel": "",
-                  "aliases": ["4081.3.10", "4593.2.5", "4757.1.0", "4790.0.0"],
-                  "repository": "ghcr.io/me/driver",
-                  "tags": ["610.57.04-flatcar", "610.57.04-flatcar-flatcar4081.3.10", ...]},
-                 {"id": "precompiled-610.57.04-4593.2.5-amd64", "variant": "precompiled",
-                  "driver": "610.57.04", "branch": "610", "arch": "amd64",
-                  "flatcar": "4593.2.5", "channel": "stable", "streams": ["stable"],
-                  "kernel": "6.12.102-flatcar", "aliases": [],
-                  "repository": "ghcr.io/me/driver",
-                  "tags": ["610.57.04-flatcar4593.2.5", "610-6.12.102-flatcar-flatcar4593.2.5"]}],
+    {"include": [{"id": "build-610.57.04-amd64", "variant": "build", "driver": "610.57.04",
+                  "branch": "610", "arch": "amd64", "flatcar": [], "streams": [],
+                  "kernel": "", "aliases": ["4081.3.10", "4593.2.5", ...],
+                  "repository": "ghcr.io/me/driver", "tags": ["610.57.04-flatcar", ...]},
+                 {"id": "precompiled-610.57.04-6.12.102-flatcar-amd64",
+                  "variant": "precompiled", "driver": "610.57.04", "branch": "610",
+                  "arch": "amd64", "flatcar": ["4593.2.5", "4757.1.0", "4790.0.0"],
+                  "streams": ["stable", "beta", "alpha"], "kernel": "6.12.102-flatcar",
+                  "aliases": [], "repository": "ghcr.io/me/driver",
+                  "tags": ["610.57.04-flatcar4593.2.5", ...,
+                           "610-6.12.102-flatcar-flatcar4081.3.10", ...]}],
      "excluded": [{"variant": "*", "driver": "*", "flatcar": "4790.0.1", "arch": "*",
                    "reason": "..."}],
+     "notes": ["..."],
      "releases": [{"flatcar": "4593.2.5", "channel": "stable", "streams": ["stable"],
                    "kernel": "6.12.102-flatcar"}],
-     "drivers": ["580.178.04", "595.91.07", "610.57.04"]}
+     "drivers": ["580.178.04", "595.91.07", "610.57.04"],
+     "arches": [{"arch": "amd64", "runner": "ubuntu-24.04", "group": "..."}, ...],
+     "group": "publish ghcr.io/me/driver"}
 
-Every ``include`` entry has the same keys ("" or [] where they do not apply; ``repository`` is
-``driver`` without --registry). In a workflow::
-
-    strategy:
-      matrix:
-        include: ${{ fromJSON(needs.matrix.outputs.json).include }}
-
-or, one job per driver, ``driver: ${{ fromJSON(needs.matrix.outputs.json).drivers }}``.
+``arches`` is what a workflow fans out over, one job per arch on a native runner
+(:data:`RUNNERS`), and ``group`` the concurrency group of the job that merges the arches'
+images under the final tags (each arch job's ``group`` covers the tags that job pushes).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from datetime import timedelta
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from gdc import releases
+from gdc.coverage import ALL, PINNED, Covered, Exclusion, LtsInfo, covered_releases
 from gdc.table import format_table
-from gdc.tags import DEFAULT_IMAGE, ImageTags, Variant, build_image_tags, precompiled_tags
+from gdc.tags import (
+    DEFAULT_IMAGE,
+    ImageTags,
+    Variant,
+    build_image_tags,
+    precompiled_tags,
+    staging_tag,
+)
 from gdc.tags import repository as join_repository
 from gdc.versions import Driver, Versions
-from nvidia_driver.errors import DriverError
-from nvidia_driver.flatcar import (
-    Channel,
-    FlatcarVersion,
-    Release,
-    current_releases,
-    parse_releases,
-)
+from nvidia_driver.flatcar import FlatcarVersion
 from nvidia_driver.patches import parse_kernel_release, select_patches, shipped_patches
 
-ALL = "*"  # an exclusion's variant, driver or arch that stands for every one
-PINNED = "pinned"  # the stream name of a release covered because versions.toml pins it
-# releases.json keeps a `current-<year>` marker for every LTS stream ever made. A stream whose
-# newest release is this much older than the feed's newest is no longer maintained (live ones
-# get a release every month or two; 4081's longest gap was 7 months).
-LTS_STREAM_MAX_AGE = timedelta(days=240)
-_LTS_MARKER = "current-"
+__all__ = ["ALL", "PINNED", "Covered", "Exclusion", "Image", "Matrix", "Platform"]
+
+# GitHub's hosted runners by arch: each arch builds natively (arm64: GitHub's arm64 runners,
+# labels ubuntu-24.04-arm / ubuntu-22.04-arm).
+RUNNERS = {"amd64": "ubuntu-24.04", "arm64": "ubuntu-24.04-arm"}
+# The first release per channel whose arm64 module build tree has native host tools (fixdep,
+# modpost): flatcar/scripts#2694, changelog 2025-03-07-coreos-modules-cross-compilation.md, in
+# the scripts tags beta-4230.1.0, stable-4230.2.0 and alpha-4277.0.0 (not alpha-4230.0.1, not
+# lts-4081.3.x); LTS 4230 branched from stable 4230.
+NATIVE_ARM64_TOOLS = {
+    "alpha": FlatcarVersion(4277, 0, 0),
+    "beta": FlatcarVersion(4230, 1, 0),
+    "stable": FlatcarVersion(4230, 2, 0),
+    "lts": FlatcarVersion(4230, 3, 0),
+}
 
 
 @dataclass(frozen=True)
@@ -95,189 +113,68 @@ KERNEL_BREAKS = (
 
 
 @dataclass(frozen=True)
-class Covered:
-    """A release to publish images for, and why: the streams it is current for, or pinned."""
+class Platform:
+    """One arch of one image; a precompiled one carries the packages of its releases."""
 
-    release: Release
-    streams: tuple[str, ...]
-
-    @property
-    def version(self) -> str:
-        return str(self.release.version)
+    arch: str
+    releases: tuple[Covered, ...] = ()
 
 
 @dataclass(frozen=True)
-class Exclusion:
-    variant: str  # build, precompiled or ALL
-    driver: str  # a driver version or ALL
-    flatcar: str  # a Flatcar version, or the stream whose current release is unknown
-    arch: str  # an arch or ALL
-    reason: str
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One platform of one image: what ``invoke publish`` builds and tags."""
+class Image:
+    """One image: one tag set, one platform per arch."""
 
     variant: Variant
     driver: Driver
-    arch: str
     tags: ImageTags
-    release: Covered | None = None  # None for the build image
-    aliases: tuple[str, ...] = ()  # Flatcar versions of the build image's alias tags
+    platforms: tuple[Platform, ...]
+    kernel: str = ""  # precompiled: the kernel release (uname -r) its packages are for
+    aliases: tuple[str, ...] = ()  # build: the Flatcar versions of its alias tags
+    prefix: str = ""
+
+    @property
+    def arches(self) -> tuple[str, ...]:
+        return tuple(platform.arch for platform in self.platforms)
+
+    @property
+    def releases(self) -> tuple[Covered, ...]:
+        """Every release whose packages it carries, on any arch, oldest first."""
+        seen = {c.version: c for p in self.platforms for c in p.releases}
+        return tuple(sorted(seen.values(), key=lambda c: c.release.version))
+
+    def platform(self, arch: str) -> Platform:
+        return next(platform for platform in self.platforms if platform.arch == arch)
+
+    def staging_tag(self, arch: str) -> str:
+        """The tag one arch's image is pushed under before the arches are merged."""
+        return staging_tag(self.driver.version, self.kernel, arch, self.prefix)
 
     @property
     def id(self) -> str:
-        release = f"-{self.release.version}" if self.release else ""
-        return f"{self.variant}-{self.driver.version}{release}-{self.arch}"
+        kernel = f"-{self.kernel}" if self.kernel else ""
+        return f"{self.variant}-{self.driver.version}{kernel}"
+
+    @property
+    def label(self) -> str:
+        if self.variant is Variant.BUILD:
+            return f"build {self.driver.version}"
+        versions = ", ".join(c.version for c in self.releases)
+        return f"precompiled {self.driver.version} for Flatcar {versions}"
 
 
 @dataclass(frozen=True)
 class Matrix:
     releases: tuple[Covered, ...]
-    entries: tuple[Entry, ...]
+    images: tuple[Image, ...]  # build images first
     excluded: tuple[Exclusion, ...]
+    notes: tuple[str, ...] = ()
+    repository: str = DEFAULT_IMAGE
+    prefix: str = ""
+    arches: tuple[str, ...] = field(default=())
 
-
-# --- releases ----------------------------------------------------------------------------------
-
-
-def _has_kernel(entry: object) -> bool:
-    software = entry.get("major_software") if isinstance(entry, Mapping) else None
-    kernels = software.get("kernel") if isinstance(software, Mapping) else None
-    return isinstance(kernels, list) and bool(kernels) and isinstance(kernels[0], str)
-
-
-def _is_version(key: str) -> bool:
-    try:
-        FlatcarVersion.parse(key)
-    except DriverError:
-        return False
-    return True
-
-
-def _stream_of_marker(key: str, entry: Mapping[str, Any]) -> str:
-    """``current`` marks its channel's release (stable's in releases.json); ``current-Y``, LTS Y."""
-    if key.startswith(_LTS_MARKER):
-        return f"lts-{key.removeprefix(_LTS_MARKER)}"
-    return str(entry.get("channel", ""))
-
-
-def _kernelless_current(feed: Mapping[str, Any], current: Mapping[str, Release]) -> dict[str, str]:
-    """Streams whose current release the feed lists without a kernel: stream -> version.
-
-    Such a release (and any marker copying it) is left out of the parse, which then falls back
-    to an older release; the stream is reported as excluded instead.
-    """
-    missing = {
-        key: entry
-        for key, entry in feed.items()
-        if _is_version(key) and isinstance(entry, Mapping) and not _has_kernel(entry)
-    }
-    found: dict[str, str] = {}
-    for key, marker in feed.items():
-        if _is_version(key) or not isinstance(marker, Mapping) or _has_kernel(marker):
-            continue
-        copies = [
-            version
-            for version, entry in missing.items()
-            if (entry.get("channel"), entry.get("release_date"))
-            == (marker.get("channel"), marker.get("release_date"))
-        ]
-        found[_stream_of_marker(key, marker)] = max(copies, key=FlatcarVersion.parse, default=key)
-    marked_channels = {str(m.get("channel")) for k, m in feed.items()
-                       if k == "current" and isinstance(m, Mapping)}  # fmt: skip
-    for version, entry in missing.items():
-        channel = str(entry.get("channel", ""))
-        if channel not in {Channel.ALPHA, Channel.BETA, Channel.STABLE}:
-            continue  # LTS streams are only known from their markers
-        if channel in marked_channels or channel in found:
-            continue
-        newest = current.get(channel)
-        if newest is None or FlatcarVersion.parse(version) > newest.version:
-            found[channel] = version
-    return found
-
-
-def _parse(feed_text: str) -> Mapping[str, Any]:
-    try:
-        feed = json.loads(feed_text)
-    except json.JSONDecodeError as exc:
-        raise releases.ReleaseError(
-            f"the Flatcar releases feed is not JSON ({exc}); check --releases-url points at "
-            "a releases.json"
-        ) from None
-    if not isinstance(feed, Mapping):
-        raise releases.ReleaseError(
-            "the Flatcar releases feed is not an object keyed by version; check --releases-url "
-            "points at a releases.json"
-        )
-    return feed
-
-
-def _wanted(stream: str, channels: Iterable[str]) -> bool:
-    wanted = set(channels)
-    return stream in wanted or (Channel.LTS in wanted and stream.startswith(Channel.LTS))
-
-
-def _no_kernel(version: str, stream: str) -> Exclusion:
-    return Exclusion(ALL, ALL, version, ALL,
-                     f"Flatcar {version} ({stream}) has no kernel in the releases feed "
-                     "(major_software.kernel): nothing is built or tagged for it until the feed "
-                     "lists one; re-run later")  # fmt: skip
-
-
-def _unmaintained(stream: str, release: Release, newest: Release) -> Exclusion | None:
-    age = newest.release_date - release.release_date
-    if not stream.startswith(f"{Channel.LTS}-") or age <= LTS_STREAM_MAX_AGE:
-        return None
-    return Exclusion(ALL, ALL, str(release.version), ALL,
-                     f"{stream}'s newest release is from {release.release_date:%Y-%m-%d}, "
-                     f"{age.days} days before the feed's newest: the stream is no longer "
-                     "maintained; pin the release in versions.toml to cover it anyway")  # fmt: skip
-
-
-def covered_releases(
-    feed_text: str, versions: Versions
-) -> tuple[tuple[Covered, ...], tuple[Exclusion, ...]]:
-    """The releases to cover (oldest first), and those left out with the reason."""
-    feed = _parse(feed_text)
-    complete = {key: entry for key, entry in feed.items() if _has_kernel(entry)}
-    try:
-        current = current_releases(complete)
-        known = parse_releases(complete)
-    except DriverError as exc:
-        raise releases.ReleaseError(str(exc)) from None
-    kernelless = _kernelless_current(feed, current)
-    if any(stream.startswith(f"{Channel.LTS}-") for stream in kernelless):
-        current.pop(Channel.LTS, None)  # a fallback to an older LTS release, not a stream
-    excluded = [_no_kernel(version, stream) for stream, version in sorted(kernelless.items())
-                if _wanted(stream, versions.channels)]  # fmt: skip
-    streams: dict[Release, list[str]] = {}
-    newest = max(known, key=lambda release: release.release_date, default=None)
-    for stream, release in current.items():
-        if not _wanted(stream, versions.channels) or stream in kernelless or newest is None:
-            continue
-        unmaintained = _unmaintained(stream, release, newest)
-        if unmaintained:
-            excluded.append(unmaintained)
-        else:
-            streams.setdefault(release, []).append(stream)
-    by_version = {str(release.version): release for release in known}
-    for version in versions.pinned:
-        if version in by_version:
-            streams.setdefault(by_version[version], []).append(PINNED)
-        elif version in feed:
-            excluded.append(_no_kernel(version, PINNED))
-        else:
-            excluded.append(Exclusion(ALL, ALL, version, ALL,
-                                      f"Flatcar {version} is pinned in versions.toml but not in "
-                                      "the releases feed: check the version"))  # fmt: skip
-    covered = tuple(
-        Covered(release, tuple(names))
-        for release, names in sorted(streams.items(), key=lambda item: item[0].version)
-    )
-    return covered, tuple(excluded)
+    def build_image(self, driver: Driver) -> Image:
+        builds = (i for i in self.images if i.variant is Variant.BUILD)
+        return next(i for i in builds if i.driver.version == driver.version)
 
 
 # --- drivers -----------------------------------------------------------------------------------
@@ -314,22 +211,73 @@ def build_problem(driver: Driver, kernel_release: str) -> str:
     return ""
 
 
+def arch_problem(release: Covered, arch: str) -> str:
+    """Why release gets no precompiled image on arch, or ""."""
+    if arch not in release.release.arches:
+        return f"Flatcar {release.version} is not released for {arch}"
+    version = release.release.version
+    first = NATIVE_ARM64_TOOLS.get(release.release.channel)
+    if arch == "arm64" and (first is None or version < first):
+        return (
+            f"Flatcar {release.version}'s arm64 module build tree carries x86-64 host tools "
+            "(fixdep, modpost; native from 4230.1.0): its modules cannot be built, so arm64 "
+            "nodes on it need a newer release; the build image refuses such a node too"
+        )
+    return ""
+
+
 # --- the matrix --------------------------------------------------------------------------------
+
+
+def _by_kernel(servable: Iterable[Covered]) -> dict[str, list[Covered]]:
+    kernels: dict[str, list[Covered]] = {}
+    for release in servable:
+        kernels.setdefault(release.release.kernel_release, []).append(release)
+    return kernels
+
+
+def precompiled_image(  # noqa: PLR0917 - one image's facts
+    driver: Driver, kernel: str, releases_of_kernel: Iterable[Covered],
+                      os_versions: Iterable[str], arches: Iterable[str], repository: str,
+                      prefix: str = "") -> tuple[Image | None, list[Exclusion]]:  # fmt: skip
+    """The image of driver for kernel, and the (release, arch) pairs it leaves out."""
+    platforms, excluded = [], []
+    for arch in arches:
+        carried = []
+        for release in releases_of_kernel:
+            problem = arch_problem(release, arch)
+            if problem:
+                excluded.append(Exclusion(Variant.PRECOMPILED.value, driver.version,
+                                          release.version, arch, problem))  # fmt: skip
+            else:
+                carried.append(release)
+        if carried:
+            platforms.append(Platform(arch, tuple(carried)))
+    if not platforms:
+        return None, excluded
+    versions = list(dict.fromkeys(c.version for p in platforms for c in p.releases))
+    tags = precompiled_tags(driver.version, versions, kernel, os_versions, prefix)
+    image = Image(Variant.PRECOMPILED, driver, ImageTags(repository, tags), tuple(platforms),
+                  kernel=kernel, prefix=prefix)  # fmt: skip
+    return image, excluded
 
 
 def build_matrix(
     feed_text: str,
     versions: Versions,
     *,
+    lts_info: LtsInfo | None = None,
     registry: str = "",
     image: str = DEFAULT_IMAGE,
     prefix: str = "",
 ) -> Matrix:
-    covered, excluded_releases = covered_releases(feed_text, versions)
+    covered, excluded_releases, notes = covered_releases(feed_text, versions, lts_info)
     repository = join_repository(registry, image)
-    entries: list[Entry] = []
+    os_versions = [release.version for release in covered]
+    builds: list[Image] = []
+    precompiled: list[Image] = []
     excluded = list(excluded_releases)
-    for driver in versions.drivers if covered else ():  # no release: nothing to alias or build
+    for driver in versions.drivers:
         servable: list[Covered] = []
         for release in covered:
             problem = build_problem(driver, release.release.kernel_release)
@@ -338,60 +286,57 @@ def build_matrix(
             else:
                 servable.append(release)
         aliases = tuple(release.version for release in servable)
-        build = ImageTags(repository, build_image_tags(driver.version, aliases, prefix))
-        entries += [Entry(Variant.BUILD, driver, arch, build, aliases=aliases)
-                    for arch in versions.arches]  # fmt: skip
-        for release in servable:
-            kernel = release.release.kernel_release
-            tags = ImageTags(
-                repository, precompiled_tags(driver.version, release.version, kernel, prefix)
-            )
-            for arch in versions.arches:
-                if arch in release.release.arches:
-                    entries.append(Entry(Variant.PRECOMPILED, driver, arch, tags, release))
-                else:
-                    excluded.append(Exclusion(
-                        Variant.PRECOMPILED.value, driver.version, release.version, arch,
-                        f"Flatcar {release.version} is not released for {arch}"))  # fmt: skip
-    return Matrix(covered, tuple(entries), tuple(excluded))
-
-
-def aliases_for(feed_text: str, versions: Versions, driver: Driver) -> tuple[str, ...]:
-    """The Flatcar versions the build image of driver gets an alias tag for."""
-    covered, _ = covered_releases(feed_text, versions)
-    return tuple(c.version for c in covered if not build_problem(driver, c.release.kernel_release))
+        tags = ImageTags(repository, build_image_tags(driver.version, aliases, prefix))
+        builds.append(Image(Variant.BUILD, driver, tags,
+                            tuple(Platform(arch) for arch in versions.arches), aliases=aliases,
+                            prefix=prefix))  # fmt: skip
+        for kernel, of_kernel in _by_kernel(servable).items():
+            made, left_out = precompiled_image(driver, kernel, of_kernel, os_versions,
+                                               versions.arches, repository, prefix)  # fmt: skip
+            excluded += left_out
+            if made is not None:
+                precompiled.append(made)
+    return Matrix(covered, (*builds, *precompiled), tuple(excluded), notes, repository, prefix,
+                  versions.arches)  # fmt: skip
 
 
 # --- output ------------------------------------------------------------------------------------
 
 
-def _entry_json(entry: Entry) -> dict[str, Any]:
-    release = entry.release
+def _entry_json(image: Image, platform: Platform) -> dict[str, Any]:
+    streams = list(dict.fromkeys(s for c in platform.releases for s in c.streams))
     return {
-        "id": entry.id,
-        "variant": entry.variant.value,
-        "driver": entry.driver.version,
-        "branch": entry.driver.branch,
-        "arch": entry.arch,
-        "flatcar": release.version if release else "",
-        "channel": release.release.channel if release else "",
-        "streams": list(release.streams) if release else [],
-        "kernel": release.release.kernel_release if release else "",
-        "aliases": list(entry.aliases),
-        "repository": entry.tags.repository,
-        "tags": list(entry.tags.tags),
+        "id": f"{image.id}-{platform.arch}",
+        "variant": image.variant.value,
+        "driver": image.driver.version,
+        "branch": image.driver.branch,
+        "arch": platform.arch,
+        "flatcar": [c.version for c in platform.releases],
+        "streams": streams,
+        "kernel": image.kernel,
+        "aliases": list(image.aliases),
+        "repository": image.tags.repository,
+        "tags": list(image.tags.tags),
     }
+
+
+def publish_group(matrix: Matrix, arch: str = "") -> str:
+    """The concurrency group of a job that pushes the matrix's tags (one arch's, or the merge)."""
+    tags = f"{matrix.repository}:{matrix.prefix or '<release tags>'}"
+    return f"publish {tags}{f' {arch}' if arch else ''}"
 
 
 def to_json(matrix: Matrix) -> str:
     """One line of JSON (see the module docstring for its shape)."""
     document = {
-        "include": [_entry_json(entry) for entry in matrix.entries],
+        "include": [_entry_json(i, p) for i in matrix.images for p in i.platforms],
         # The drivers with a build image, oldest first: a job per driver fans out over these.
-        "drivers": list(dict.fromkeys(
-            e.driver.version for e in matrix.entries if e.variant is Variant.BUILD
-        )),
+        "drivers": [i.driver.version for i in matrix.images if i.variant is Variant.BUILD],
+        "arches": [{"arch": arch, "runner": RUNNERS[arch], "group": publish_group(matrix, arch)}
+                   for arch in matrix.arches],
+        "group": publish_group(matrix),
         "excluded": [vars(exclusion) for exclusion in matrix.excluded],
+        "notes": list(matrix.notes),
         "releases": [
             {"flatcar": c.version, "channel": c.release.channel, "streams": list(c.streams),
              "kernel": c.release.kernel_release}
@@ -401,11 +346,9 @@ def to_json(matrix: Matrix) -> str:
     return json.dumps(document, separators=(",", ":"))
 
 
-def _tags_cell(entry: Entry) -> str:
-    if entry.variant is Variant.BUILD:
-        aliases = len(entry.tags.tags) - 1
-        return f"{entry.tags.tags[0]} (+{aliases} alias{'es' if aliases != 1 else ''})"
-    return ", ".join(entry.tags.tags)
+def _tags_cell(image: Image) -> str:
+    extra = len(image.tags.tags) - 1
+    return f"{image.tags.tags[0]} (+{extra} tag{'s' if extra != 1 else ''})"
 
 
 def to_table(matrix: Matrix) -> str:
@@ -415,12 +358,11 @@ def to_table(matrix: Matrix) -> str:
         [(c.version, ",".join(c.streams), c.release.kernel_release, ",".join(c.release.arches))
          for c in matrix.releases],
     ))  # fmt: skip
-    lines.append(f"\nImages ({len(matrix.entries)} entries):\n")
+    lines.append(f"\nImages ({len(matrix.images)}):\n")
     lines.append(format_table(
-        ("VARIANT", "DRIVER", "FLATCAR", "KERNEL", "ARCH", "TAGS"),
-        [(e.variant.value, e.driver.version, e.release.version if e.release else "-",
-          e.release.release.kernel_release if e.release else "-", e.arch, _tags_cell(e))
-         for e in matrix.entries],
+        ("VARIANT", "DRIVER", "FLATCAR", "KERNEL", "ARCHES", "TAGS"),
+        [(i.variant.value, i.driver.version, ",".join(c.version for c in i.releases) or "-",
+          i.kernel or "-", ",".join(i.arches), _tags_cell(i)) for i in matrix.images],
     ))  # fmt: skip
     if matrix.excluded:
         lines.append(f"\nExcluded ({len(matrix.excluded)}):\n")
@@ -428,4 +370,7 @@ def to_table(matrix: Matrix) -> str:
             ("VARIANT", "DRIVER", "FLATCAR", "ARCH", "REASON"),
             [(x.variant, x.driver, x.flatcar, x.arch, x.reason) for x in matrix.excluded],
         ))  # fmt: skip
+    if matrix.notes:
+        lines.append(f"\nNotes ({len(matrix.notes)}):\n")
+        lines += [f"- {note}\n" for note in matrix.notes]
     return "".join(lines)

@@ -8,17 +8,20 @@ matrix`` covers for the driver, or only to the release named with --flatcar-vers
 from __future__ import annotations
 
 import platform
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gdc import matrix, releases
-from gdc.tags import DEFAULT_IMAGE, Variant
+from gdc import coverage, matrix, releases
+from gdc.tags import DEFAULT_IMAGE, Variant, check_repository
 from gdc.versions import ARCHES, Driver, Versions, VersionsError, driver_branch
 from nvidia_driver.flatcar import Release
 
 _MACHINE_ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 ALL_ARCHES = "all"
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_FLATCAR = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+")
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,10 @@ class Request:
     flatcar: Release  # the release a precompiled image is for; the build image's label
     aliases: tuple[str, ...]  # Flatcar versions the build image gets an alias tag for
     arches: tuple[str, ...]
+    # Precompiled: the releases it carries packages for (flatcar's first; all of one kernel),
+    # and those its <branch>-<kernel>-flatcar<A> tags name (gdc.matrix explains why all).
+    releases: tuple[str, ...] = ()
+    os_versions: tuple[str, ...] = ()
     registry: str = ""
     image: str = DEFAULT_IMAGE
     prefix: str = ""
@@ -47,6 +54,11 @@ class Request:
     git_commit: str = "unknown"
     source_url: str = "unknown"
     network: str = "host"
+    created: str = ""  # org.opencontainers.image.created: the commit's time (RFC 3339)
+
+    @property
+    def carried(self) -> tuple[str, ...]:
+        return self.releases or (str(self.flatcar.version),)
 
     @property
     def multi_arch(self) -> bool:
@@ -60,7 +72,10 @@ class Request:
         """
         given = self.driver_sha256
         if not given:
-            sums = {arch: self.driver.checksum(arch) for arch in self.arches}
+            try:
+                sums = {arch: self.driver.checksum(arch) for arch in self.arches}
+            except VersionsError as exc:
+                raise VersionsError(f"{exc}, or pass --driver-sha256") from None
         elif "=" not in given:
             sums = dict.fromkeys(self.arches, given)
         else:
@@ -107,6 +122,38 @@ def parse_arches(text: str, versions: Versions) -> tuple[str, ...]:
     return arches
 
 
+def check_sha256(text: str) -> None:
+    """--driver-sha256: 64 hex digits, or arch=HEX pairs for known arches, comma-separated."""
+    if not text:
+        return
+    pairs = [part.split("=", 1) if "=" in part else ["", part] for part in text.split(",")]
+    for arch, value in pairs:
+        if (
+            (arch and arch not in ARCHES)
+            or not _SHA256.fullmatch(value.strip().lower())
+            or (not arch and len(pairs) > 1)
+        ):
+            raise VersionsError(
+                f"invalid --driver-sha256 {text!r}: give 64 hex digits, or "
+                "amd64=<64 hex>,arm64=<64 hex>"
+            )
+
+
+def check_options(options: Options, *, push: bool = False) -> None:
+    """Everything about the options that needs no network and no Docker, checked first."""
+    parse_variant(options.variant)
+    check_repository(options.registry, options.image)
+    check_sha256(options.driver_sha256)
+    if push and not options.registry:
+        raise VersionsError(
+            "--push needs --registry (e.g. ghcr.io/<your owner>): without one docker would "
+            "push to Docker Hub's library/"
+        )
+    if options.flatcar_version and not _FLATCAR.fullmatch(options.flatcar_version):
+        raise VersionsError(f"invalid --flatcar-version {options.flatcar_version!r}: expected "
+                            "MAJOR.MINOR.PATCH such as 4593.2.5")  # fmt: skip
+
+
 def parse_variant(text: str) -> Variant:
     try:
         return Variant(text)
@@ -131,6 +178,15 @@ def _driver(options: Options, versions: Versions) -> Driver:
         return Driver(options.driver_version, {})
 
 
+def _covered(feed: str, versions: Versions, lts_info: coverage.LtsInfo | None) -> (
+    tuple[coverage.Covered, ...]
+):  # fmt: skip
+    try:
+        return coverage.covered_releases(feed, versions, lts_info)[0]
+    except releases.ReleaseError:
+        return ()  # a named release builds without the matrix
+
+
 def resolve(
     options: Options,
     versions: Versions,
@@ -139,22 +195,37 @@ def resolve(
     reader: releases.FeedReader = releases.read_url,
     git_commit: str = "unknown",
     source_url: str = "unknown",
+    created: str = "",
 ) -> Request:
+    """The request options name; without --flatcar-version, the current stable release's
+    precompiled image with every covered release of its kernel, as invoke publish builds it."""
+    check_options(options)
     variant = parse_variant(options.variant)
     driver = _driver(options, versions)
+    arches = parse_arches(options.arch, versions)
     feed = releases.load_feed(releases.feed_url(env, options.releases_url), reader)
     if options.flatcar_version:
         flatcar = releases.find_release(feed, options.flatcar_version)
         aliases: tuple[str, ...] = (str(flatcar.version),)
+        carried, os_versions = aliases, aliases
     else:
         flatcar = releases.current_stable(feed)
-        aliases = matrix.aliases_for(feed, versions, driver)
+        lts = releases.lts_info(env, reader) if "lts" in versions.channels else None
+        covered = [c for c in _covered(feed, versions, lts)
+                   if not matrix.build_problem(driver, c.release.kernel_release)]  # fmt: skip
+        aliases = tuple(c.version for c in covered)
+        same_kernel = [c.version for c in covered
+                       if c.release.kernel_release == flatcar.kernel_release]  # fmt: skip
+        carried = tuple(dict.fromkeys([str(flatcar.version), *same_kernel]))
+        os_versions = tuple(dict.fromkeys([*aliases, *carried]))
     return Request(
         variant=variant,
         driver=driver,
         flatcar=flatcar,
         aliases=aliases,
-        arches=parse_arches(options.arch, versions),
+        arches=arches,
+        releases=carried,
+        os_versions=os_versions,
         registry=options.registry,
         image=options.image,
         prefix=options.prefix,
@@ -163,4 +234,5 @@ def resolve(
         git_commit=git_commit,
         source_url=source_url,
         network=options.network,
+        created=created,
     )

@@ -1,47 +1,53 @@
-"""``invoke publish``: build and push what the registry lacks, for every image of the matrix.
+"""``invoke publish``: build what the registry lacks or what changed, for every image of the matrix.
 
-An image is the matrix entries of one variant, driver and release: one tag set, one platform
-per arch. For each, the registry is asked about every tag (:mod:`gdc.registry`):
+An image (:class:`gdc.matrix.Image`) has one platform per arch. Each arch is built natively on
+its own (a CI job per arch on a native runner), pushed under a staging tag
+(:meth:`~gdc.matrix.Image.staging_tag`), and the arches are then merged into one index under
+every tag of the image. Steps (``--step``): ``stage`` builds one or more arches, ``merge``
+writes the indexes, ``all`` (the default) does both, image by image.
 
-* every tag there, pointing at one image with every arch: **skipped**;
-* the first tag there with every arch, other tags missing or pointing elsewhere: **tagged**,
-  those tags get the first tag's manifest by a manifest PUT (no build, no blob moves); this is
-  how the build image gets its alias for a new Flatcar release;
-* otherwise **built** with every tag and arch (``invoke build``'s code: buildx for several
-  arches) and pushed, then looked up again to confirm.
+Stage, per arch: the registry's image under the staging tag is read (manifest and config), and
+its recorded build inputs (:mod:`gdc.inputs`) are compared with what would be built now:
 
-Build images go first; a precompiled image is built on its driver's build image in the
-registry and fails, saying so, when that one failed. Each image is otherwise independent: a
-failure is recorded and the run goes on. Nothing is remembered between runs (the registry is
-asked again each time), so a re-run after a failure or an interruption completes the rest.
+* no image, or other inputs (the entrypoint, the patches, a Dockerfile, the base image, the
+  driver, a release to carry): **built** and pushed, saying why; ``--rebuild`` forces it;
+* the same inputs: **skipped**.
+
+Merge: the index of the arches' images is made the same way every time, so its digest is known
+before it is written; every tag that does not point at it gets it (a manifest PUT: no blob
+moves), e.g. the build image's alias for a new Flatcar release: **tagged**.
+
+Build images go first. A precompiled image starts from its build image's staging tag and fails,
+saying so, only when that build *failed* (a failed tag does not block it). Everything else is
+independent: a failure is recorded and the run goes on. Nothing is remembered between runs, so
+a run cut short is completed by the next.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import Any, Protocol
 
-from gdc import images
-from gdc.docker_api import Docker, DockerError, Progress
-from gdc.matrix import Covered, Exclusion, Matrix
-from gdc.plan import Request, Sources
-from gdc.registry import Manifest, Registry, RegistryError, Repository
-from gdc.releases import ReleaseError
+from gdc import inputs
+from gdc.images import Base
+from gdc.matrix import Exclusion, Image, Matrix
+from gdc.registry import INDEX_TYPES, Manifest, Registry, RegistryError, Repository
 from gdc.table import format_table
-from gdc.tags import DEFAULT_IMAGE, ImageTags, TagError, Variant
-from gdc.versions import Driver, VersionsError
-from nvidia_driver.errors import DriverError
+from gdc.tags import Variant
 
-FAILURES = (DockerError, RegistryError, VersionsError, TagError, ReleaseError, DriverError, OSError)
+OCI_INDEX, DOCKER_LIST = INDEX_TYPES
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 
 
-class Action(StrEnum):
-    BUILD = "build"
-    TAG = "tag"
-    SKIP = "skip"
-    FAIL = "fail"
+class Step(StrEnum):
+    STAGE = "stage"
+    MERGE = "merge"
+    ALL = "all"
 
 
 class Status(StrEnum):
@@ -52,129 +58,36 @@ class Status(StrEnum):
     EXCLUDED = "excluded"
 
 
-_DONE = {Action.BUILD: Status.BUILT, Action.TAG: Status.TAGGED, Action.SKIP: Status.SKIPPED,
-         Action.FAIL: Status.FAILED}  # fmt: skip
+class BuildError(RuntimeError):
+    """A build or push that failed; the message is one line saying why."""
 
 
 @dataclass(frozen=True)
-class Image:
-    """The matrix entries that share one tag set: one image, one platform per arch."""
+class Descriptor:
+    """One arch's image as an index lists it."""
 
-    variant: Variant
-    driver: Driver
-    arches: tuple[str, ...]
-    tags: ImageTags
-    release: Covered | None = None
-    aliases: tuple[str, ...] = ()
+    media_type: str
+    digest: str
+    size: int
+    platform: dict[str, str]
 
-    @property
-    def platforms(self) -> frozenset[str]:
-        return frozenset(f"linux/{arch}" for arch in self.arches)
-
-
-def images_of(matrix: Matrix) -> tuple[Image, ...]:
-    """The matrix's images, build images first, each with the arches of its entries."""
-    grouped: dict[tuple[str, ...], Image] = {}
-    for entry in matrix.entries:
-        key = (entry.variant, entry.driver.version, entry.tags.primary)
-        known = grouped.get(key)
-        arches = (*known.arches, entry.arch) if known else (entry.arch,)
-        grouped[key] = Image(entry.variant, entry.driver, arches, entry.tags, entry.release,
-                             entry.aliases)  # fmt: skip
-    ordered = sorted(grouped.values(), key=lambda image: image.variant is not Variant.BUILD)
-    return tuple(ordered)
-
-
-@dataclass(frozen=True)
-class Step:
-    """What to do for one image, and why."""
-
-    image: Image
-    action: Action
-    reason: str
-    tags: tuple[str, ...] = ()  # to copy the source manifest to (TAG)
-    source: str = ""  # the digest the first tag points at
-
-
-def _one_line(error: Exception) -> str:
-    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-
-
-def plan_image(image: Image, registry: Registry, repository: Repository) -> Step:
-    """Ask the registry about every tag of image and decide (the module docstring's rules)."""
-    name, first = repository.name, image.tags.tags[0]
-    try:
-        digests = {tag: registry.digest(name, tag) for tag in image.tags.tags}
-        source = digests[first]
-        lacking = image.platforms - registry.platforms(name, first) if source else set()
-    except RegistryError as exc:
-        return Step(image, Action.FAIL, str(exc))
-    if source is None or lacking:
-        why = f"lacks {', '.join(sorted(lacking))}" if lacking else "not in the registry"
-        try:
-            for arch in image.arches:
-                image.driver.checksum(arch)
-        except VersionsError as exc:
-            return Step(image, Action.FAIL, f"{first} {why}, and cannot be built: {exc}")
-        return Step(image, Action.BUILD, f"{first} {why}", image.tags.tags)
-    stale = tuple(tag for tag, digest in digests.items() if digest != source)
-    if stale:
-        missing = [tag for tag in stale if digests[tag] is None]
-        why = "missing" if len(missing) == len(stale) else "missing or pointing elsewhere"
-        return Step(image, Action.TAG, f"{len(stale)} tag(s) {why}", stale, source)
-    return Step(image, Action.SKIP, f"all {len(digests)} tag(s) exist", source=source)
+    def json(self) -> dict[str, Any]:
+        return {"mediaType": self.media_type, "digest": self.digest, "size": self.size,
+                "platform": self.platform}  # fmt: skip
 
 
 class Builder(Protocol):
-    def __call__(self, image: Image, build_image: str) -> None:
-        """Build image (a precompiled one on build_image, in the registry) and push every tag."""
+    def base(self, image: Image, arch: str) -> Base:
+        """What a build image of arch starts FROM (a precompiled one: its build image)."""
         ...
 
+    def inputs(self, image: Image, arch: str, base: Base) -> dict[str, str]:
+        """The build inputs a build of image for arch would record now."""
+        ...
 
-@dataclass(frozen=True)
-class BuildSettings:
-    """What every build of a publish run shares (``invoke build``'s options)."""
-
-    registry: str
-    image: str = DEFAULT_IMAGE
-    prefix: str = ""
-    sources: Sources = field(default_factory=Sources)
-    network: str = "host"
-    git_commit: str = "unknown"
-    source_url: str = "unknown"
-
-
-@dataclass(frozen=True)
-class DockerBuilder:
-    """Builds and pushes with ``invoke build``'s code (:mod:`gdc.images`)."""
-
-    settings: BuildSettings
-    releases: tuple[Covered, ...]  # the matrix's; a build image's request names the first
-    connect: Callable[[bool], Docker]  # multi-arch? -> the Docker adapter
-    progress: Progress
-
-    def request(self, image: Image) -> Request:
-        release = image.release or self.releases[0]
-        return Request(
-            variant=image.variant,
-            driver=image.driver,
-            flatcar=release.release,
-            aliases=image.aliases,
-            arches=image.arches,
-            registry=self.settings.registry,
-            image=self.settings.image,
-            prefix=self.settings.prefix,
-            sources=self.settings.sources,
-            git_commit=self.settings.git_commit,
-            source_url=self.settings.source_url,
-            network=self.settings.network,
-        )
-
-    def __call__(self, image: Image, build_image: str) -> None:
-        request = self.request(image)
-        docker = self.connect(request.multi_arch)
-        built = images.build_images(request, docker, self.progress, build_image=build_image)
-        images.push_images(built, docker, self.progress)
+    def build(self, image: Image, arch: str, base: Base) -> None:
+        """Build image for arch on base and push it under its staging tag; BuildError if not."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -184,29 +97,152 @@ class Outcome:
     detail: str
     digest: str = ""
     planned: bool = False  # a dry run's step: nothing was done
+    seconds: float = 0.0
 
 
-def _execute(step: Step, registry: Registry, repository: Repository, builder: Builder,
-             build_image: str) -> Outcome:  # fmt: skip
-    image, name = step.image, repository.name
-    if step.action in {Action.SKIP, Action.FAIL}:
-        return Outcome(image, _DONE[step.action], step.reason, step.source)
-    try:
-        if step.action is Action.TAG:
-            manifest: Manifest = registry.manifest(name, step.source)
-            for tag in step.tags:
-                registry.put_manifest(name, tag, manifest)
-            return Outcome(image, Status.TAGGED, f"added {', '.join(step.tags)}", step.source)
-        builder(image, build_image)
-        pushed = {tag: registry.digest(name, tag) for tag in image.tags.tags}
-    except FAILURES as exc:
-        return Outcome(image, Status.FAILED, f"{step.reason}; {step.action} failed: "
-                                             f"{_one_line(exc)}")  # fmt: skip
-    absent = [tag for tag, digest in pushed.items() if digest is None]
-    if absent:
-        return Outcome(image, Status.FAILED,
-                       f"built, but the registry has no {', '.join(absent)}")  # fmt: skip
-    return Outcome(image, Status.BUILT, step.reason, pushed[image.tags.tags[0]] or "")
+def _one_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def index_for(descriptors: Iterable[Descriptor]) -> Manifest:
+    """The index of the arches' images, byte for byte the same for the same images."""
+    listed = list(descriptors)
+    media_type = DOCKER_LIST if all(d.media_type == DOCKER_MANIFEST for d in listed) else OCI_INDEX
+    body = json.dumps({"schemaVersion": 2, "mediaType": media_type,
+                       "manifests": [d.json() for d in listed]},
+                      sort_keys=True, separators=(",", ":")).encode()  # fmt: skip
+    return Manifest(media_type, body, "sha256:" + hashlib.sha256(body).hexdigest())
+
+
+@dataclass
+class Publisher:
+    """One run: the registry, the builder, and what this run learnt about each staging tag."""
+
+    matrix: Matrix
+    registry: Registry
+    repository: Repository
+    builder: Builder
+    dry_run: bool = False
+    rebuild: bool = False
+    say: Callable[[str], None] = print
+    staged: dict[tuple[str, str], Descriptor] = field(default_factory=dict)  # (image id, arch)
+    failed_builds: dict[tuple[str, str], str] = field(default_factory=dict)  # (driver, arch)
+    planned: set[tuple[str, str]] = field(default_factory=set)  # a dry run's builds
+
+    # --- the registry's view of one arch ------------------------------------------------------
+
+    def _read(self, image: Image, arch: str) -> tuple[Descriptor, dict[str, Any]] | None:
+        name, tag = self.repository.name, image.staging_tag(arch)
+        if self.registry.digest(name, tag) is None:
+            return None
+        manifest = self.registry.manifest(name, tag)
+        config = self.registry.config(name, manifest)
+        platform = {"os": str(config.get("os", "linux")),
+                    "architecture": str(config.get("architecture", arch))}  # fmt: skip
+        if config.get("variant"):
+            platform["variant"] = str(config["variant"])
+        size = len(manifest.body)
+        return Descriptor(manifest.media_type, manifest.digest, size, platform), config
+
+    def _base(self, image: Image, arch: str) -> Base:
+        if image.variant is Variant.BUILD:
+            return self.builder.base(image, arch)
+        build = self.matrix.build_image(image.driver)
+        failed = self.failed_builds.get((image.driver.version, arch))
+        if failed:
+            raise BuildError(f"its build image failed on {arch} ({failed})")
+        staged = self.staged.get((build.id, arch))
+        reference = f"{self.repository}:{build.staging_tag(arch)}"
+        if staged is None and (build.id, arch) in self.planned:
+            return Base(reference, "")  # a dry run: the build image would be built first
+        if staged is None:
+            raise BuildError(f"its build image {reference} is not in the registry")
+        return Base(reference, staged.digest)
+
+    # --- stage --------------------------------------------------------------------------------
+
+    def stage(self, image: Image, arch: str) -> tuple[Status, str]:
+        """Build or skip one arch; (status, why)."""
+        base = self._base(image, arch)
+        found = self._read(image, arch)
+        if found is None:
+            reasons = ["not in the registry"]
+        elif not base.digest:
+            reasons = ["its build image would be built first"]
+        elif self.rebuild:
+            reasons = ["--rebuild"]
+        else:
+            recorded = inputs.from_labels((found[1].get("config") or {}).get("Labels"))
+            reasons = inputs.changes(recorded, self.builder.inputs(image, arch, base))
+        if not reasons:
+            self.staged[(image.id, arch)] = found[0]  # type: ignore[index]
+            return Status.SKIPPED, f"{arch}: up to date"
+        why = f"{arch}: {'; '.join(reasons)}"
+        if self.dry_run:
+            self.planned.add((image.id, arch))
+            return Status.BUILT, why
+        self.builder.build(image, arch, base)
+        pushed = self._read(image, arch)
+        if pushed is None:
+            raise BuildError(f"built, but the registry has no {image.staging_tag(arch)}")
+        self.staged[(image.id, arch)] = pushed[0]
+        return Status.BUILT, why
+
+    # --- merge --------------------------------------------------------------------------------
+
+    def merge(self, image: Image) -> tuple[Status, str]:
+        descriptors = []
+        for arch in image.arches:
+            staged = self.staged.get((image.id, arch))
+            if staged is None:
+                found = self._read(image, arch)
+                if found is None:
+                    return Status.FAILED, (f"no {arch} image under {image.staging_tag(arch)} to "
+                                           "merge: its stage failed or has not run")  # fmt: skip
+                staged = found[0]
+            descriptors.append(staged)
+        index = index_for(descriptors)
+        name = self.repository.name
+        stale = [tag for tag in image.tags.tags if self.registry.digest(name, tag) != index.digest]
+        if not stale:
+            return Status.SKIPPED, f"all {len(image.tags.tags)} tags up to date"
+        if not self.dry_run:
+            for tag in stale:
+                self.registry.put_manifest(name, tag, index)
+        return Status.TAGGED, f"{len(stale)} of {len(image.tags.tags)} tags set"
+
+    # --- one image ----------------------------------------------------------------------------
+
+    def publish_image(self, image: Image, arches: tuple[str, ...], step: Step) -> Outcome:
+        started = time.monotonic()
+        built, details, failed = False, [], False
+        if step is not Step.MERGE:
+            for arch in (a for a in image.arches if a in arches):
+                try:
+                    status, why = self.stage(image, arch)
+                except (BuildError, RegistryError) as exc:
+                    failed = True
+                    details.append(f"{arch}: {_one_line(exc)}")
+                    if image.variant is Variant.BUILD:
+                        self.failed_builds[(image.driver.version, arch)] = _one_line(exc)
+                    continue
+                built = built or status is Status.BUILT
+                if status is Status.BUILT:
+                    details.append(why)
+        merged = Status.SKIPPED
+        if step is not Step.STAGE and not failed and not (self.dry_run and built):
+            try:
+                merged, why = self.merge(image)
+            except RegistryError as exc:
+                merged, why = Status.FAILED, _one_line(exc)
+            if merged is not Status.SKIPPED or not details:
+                details.append(why)
+        status = (Status.FAILED if failed or merged is Status.FAILED else Status.BUILT if built
+                  else merged)  # fmt: skip
+        seconds = time.monotonic() - started
+        return Outcome(image, status, "; ".join(details) or "up to date", planned=self.dry_run,
+                       seconds=seconds)  # fmt: skip
 
 
 def publish(
@@ -215,45 +251,29 @@ def publish(
     repository: Repository,
     builder: Builder,
     *,
+    arches: tuple[str, ...] = (),
+    step: Step = Step.ALL,
+    variant: Variant | None = None,
     dry_run: bool = False,
+    rebuild: bool = False,
     say: Callable[[str], None] = print,
 ) -> list[Outcome]:
     """Plan and (unless dry_run) carry out every image of matrix; one outcome per image."""
-    outcomes: list[Outcome] = []
-    failed_builds: dict[str, str] = {}  # driver version -> its build image's reference
-    for image in images_of(matrix):
-        step = plan_image(image, registry, repository)
-        build_image = f"{repository}:{_build_tag(matrix, image.driver)}"
-        if step.action is Action.BUILD and image.driver.version in failed_builds:
-            step = Step(image, Action.FAIL, f"{step.reason}, and its build image "
-                                            f"{build_image} failed")  # fmt: skip
-        say(f"{step.action}: {repository}:{image.tags.tags[0]} ({step.reason})")
-        if dry_run:
-            outcomes.append(
-                Outcome(image, _DONE[step.action], step.reason, step.source, planned=True)
-            )
-            continue
-        outcome = _execute(step, registry, repository, builder, build_image)
-        if image.variant is Variant.BUILD and outcome.status is Status.FAILED:
-            failed_builds[image.driver.version] = build_image
+    run = Publisher(matrix, registry, repository, builder, dry_run, rebuild, say)
+    chosen = [i for i in matrix.images if variant in (None, i.variant)]
+    wanted = arches or matrix.arches
+    outcomes = []
+    for number, image in enumerate(chosen, start=1):
+        counter = f"[{number}/{len(chosen)}]"
+        say(f"{counter} {image.label}: {repository}:{image.tags.tags[0]}")
+        outcome = run.publish_image(image, wanted, step)
+        verb = _status(outcome)
+        say(f"{counter} {verb} in {outcome.seconds:.1f} s: {outcome.detail}")
         outcomes.append(outcome)
     return outcomes
 
 
-def _build_tag(matrix: Matrix, driver: Driver) -> str:
-    return next(
-        entry.tags.tags[0]
-        for entry in matrix.entries
-        if entry.variant is Variant.BUILD and entry.driver.version == driver.version
-    )
-
-
 # --- the summary -------------------------------------------------------------------------------
-
-
-def _label(image: Image) -> str:
-    release = f" for Flatcar {image.release.version}" if image.release else ""
-    return f"{image.variant} {image.driver.version}{release}"
 
 
 def _status(outcome: Outcome) -> str:
@@ -264,23 +284,40 @@ def _status(outcome: Outcome) -> str:
 
 
 def summary(
-    outcomes: Iterable[Outcome], excluded: Iterable[Exclusion], repository: Repository | str
+    outcomes: Iterable[Outcome],
+    excluded: Iterable[Exclusion],
+    repository: Repository | str,
+    notes: Iterable[str] = (),
 ) -> str:
-    """The table printed at the end: one row per image and per exclusion, then the counts."""
+    """The table printed at the end: one row per image and per exclusion, then the counts.
+
+    A failure with the same detail as one above says so instead of repeating it.
+    """
     outcomes, excluded = list(outcomes), list(excluded)
-    rows = [(_status(o), _label(o.image), ",".join(o.image.arches), o.image.tags.tags[0],
-             o.detail) for o in outcomes]  # fmt: skip
+    rows: list[tuple[str, ...]] = []
+    first_with: dict[str, str] = {}
+    for o in outcomes:
+        detail = o.detail
+        if o.status is Status.FAILED:
+            if detail in first_with:
+                detail = f"the same failure as {first_with[detail]}"
+            else:
+                first_with[detail] = o.image.tags.tags[0]
+        seconds = f"{o.seconds:.0f} s" if o.seconds >= 1 else "-"
+        rows.append((_status(o), o.image.label, ",".join(o.image.arches), o.image.tags.tags[0],
+                     seconds, detail))  # fmt: skip
     rows += [(Status.EXCLUDED.value, f"{x.variant} {x.driver} for Flatcar {x.flatcar}", x.arch,
-              "-", x.reason) for x in excluded]  # fmt: skip
+              "-", "-", x.reason) for x in excluded]  # fmt: skip
     counts: dict[str, int] = {}
     for row in rows:
         counts[row[0]] = counts.get(row[0], 0) + 1
     total = ", ".join(f"{status} {count}" for status, count in counts.items())
     header = f"Summary for {repository}:\n"
-    table = format_table(("STATUS", "IMAGE", "ARCHES", "TAG", "DETAIL"), rows)
-    return f"{header}{table}{total or 'nothing to publish'}\n"
+    table = format_table(("STATUS", "IMAGE", "ARCHES", "TAG", "TIME", "DETAIL"), rows)
+    noted = "".join(f"note: {note}\n" for note in notes)
+    return f"{header}{table}{noted}{total or 'nothing to publish'}\n"
 
 
 def failures(outcomes: Iterable[Outcome]) -> list[Outcome]:
-    """The images that failed (a dry run's predicted failures are not failures of the run)."""
-    return [o for o in outcomes if o.status is Status.FAILED and not o.planned]
+    """The images that failed, or (in a dry run) would fail."""
+    return [o for o in outcomes if o.status is Status.FAILED]

@@ -1,6 +1,9 @@
 """A small OCI distribution API client (through ``requests``): which tags exist, and tag copies.
 
 Registries on 127.0.0.1 or localhost are spoken to over plain http, all others over https.
+Answers 429 and 5xx are retried, a bounded number of times with exponential backoff, honouring
+``Retry-After`` (seconds or an HTTP date) up to :data:`MAX_RETRY_AFTER_SECONDS`.
+
 On a 401 the client follows the ``WWW-Authenticate`` challenge: for ``Bearer`` (ghcr.io, Docker
 Hub, registry:2 with token auth) it asks the realm for a token for the challenge's service and
 scope, for ``Basic`` it sends the credentials. Credentials, first found wins:
@@ -16,10 +19,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+import email.utils
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,9 +41,13 @@ IMAGE_TYPES = (
 )
 MANIFEST_ACCEPT = ", ".join((*INDEX_TYPES, *IMAGE_TYPES))
 TIMEOUT_SECONDS = 60
+RETRIES = 4  # after the first attempt: 1 + 2 + 4 + 8 s of backoff at most, Retry-After aside
+BACKOFF_SECONDS = 1.0
+MAX_RETRY_AFTER_SECONDS = 60.0
+RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})
 PLAIN_HTTP_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]"})
 _CHALLENGE_PARAM = re.compile(r'(\w+)="([^"]*)"')
-_PORT = re.compile(r":\d+$")
+_PORT = re.compile(r":[0-9]+$")
 _HOST = re.compile(r"[^/]*[.:][^/]*|localhost")
 _NOT_FOUND = 404
 _UNAUTHORIZED = 401
@@ -143,11 +152,17 @@ class Registry:
         *,
         credentials: Credentials | None = None,
         session: requests.Session | None = None,
+        retries: int = RETRIES,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.host = host
         self.base_url = f"{'http' if plain_http(host) else 'https'}://{host}"
         self.credentials = credentials
         self.session = session or requests.Session()
+        self.retries = retries
+        self.sleep = sleep
+        self.requests = 0  # sent, retries included: what a run cost
+        self.retried = 0
         self._auth: dict[str, str] = {}  # "<name>:<actions>" -> Authorization header
 
     # --- the API ---------------------------------------------------------------------------
@@ -170,6 +185,22 @@ class Registry:
             "sha256:" + hashlib.sha256(body).hexdigest()
         )
         return Manifest(media_type or str(json.loads(body).get("mediaType", "")), body, digest)
+
+    def check(self, name: str) -> None:
+        """Reach the registry and get read access to name, once, before anything is planned."""
+        self.digest(name, "gdc-publish-probe")
+
+    def config(self, name: str, manifest: Manifest) -> dict[str, Any]:
+        """The image config an image manifest points at (labels, os, architecture)."""
+        digest = str(manifest.json().get("config", {}).get("digest", ""))
+        response = self._send("GET", name, f"blobs/{digest}", "pull")
+        self._check(response, "GET", name, digest)
+        try:
+            config = response.json()
+        except ValueError:
+            raise RegistryError(f"the registry {self.host} returned a config blob {digest} "
+                                "that is not JSON") from None  # fmt: skip
+        return config if isinstance(config, dict) else {}
 
     def platforms(self, name: str, reference: str) -> frozenset[str]:
         """``os/arch`` of each image behind name:reference (attestation entries left out)."""
@@ -212,13 +243,23 @@ class Registry:
         return {**headers, "Authorization": self._auth[key]} if key in self._auth else headers
 
     def _request(self, method: str, url: str, **kwargs: Any) -> requests.Response:
-        try:
-            return self.session.request(method, url, timeout=TIMEOUT_SECONDS, **kwargs)
-        except requests.RequestException as exc:
-            raise RegistryError(
-                f"cannot reach the registry {self.host} ({_first_line(exc)}): check --registry "
-                "and that the registry is up"
-            ) from None
+        for attempt in range(self.retries + 1):
+            self.requests += 1
+            try:
+                response = self.session.request(method, url, timeout=TIMEOUT_SECONDS, **kwargs)
+            except requests.RequestException as exc:
+                raise RegistryError(
+                    f"cannot reach the registry {self.host} ({_first_line(exc)}): check "
+                    "--registry and that the registry is up"
+                ) from None
+            if response.status_code not in RETRIED_STATUSES or attempt == self.retries:
+                return response
+            wait = _retry_after(response, BACKOFF_SECONDS * 2**attempt)
+            if wait > MAX_RETRY_AFTER_SECONDS:
+                return response  # the caller says what the registry answered
+            self.retried += 1
+            self.sleep(wait)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _authorize(self, challenge: requests.Response, name: str, actions: str) -> str:
         header = challenge.headers.get("WWW-Authenticate", "")
@@ -262,6 +303,20 @@ class Registry:
             f"{response.status_code} {response.reason}{detail}: check the registry and the "
             "credentials' permissions"
         )
+
+
+def _retry_after(response: requests.Response, backoff: float) -> float:
+    """Seconds to wait before the next attempt: Retry-After when the answer has one."""
+    header = response.headers.get("Retry-After", "").strip()
+    if header.isascii() and header.isdigit():
+        return float(header)
+    if header:
+        try:
+            when = email.utils.parsedate_to_datetime(header)
+        except (TypeError, ValueError):
+            return backoff
+        return max(0.0, when.timestamp() - time.time())
+    return backoff
 
 
 def _error_detail(response: requests.Response) -> str:

@@ -1,35 +1,29 @@
-"""Which Flatcar releases to build for, from Flatcar's releases feed (nvidia_driver's parser)."""
+"""Flatcar's releases feed and lts-info, read for the tooling (:mod:`gdc.coverage` parses them)."""
 
 from __future__ import annotations
 
-import urllib.request
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 
+from gdc.coverage import LTS_INFO_URL, LTS_INFO_URL_ENV, LtsInfo, ReleaseError, parse_lts_info
+from gdc.coverage import read_feed as _read_feed
+from gdc.download import DownloadError, read_text
 from nvidia_driver.errors import DriverError
 from nvidia_driver.flatcar import (
     RELEASES_URL_ENV,
+    Channel,
     FlatcarVersion,
     Release,
-    current_releases,
-    parse_releases,
     releases_url_from_env,
 )
 
-FEED_TIMEOUT_SECONDS = 60
+__all__ = ["FeedReader", "ReleaseError", "current_stable", "find_release", "load_feed"]
 
 FeedReader = Callable[[str], str]
 
 
-class ReleaseError(LookupError):
-    """The feed cannot say what was asked."""
-
-
 def read_url(url: str) -> str:
-    """The feed's text (https, or http/file for mirrors and tests)."""
-    if not url.startswith(("https://", "http://", "file://")):
-        raise ReleaseError(f"releases feed URL {url!r} is not http(s) or file")
-    with urllib.request.urlopen(url, timeout=FEED_TIMEOUT_SECONDS) as response:  # noqa: S310 - scheme checked above
-        return str(response.read().decode())
+    """The text at url, within the download limits (gdc.download)."""
+    return read_text(url)
 
 
 def feed_url(env: Mapping[str, str], override: str = "") -> str:
@@ -37,21 +31,30 @@ def feed_url(env: Mapping[str, str], override: str = "") -> str:
     return override or releases_url_from_env(env)
 
 
+def lts_info_url(env: Mapping[str, str], override: str = "") -> str:
+    """--lts-info-url, else $FLATCAR_LTS_INFO_URL, else Flatcar's own."""
+    return override or env.get(LTS_INFO_URL_ENV) or LTS_INFO_URL
+
+
 def load_feed(url: str, reader: FeedReader = read_url) -> str:
     try:
         return reader(url)
-    except OSError as exc:
+    except (DownloadError, OSError) as exc:
         raise ReleaseError(
-            f"cannot read the Flatcar releases feed {url}: {exc}; set {RELEASES_URL_ENV} or "
-            "pass --releases-url for a mirror"
+            f"cannot read the Flatcar releases feed ({exc}); set {RELEASES_URL_ENV} or pass "
+            "--releases-url for a mirror"
         ) from None
 
 
-def _parsed(feed: str) -> tuple[Release, ...]:
+def lts_info(env: Mapping[str, str], reader: FeedReader = read_url, override: str = "") -> (
+    LtsInfo
+):  # fmt: skip
+    """lts-info, or why it could not be read (the matrix then judges LTS streams by age)."""
+    url = lts_info_url(env, override)
     try:
-        return parse_releases(feed)
-    except DriverError as exc:
-        raise ReleaseError(str(exc)) from None
+        return LtsInfo(parse_lts_info(reader(url)))
+    except (DownloadError, OSError, ReleaseError) as exc:
+        return LtsInfo(unavailable=f"{url}: {exc}")
 
 
 def find_release(feed: str, version: str) -> Release:
@@ -60,32 +63,24 @@ def find_release(feed: str, version: str) -> Release:
         wanted = FlatcarVersion.parse(version)
     except DriverError as exc:
         raise ReleaseError(str(exc)) from None
-    for release in _parsed(feed):
-        if release.version == wanted:
-            return release
+    parsed = _read_feed(feed)
+    if wanted in parsed.releases:
+        return parsed.releases[wanted]
+    if wanted in parsed.unusable:
+        raise ReleaseError(f"Flatcar {version} {parsed.unusable[wanted].reason}: it cannot be "
+                           "built until the feed is fixed")  # fmt: skip
     raise ReleaseError(f"Flatcar {version} is not in the releases feed; check the version")
 
 
 def current_stable(feed: str) -> Release:
-    try:
-        current = current_releases(feed)
-    except DriverError as exc:
-        raise ReleaseError(str(exc)) from None
-    if "stable" not in current:
-        raise ReleaseError("the releases feed names no current stable release")
-    return current["stable"]
-
-
-def supported_releases(feed: str, channels: Iterable[str]) -> tuple[Release, ...]:
-    """The current release of each channel; "lts" stands for every LTS stream."""
-    try:
-        current = current_releases(feed)
-    except DriverError as exc:
-        raise ReleaseError(str(exc)) from None
-    wanted = set(channels)
-    chosen = [
-        release
-        for stream, release in current.items()
-        if stream in wanted or ("lts" in wanted and stream.startswith("lts"))
-    ]
-    return tuple(sorted(set(chosen), key=lambda release: release.version))
+    parsed = _read_feed(feed)
+    versions = parsed.versions(Channel.STABLE)
+    marked = parsed.copied_by("current") if "current" in parsed.markers else None
+    newest = marked if marked is not None and marked in parsed.releases else None
+    if newest is None and versions:
+        newest = versions[-1]
+    if newest is None or newest not in parsed.releases:
+        why = parsed.unusable[newest].reason if newest in parsed.unusable else "is not there"
+        raise ReleaseError(f"the releases feed's current stable release {why}; pass "
+                           "--flatcar-version")  # fmt: skip
+    return parsed.releases[newest]

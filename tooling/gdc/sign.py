@@ -32,7 +32,6 @@ from pathlib import Path
 from gdc import commands
 from gdc.commands import Runner
 from gdc.matrix import Matrix
-from gdc.publish import images_of
 from gdc.registry import Registry, RegistryError, Repository, plain_http
 from gdc.table import format_table
 
@@ -140,7 +139,7 @@ def sign_images(
     seen: dict[str, Signed] = {}
     repository = signer.repository
     with tempfile.TemporaryDirectory(prefix="gdc-sbom.") as scratch:
-        for image in images_of(matrix):
+        for image in matrix.images:
             tag = image.tags.tags[0]
             digest: str | None = None
             try:

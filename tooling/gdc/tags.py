@@ -4,9 +4,10 @@ The Operator appends ``-<ID><VERSION_ID>`` (``-flatcar4593.2.0``) to ``driver.ve
 precompiled drivers asks for ``<driver.version>-<kernel>-flatcar<VERSION_ID>`` with the kernel
 in ``uname -r`` form. So:
 
-* a precompiled image is tagged ``<driver>-flatcar<V>`` (the Operator's default path, with
-  ``driver.version=<driver>``) and ``<branch>-<kernel>-flatcar<V>`` (``usePrecompiled``, with
-  ``driver.version=<branch>``);
+* a precompiled image (one per kernel, see :mod:`gdc.matrix`) is tagged ``<driver>-flatcar<V>``
+  for each release V it carries (the Operator's default path, with ``driver.version=<driver>``)
+  and ``<branch>-<kernel>-flatcar<A>`` for every covered release A (``usePrecompiled``, with
+  ``driver.version=<branch>``: A is the first GPU node's release, not the pulling node's);
 * the build image is tagged ``<driver>-flatcar``, plus ``<driver>-flatcar-flatcar<V>`` for each
   supported release, so that ``driver.version=<driver>-flatcar`` resolves on every node.
 
@@ -27,7 +28,7 @@ DEFAULT_IMAGE = "driver"  # the Operator's default driver.image
 _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 _NOT_IN_TAG = re.compile(r"[^A-Za-z0-9_.-]")
 _PREFIX = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
-_FLATCAR_VERSION = re.compile(r"\d+\.\d+\.\d+")
+_FLATCAR_VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+")
 
 
 class Variant(StrEnum):
@@ -87,16 +88,34 @@ def build_image_tags(
 
 
 def precompiled_tags(
-    driver_version: str, flatcar_version: str, kernel_release: str, prefix: str = ""
+    driver_version: str,
+    flatcar_versions: Iterable[str],
+    kernel_release: str,
+    os_versions: Iterable[str] = (),
+    prefix: str = "",
 ) -> tuple[str, ...]:
-    """``<driver>-flatcar<V>`` and ``<branch>-<kernel>-flatcar<V>``."""
-    suffix = os_tag(flatcar_version)
+    """``<driver>-flatcar<V>`` per release V carried, ``<branch>-<kernel>-flatcar<A>`` per A.
+
+    The second kind is for every release A in flatcar_versions and os_versions: the OS tag the
+    Operator puts there is the first GPU node's, whatever release the pulling node runs.
+    """
     branch = driver_branch(driver_version)
-    tags = (
-        f"{driver_version}-{suffix}",
-        f"{branch}-{kernel_in_tag(kernel_release)}-{suffix}",
-    )
+    carried = list(dict.fromkeys(flatcar_versions))
+    by_kernel = list(dict.fromkeys([*os_versions, *carried]))
+    kernel = kernel_in_tag(kernel_release)
+    tags = [f"{driver_version}-{os_tag(version)}" for version in carried]
+    tags += [f"{branch}-{kernel}-{os_tag(version)}" for version in by_kernel]
     return tuple(_prefixed(prefix, tag) for tag in tags)
+
+
+def staging_tag(driver_version: str, kernel_release: str, arch: str, prefix: str = "") -> str:
+    """``<driver>-flatcar-<arch>`` or ``<driver>-<kernel>-<arch>``: one arch, before merging.
+
+    No tag the Operator composes ends in an arch, so these never shadow one.
+    """
+    driver_branch(driver_version)  # validates
+    middle = kernel_in_tag(kernel_release) if kernel_release else OS_ID
+    return _prefixed(prefix, f"{driver_version}-{middle}-{arch}")
 
 
 def repository(registry: str, image: str = DEFAULT_IMAGE) -> str:
@@ -105,6 +124,28 @@ def repository(registry: str, image: str = DEFAULT_IMAGE) -> str:
     Lower-cased: registries refuse upper case in repository names, GitHub owners have it.
     """
     return (f"{registry.rstrip('/')}/{image}" if registry else image).lower()
+
+
+# The OCI distribution reference grammar (distribution/reference, regexp.go): a host with an
+# optional port, then path components of lower-case letters and digits joined by ".", "_",
+# "__" or dashes.
+_DOMAIN = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_HOST = rf"(?:{_DOMAIN}(?:\.{_DOMAIN})*|\[[0-9a-fA-F:]+\])(?::[0-9]+)?"
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_REPOSITORY = re.compile(rf"(?:{_HOST}/)?{_COMPONENT}(?:/{_COMPONENT})*")
+
+
+def check_repository(registry: str, image: str = DEFAULT_IMAGE) -> str:
+    """``<registry>/<image>`` if it is a valid repository name, else a TagError saying why."""
+    joined = repository(registry, image)
+    if not _REPOSITORY.fullmatch(joined) or len(joined) > 255:  # noqa: PLR2004 - its limit
+        what = f"--registry {registry!r}" if registry else f"--image {image!r}"
+        raise TagError(
+            f"{what} is not a valid repository (host[:port]/path, path of lower-case letters, "
+            "digits and . _ -): e.g. ghcr.io/my-org or 127.0.0.1:5000/gdc; a placeholder such "
+            "as <owner> must be replaced"
+        )
+    return joined
 
 
 def reference(registry: str, tag: str, image: str = DEFAULT_IMAGE) -> str:

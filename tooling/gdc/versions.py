@@ -14,9 +14,9 @@ ARCHES = ("amd64", "arm64")
 CHANNELS = ("alpha", "beta", "stable", "lts")
 # A checksum NVIDIA publishes but nobody has copied into the file yet.
 UNKNOWN_CHECKSUM = "TODO"
-_DRIVER_VERSION = re.compile(r"\d{3,}\.\d+(\.\d+)?")
+_DRIVER_VERSION = re.compile(r"[0-9]{3,}\.[0-9]+(\.[0-9]+)?")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-_FLATCAR_VERSION = re.compile(r"\d+\.\d+\.\d+")
+_FLATCAR_VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+")
 
 
 class VersionsError(ValueError):
@@ -49,7 +49,7 @@ class Driver:
         if value is None:
             raise VersionsError(
                 f"no SHA-256 recorded for NVIDIA-Linux-*-{self.version}.run on {arch}: copy it "
-                "from NVIDIA's download page into versions.toml, or pass --driver-sha256"
+                "from NVIDIA's download page into versions.toml"
             )
         return value
 
@@ -94,6 +94,16 @@ def parse_versions(data: Mapping[str, Any], *, source: str = "versions.toml") ->
         raise VersionsError(f'{source}: no [drivers."<version>"] table')
     drivers = [_driver(version, entry, source) for version, entry in drivers_table.items()]
     drivers.sort(key=lambda driver: _version_key(driver.version))
+    by_branch: dict[str, list[str]] = {}
+    for driver in drivers:
+        by_branch.setdefault(driver.branch, []).append(driver.version)
+    doubled = {branch: listed for branch, listed in by_branch.items() if len(listed) > 1}
+    if doubled:
+        branch, listed = next(iter(doubled.items()))
+        raise VersionsError(
+            f"{source}: drivers {' and '.join(listed)} are both branch {branch}: keep one driver "
+            "per branch (the usePrecompiled tags <branch>-<kernel>-flatcar<V> name the branch)"
+        )
     return Versions(tuple(drivers), channels, arches, pinned)
 
 

@@ -44,7 +44,8 @@ def parser() -> argparse.ArgumentParser:
             sub.add_argument(
                 "--flatcar-version",
                 metavar="V",
-                help="build for this Flatcar release instead of the running one",
+                help="build for this Flatcar release instead of the running one (several: "
+                "space- or comma-separated, one package each, side by side in --output)",
             )
             sub.add_argument(
                 "--module-type",
@@ -83,13 +84,15 @@ def dispatch(args: argparse.Namespace) -> int:
     from nvidia_driver.host import read_host_facts  # noqa: PLC0415
 
     if command == "build":
-        lifecycle.build_standalone(
-            ctx,
-            config,
-            module_type=args.module_type,
-            flatcar_version=args.flatcar_version,
-            output=args.output,
-        )
+        versions = (args.flatcar_version or "").replace(",", " ").split()
+        for version in versions or [None]:
+            lifecycle.build_standalone(
+                ctx,
+                config,
+                module_type=args.module_type,
+                flatcar_version=version,
+                output=args.output,
+            )
         return 0
     if command == "unload":
         return lifecycle.unload_standalone(ctx, config)

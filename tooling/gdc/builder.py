@@ -1,0 +1,134 @@
+"""The builder ``invoke publish`` uses: one arch at a time, with ``invoke build``'s code.
+
+Each build is the classic builder's, for this machine's arch (CI runs one job per arch on a
+native runner), tagged with the image's staging tag and pushed; :mod:`gdc.publish` merges the
+arches afterwards.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+from gdc import context, images
+from gdc.docker_api import Docker, DockerError, Progress
+from gdc.images import Base
+from gdc.matrix import Image, Matrix
+from gdc.plan import Request, Sources
+from gdc.publish import BuildError
+from gdc.tags import DEFAULT_IMAGE, Variant
+from gdc.versions import VersionsError
+
+
+@dataclass(frozen=True)
+class BuildSettings:
+    """What every build of a publish run shares (``invoke build``'s options)."""
+
+    registry: str
+    image: str = DEFAULT_IMAGE
+    prefix: str = ""
+    sources: Sources = field(default_factory=Sources)
+    network: str = "host"
+    git_commit: str = "unknown"
+    source_url: str = "unknown"
+    created: str = ""
+
+
+@dataclass
+class DockerBuilder:
+    settings: BuildSettings
+    matrix: Matrix
+    connect: Callable[[bool], Docker]  # multi-arch? -> the Docker adapter
+    progress: Progress
+    _scratch: Path | None = None
+    _contexts: dict[Variant, context.Context] = field(default_factory=dict)
+    _docker: Docker | None = None
+    _bases: dict[str, Base] = field(default_factory=dict)
+
+    def __enter__(self) -> Self:
+        self._holder = tempfile.TemporaryDirectory(prefix="gdc-publish.")
+        self._scratch = Path(self._holder.name)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:  # fmt: skip
+        self._holder.cleanup()
+
+    def docker(self) -> Docker:
+        if self._docker is None:
+            self._docker = self.connect(False)  # noqa: FBT003 - one arch per build
+        return self._docker
+
+    def context(self, variant: Variant) -> context.Context:
+        if variant not in self._contexts:
+            if self._scratch is None:
+                raise BuildError("DockerBuilder is used outside its with block")
+            self._contexts[variant] = context.assemble(
+                variant, self._scratch / variant.value, self.settings.sources.keyring
+            )
+        return self._contexts[variant]
+
+    def request(self, image: Image, arch: str) -> Request:
+        carried = image.platform(arch).releases
+        release = carried[0].release if carried else self.matrix.releases[0].release
+        return Request(
+            variant=image.variant,
+            driver=image.driver,
+            flatcar=release,
+            aliases=image.aliases,
+            arches=(arch,),
+            releases=tuple(c.version for c in carried),
+            registry=self.settings.registry,
+            image=self.settings.image,
+            prefix=self.settings.prefix,
+            sources=self.settings.sources,
+            git_commit=self.settings.git_commit,
+            source_url=self.settings.source_url,
+            network=self.settings.network,
+            created=self.settings.created,
+        )
+
+    def base(self, image: Image, arch: str) -> Base:  # noqa: ARG002 - one base for every arch
+        reference = self.settings.sources.base_image or images.default_base_image()
+        if reference not in self._bases:
+            try:
+                self._bases[reference] = images.base_of(reference, self.docker())
+            except DockerError as exc:
+                raise BuildError(str(exc)) from None
+        return self._bases[reference]
+
+    def inputs(self, image: Image, arch: str, base: Base) -> dict[str, str]:
+        request = self.request(image, arch)
+        try:
+            if image.variant is Variant.BUILD:
+                return images.build_inputs(request, self.context(Variant.BUILD), base)
+            return images.precompiled_inputs(request, self.context(Variant.PRECOMPILED), base)
+        except VersionsError as exc:
+            raise BuildError(str(exc)) from None
+
+    def build(self, image: Image, arch: str, base: Base) -> None:
+        request = self.request(image, arch)
+        reference = f"{image.tags.repository}:{image.staging_tag(arch)}"
+        docker = self.docker()
+        try:
+            if image.variant is Variant.BUILD:
+                job = images.build_job(request, self.context(Variant.BUILD), base, (reference,))
+            else:
+                job = images.precompiled_job(request, self.context(Variant.PRECOMPILED), base,
+                                             (reference,))  # fmt: skip
+            self.progress(f"Building {reference}\n")
+            docker.build(job, self.progress)
+            if image.variant is Variant.PRECOMPILED:
+                kernel = images.kernel_of(docker, reference)
+                if kernel != image.kernel:
+                    raise BuildError(f"the packages built are for kernel {kernel}, the releases "
+                                     f"feed says {image.kernel}: check the feed")  # fmt: skip
+            self.progress(f"Pushing {reference}\n")
+            docker.push(reference, self.progress)
+        except (DockerError, VersionsError) as exc:
+            text = str(exc).strip()
+            raise BuildError(text.splitlines()[0] if text else type(exc).__name__) from None

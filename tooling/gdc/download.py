@@ -1,0 +1,100 @@
+"""Small text downloads for the tooling (the releases feed, lts-info): bounded, one-line errors.
+
+A read has an overall deadline (a server that trickles a byte at a time cannot hold a run), a
+size cap, and every way it can fail ends in one :class:`DownloadError` line: an unreachable
+host, an HTTP error, a bad status line, a short read, a body that is neither UTF-8 nor gzip of
+UTF-8. A gzip body (``Content-Encoding: gzip``, or a mirror serving the file compressed) is
+inflated within the same cap.
+"""
+
+from __future__ import annotations
+
+import http.client
+import time
+import urllib.error
+import urllib.request
+import zlib
+from dataclasses import dataclass
+
+DEADLINE_SECONDS = 120.0
+MAX_BYTES = 64 << 20  # releases.json is 3.6 MB today (flatcar-website static/releases-json/)
+_READ_TIMEOUT_SECONDS = 30.0
+_CHUNK = 1 << 16
+_GZIP_MAGIC = b"\x1f\x8b"
+_SCHEMES = ("https://", "http://", "file://")
+
+
+class DownloadError(OSError):
+    """A download that did not give a complete, readable text; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    deadline: float = DEADLINE_SECONDS  # seconds for the whole transfer
+    max_bytes: int = MAX_BYTES  # on the wire and once inflated
+
+
+def read_text(url: str, limits: Limits = Limits()) -> str:
+    """The UTF-8 text at url (https, or http/file for mirrors and tests)."""
+    if not url.startswith(_SCHEMES):
+        raise DownloadError(f"{url!r} is not an http(s) or file URL")
+    started = time.monotonic()
+    try:
+        body = _read(url, limits, started)
+    except DownloadError:
+        raise
+    except urllib.error.HTTPError as exc:
+        raise DownloadError(f"{url} answered HTTP {exc.code} {exc.reason}") from None
+    except urllib.error.URLError as exc:
+        raise DownloadError(f"cannot reach {url}: {exc.reason}") from None
+    except http.client.IncompleteRead as exc:
+        raise DownloadError(f"{url}: the connection closed after {len(exc.partial)} bytes, "
+                            "before the whole body arrived") from None  # fmt: skip
+    except (http.client.HTTPException, OSError) as exc:
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DownloadError(f"reading {url} failed: {type(exc).__name__}: {detail}") from None
+    if body.startswith(_GZIP_MAGIC):
+        body = _inflate(url, body, limits.max_bytes)
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DownloadError(f"{url} is not UTF-8 text (byte {exc.start} is "
+                            f"{body[exc.start]:#04x})") from None  # fmt: skip
+
+
+def _read(url: str, limits: Limits, started: float) -> bytes:
+    timeout = min(_READ_TIMEOUT_SECONDS, limits.deadline)
+    with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - scheme checked
+        length = response.headers.get("Content-Length") if hasattr(response, "headers") else None
+        if length and length.isascii() and length.isdigit() and int(length) > limits.max_bytes:
+            raise DownloadError(f"{url} is {int(length)} bytes, more than the "
+                                f"{limits.max_bytes} allowed")  # fmt: skip
+        # read1 returns what one socket read brought: the deadline is checked between reads,
+        # where read(n) would wait for n bytes however slowly they come.
+        read = getattr(response, "read1", response.read)
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := read(_CHUNK):
+            size += len(chunk)
+            if size > limits.max_bytes:
+                raise DownloadError(f"{url} is larger than the {limits.max_bytes} bytes allowed")
+            chunks.append(chunk)
+            elapsed = time.monotonic() - started
+            if elapsed > limits.deadline:
+                raise DownloadError(f"{url}: only {size} bytes in {elapsed:.0f} s, past the "
+                                    f"{limits.deadline:.0f} s deadline; the server is too "
+                                    "slow")  # fmt: skip
+        return b"".join(chunks)
+
+
+def _inflate(url: str, body: bytes, max_bytes: int) -> bytes:
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        text = inflater.decompress(body, max_bytes + 1)
+    except zlib.error as exc:
+        raise DownloadError(f"{url}: the gzip body is damaged ({exc})") from None
+    if len(text) > max_bytes or inflater.unconsumed_tail:
+        raise DownloadError(f"{url} inflates to more than the {max_bytes} bytes allowed")
+    if not inflater.eof:
+        raise DownloadError(f"{url}: the gzip body is cut short")
+    return text
