@@ -59,6 +59,16 @@ def tests(session: nox.Session) -> None:
     session.run("pytest", "tests/unit", *session.posargs)
 
 
+@nox.session(default=False, venv_backend="virtualenv")
+def lock(session: nox.Session) -> None:
+    """Re-make requirements/*.txt, the hashed locks the publishing workflows install from."""
+    session.install("uv")
+    for name in ("pip", "tasks"):
+        session.run("uv", "pip", "compile", "--generate-hashes", "--universal", "--upgrade",
+                    "--python-version", "3.11", "--no-header", f"requirements/{name}.in",
+                    "-o", f"requirements/{name}.txt")  # fmt: skip
+
+
 @nox.session(default=False)
 def integration(session: nox.Session) -> None:
     """Run the integration tests (root, Docker and Debian's package registry needed)."""

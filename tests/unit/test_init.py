@@ -480,3 +480,31 @@ def test_unload_removes_idle_modules(host: SimulatedHost) -> None:
     result = host.run("unload")
     assert result.returncode == 0, result.stderr
     assert host.calls("rmmod") == ["rmmod nvidia_uvm nvidia"]
+
+
+def test_two_releases_of_one_kernel_share_an_image_and_both_nodes_match(
+    host: SimulatedHost,
+) -> None:
+    """As the precompiled image of one kernel is built: one package per release, side by side."""
+    import shutil  # noqa: PLC0415
+
+    banners = (BANNER, BANNER.replace("2026", "2025"))  # one kernel built twice: two banners
+    assert banners[0] != banners[1]
+    host.add_host_kernel_tree()
+    output = host.root.parent / "out"
+    for banner in banners:
+        host.set_kernel(KERNEL, banner)
+        result = host.run("build", "--module-type", "open", "--output", str(output))
+        assert result.returncode == 0, result.stderr
+    assert len(list((output / "open").glob("*/metadata.json"))) == 2
+    shutil.copytree(output, host.path("/opt/nvidia/precompiled"), dirs_exist_ok=True)
+    shutil.rmtree(host.path("/run/nvidia/cache"))  # nothing cached: only the image's packages
+    compiles = len(host.calls("make"))
+    for banner in banners:
+        host.set_kernel(KERNEL, banner)
+        driver = host.start("init")
+        driver.wait_for("Done, now waiting for signal")
+        assert driver.terminate() == 0
+        assert "kernel interface matches." in driver.output
+        assert "building one" not in driver.output
+    assert len(host.calls("make")) == compiles

@@ -123,8 +123,10 @@ def test_an_old_release_without_a_kernel_does_not_matter() -> None:
     assert len(covered) == 4
     assert excluded == ()
     assert notes == (
-        "1 older feed entry cannot be read, ignored: 4593.0.0 has no kernel in the "
-        "releases feed (major_software.kernel)",
+        (
+            "1 older feed entry cannot be read, ignored: 4593.0.0 has no kernel in the "
+            "releases feed (major_software.kernel)"
+        ),
     )
 
 
@@ -227,8 +229,8 @@ def test_a_release_not_built_for_an_arch_gets_no_platform_for_it() -> None:
 
 
 def test_a_duplicate_branch_is_refused() -> None:
-    with pytest.raises(VersionsError, match="drivers 580.105.08 and 580.178.04 are both branch "
-                       "580: keep one driver per branch"):  # fmt: skip
+    with pytest.raises(VersionsError, match=r"drivers 580\.105\.08 and 580\.178\.04 are both "
+                       "branch 580: keep one driver per branch"):  # fmt: skip
         _versions("580.105.08", "580.178.04")
 
 

@@ -57,7 +57,7 @@ class FakeBuilder:
     built: list[str] = field(default_factory=list)  # "<first tag> <arch>"
     failing: set[str] = field(default_factory=set)  # first tags whose build fails
 
-    def base(self, image: Image, arch: str) -> Base:
+    def base(self, image: Image, arch: str) -> Base:  # noqa: ARG002 - one base for all
         return Base("debian@sha256:" + "1" * 64, "sha256:" + "1" * 64)
 
     def inputs(self, image: Image, arch: str, base: Base) -> dict[str, str]:
@@ -76,8 +76,9 @@ class FakeBuilder:
             assert base.name == f"{self.registry.host}/{NAME}:610.57.04-flatcar-{arch}"
         labels = {inputs.INPUTS_LABEL: inputs.to_label(self.inputs(image, arch, base))}
         # Every build is a new image, as a real one is (its config has the build's date).
+        label = f"{first} build {len(self.built)}"
         self.registry.add_image(NAME, [image.staging_tag(arch)], (arch,), index=False,
-                                labels=labels, label=f"{first} build {len(self.built)}")  # fmt: skip
+                                labels=labels, label=label)  # fmt: skip
 
 
 def _matrix(registry: OCIRegistry, feed: dict[str, Any] | None = None,
@@ -105,10 +106,12 @@ def test_one_build_image_per_driver_and_one_precompiled_image_per_kernel(
     registry: OCIRegistry,
 ) -> None:
     covered = _matrix(registry, versions=_versions(channels=("stable", "beta", "alpha", "lts")))
-    assert [(i.variant.value, i.kernel, [c.version for c in i.releases]) for i in covered.images
-            ] == [("build", "", []),
-                  ("precompiled", "6.6.150-flatcar", ["4081.3.10"]),
-                  ("precompiled", "6.12.102-flatcar", ["4593.2.5", "4757.1.0", "4790.0.0"])]  # fmt: skip
+    found = [(i.variant.value, i.kernel, [c.version for c in i.releases]) for i in covered.images]
+    assert found == [
+        ("build", "", []),
+        ("precompiled", "6.6.150-flatcar", ["4081.3.10"]),
+        ("precompiled", "6.12.102-flatcar", ["4593.2.5", "4757.1.0", "4790.0.0"]),
+    ]
     kernel_image = covered.images[2]
     assert kernel_image.tags.tags == (
         "610.57.04-flatcar4593.2.5", "610.57.04-flatcar4757.1.0", "610.57.04-flatcar4790.0.0",
@@ -242,7 +245,7 @@ def test_a_merge_without_an_arch_fails_saying_which(registry: OCIRegistry) -> No
 
 def test_a_driver_without_a_checksum_fails_before_building(registry: OCIRegistry) -> None:
     class NoSums(FakeBuilder):
-        def inputs(self, image: Image, arch: str, base: Base) -> dict[str, str]:
+        def inputs(self, image: Image, arch: str, base: Base) -> dict[str, str]:  # noqa: ARG002
             raise BuildError("no SHA-256 recorded for NVIDIA-Linux-*-610.57.04.run on amd64")
 
     builder = NoSums(registry)
@@ -283,7 +286,7 @@ def test_a_registry_error_fails_each_image_with_its_reason(registry: OCIRegistry
 
 def test_identical_failures_are_told_once(registry: OCIRegistry) -> None:
     class NoBase(FakeBuilder):
-        def base(self, image: Image, arch: str) -> Base:
+        def base(self, image: Image, arch: str) -> Base:  # noqa: ARG002
             raise BuildError("the base image debian:x is neither pinned by digest nor in dockerd")
 
     versions = parse_versions({"images": {"channels": ["stable"], "arches": ["amd64"]},
@@ -304,8 +307,9 @@ def test_a_dry_run_prints_the_plan_changes_nothing_and_counts_failures(
     outcomes, said = _publish(registry, builder, covered, dry_run=True)
     assert builder.built == []
     assert [method for method, _, _ in registry.log if method == "PUT"] == []
-    assert said[1] == "[1/3] would build in 0.0 s: amd64: not in the registry; arm64: not in " \
-        "the registry"  # fmt: skip
+    assert said[1] == (
+        "[1/3] would build in 0.0 s: amd64: not in the registry; arm64: not in the registry"
+    )
     assert publish.failures(outcomes) == []
     table = publish.summary(outcomes, covered.excluded, "r").splitlines()
     assert table[-1].startswith("would build 3")

@@ -84,6 +84,9 @@ def _read(url: str, limits: Limits, started: float) -> bytes:
                 raise DownloadError(f"{url}: only {size} bytes in {elapsed:.0f} s, past the "
                                     f"{limits.deadline:.0f} s deadline; the server is too "
                                     "slow")  # fmt: skip
+        missing = getattr(response, "length", None)  # what Content-Length still promised
+        if isinstance(missing, int) and missing > 0:
+            raise http.client.IncompleteRead(b"".join(chunks), missing)
         return b"".join(chunks)
 
 
