@@ -3,30 +3,40 @@
 The feed is the real one's shape, made from the recent-releases table (tests/shared), with the
 signed test release on top as the current stable release (Debian's 6.12.95 kernel, which the
 loopback release server carries). The versions file covers the stable channel, amd64 and the
-fixture driver, so the matrix is one build image and one precompiled image per current
-release; the images the session built before (fixtures/images.py) make the first run cheap.
+fixture driver, so the matrix is one build image and one precompiled image per kernel; the
+images the session built before (fixtures/images.py) make the first run cheap: publish runs
+from a copy of the tree (so a test can change an entrypoint file) that reports this checkout's
+commit, so its builds are the session's, layer for layer.
 
-One scenario, in order, on one registry:
+One scenario, in order, on one registry, with one compile in all:
 
 1. from empty, every image of the matrix is built and pushed;
 2. a second run builds nothing;
-3. a new stable release enters the feed; the registry is stopped while that run is halfway
-   (the build image's new alias is in, the new precompiled image is not): it fails, saying so;
-4. with the registry back, a re-run builds only the new release's image, and completes;
-5. and a last run builds nothing again.
+3. an entrypoint file changes and a new stable release with the same kernel enters the feed,
+   the old one staying live (pinned): the build image is rebuilt because of the entrypoint,
+   the precompiled image because its base changed and it lacks the new release; the registry
+   is stopped halfway (the build image is in, the precompiled one is not): it fails, saying so;
+4. with the registry back, a re-run builds only the precompiled image (from Docker's cache),
+   which now carries both releases and answers every tag of both, cross-release ones included;
+5. a last run builds nothing, through a proxy that answers the first requests with 429: the
+   retries ride it out; its requests and seconds are what an hourly no-op run costs.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
+import shutil
 import subprocess
 import sys
 import threading
 import urllib.request
 from collections.abc import Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fixtures.docker_env import DockerDaemon, docker_env, free_port, local_registry
@@ -52,6 +62,7 @@ VERSIONS = """\
 [images]
 channels = ["stable"]
 arches = ["amd64"]
+pinned = {pinned}
 
 [drivers."{driver}"]
 sha256 = {{ amd64 = "{sha256}" }}
@@ -75,6 +86,10 @@ class Publisher:
     port: int
     argv: list[str]
     registry_stack: ExitStack = field(default_factory=ExitStack)
+    env: dict[str, str] = field(default_factory=docker_env)
+
+    tree: Path = Path()
+    versions: Path = Path()
 
     @property
     def address(self) -> str:
@@ -94,7 +109,7 @@ class Publisher:
         stdout: list[str] = []
         stderr: list[str] = []
         pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
-        with subprocess.Popen(self.argv, cwd=ROOT, env=docker_env(), text=True, **pipes) as process:
+        with subprocess.Popen(self.argv, cwd=ROOT, env=self.env, text=True, **pipes) as process:
             reader = threading.Thread(target=lambda: stderr.extend(process.stderr or ()))
             reader.start()
             for line in process.stdout or ():
@@ -135,12 +150,14 @@ def publisher(  # noqa: PLR0917 - pytest passes fixtures by name
     server.also_serve_as(NEW_RELEASE)
     scratch = tmp_path_factory.mktemp("publish")
     versions = scratch / "versions.toml"
-    versions.write_text(VERSIONS.format(driver=DRIVER, sha256=driver_downloads.runfile_sha256))
+    versions.write_text(VERSIONS.format(driver=DRIVER, sha256=driver_downloads.runfile_sha256,
+                                        pinned="[]"))  # fmt: skip
+    tree = _copy_tree(scratch / "tree")
     (scratch / "registry").mkdir()
     with FaultyHTTPServer({}) as feed:
         port = free_port()
         argv = [
-            sys.executable, "-m", "invoke", "--search-root", str(ROOT), "publish",
+            sys.executable, "-m", "invoke", "--search-root", str(tree), "publish",
             "--registry", f"127.0.0.1:{port}/gdc", "--versions-file", str(versions),
             "--releases-url", f"{feed.url}/releases.json",
             "--base-image", docker_base_image,
@@ -150,12 +167,84 @@ def publisher(  # noqa: PLR0917 - pytest passes fixtures by name
             "--flatcar-keyring", str(flatcar_signing_key.public_keyring),
             "--docker-host", docker_daemon.host,
         ]  # fmt: skip
-        publisher = Publisher(feed, scratch / "registry", port, argv)
+        git_dir = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--absolute-git-dir"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+        env = {**docker_env(), **({"GIT_DIR": git_dir} if git_dir else {})}
+        publisher = Publisher(feed, scratch / "registry", port, argv, env=env)
+        publisher.tree, publisher.versions = tree, versions
         publisher.start_registry()
         try:
             yield publisher
         finally:
             publisher.stop_registry()
+
+
+def _copy_tree(destination: Path) -> Path:
+    """What invoke publish reads of the repository, copied so a test may change it."""
+    for part in ("tasks.py", "tooling", "entrypoint/src", "images"):
+        source = ROOT / part
+        target = destination / part
+        if source.is_dir():
+            shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, target)
+    return destination
+
+
+@contextmanager
+def throttling_proxy(upstream: str, burst: int) -> Iterator[dict[str, Any]]:
+    """A reverse proxy on 127.0.0.1 in front of upstream: the first burst requests get 429."""
+    state: dict[str, Any] = {"requests": 0, "throttled": 0, "lock": threading.Lock()}
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _relay(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            with state["lock"]:
+                state["requests"] += 1
+                throttled = state["throttled"] < burst
+                state["throttled"] += throttled
+            if throttled:
+                self.send_response(429)
+                self.send_header("Retry-After", "1")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            connection = http.client.HTTPConnection(upstream, timeout=60)
+            headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+            connection.request(self.command, self.path, body or None, headers)
+            answer = connection.getresponse()
+            data = answer.read()
+            self.send_response(answer.status)
+            for key, value in answer.getheaders():
+                if key.lower() not in {"content-length", "transfer-encoding", "connection"}:
+                    self.send_header(key, value)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data)
+            connection.close()
+
+        do_GET = do_HEAD = do_PUT = _relay  # noqa: N815 - http.server's names
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            """Quiet."""
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    state["address"] = f"127.0.0.1:{server.server_address[1]}"
+    try:
+        yield state
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def _summary(result: subprocess.CompletedProcess[str]) -> str:
@@ -174,7 +263,7 @@ def _precompiled_tags(release: str) -> tuple[str, str]:
     return f"{DRIVER}-flatcar{release}", f"535-{KERNEL_TAG}-flatcar{release}"
 
 
-def test_publish_builds_what_is_missing_and_only_that(publisher: Publisher) -> None:
+def test_publish_builds_what_is_missing_or_changed_and_only_that(publisher: Publisher) -> None:
     current = TEST_RELEASE.version
     publisher.publish_feed(current)
 
@@ -187,14 +276,19 @@ def test_publish_builds_what_is_missing_and_only_that(publisher: Publisher) -> N
     assert "skipped 2" in second, second
     assert "built" not in second, second
 
-    # A new stable release: the build image gets its alias tag, the new precompiled image
-    # is built, and the registry goes away before that image is pushed.
+    # An entrypoint fix, and a new stable release of the same kernel while the old one stays
+    # live; the registry goes away before the precompiled image is pushed.
+    log_py = publisher.tree / "entrypoint/src/nvidia_driver/log.py"
+    log_py.write_text(log_py.read_text() + "# a fix\n")
+    publisher.versions.write_text(publisher.versions.read_text().replace(
+        "pinned = []", f'pinned = ["{current}"]'))  # fmt: skip
     publisher.publish_feed(current, NEW_RELEASE)
-    interrupted = publisher.run(stop_registry_at=f"build: {publisher.address}/gdc/driver:")
+    interrupted = publisher.run(stop_registry_at="[2/2] precompiled")
     assert interrupted.returncode != 0
     summary = _summary(interrupted)
-    assert "tagged 1" in summary, summary
+    assert "built 1" in summary, summary
     assert "failed 1" in summary, summary
+    assert "amd64: the entrypoint changed" in summary, summary
     assert "images failed (see the summary); fix the cause and re-run" in interrupted.stderr
 
     publisher.start_registry()
@@ -202,14 +296,26 @@ def test_publish_builds_what_is_missing_and_only_that(publisher: Publisher) -> N
     resumed = _ok(publisher.run())
     assert "built 1" in resumed, resumed
     assert "skipped 1" in resumed, resumed
-    assert f"precompiled {DRIVER} for Flatcar {NEW_RELEASE}" in resumed, resumed
-    for tag in _precompiled_tags(NEW_RELEASE):
-        assert publisher.digest(tag), f"{tag} was not pushed\n{resumed}"
+    assert f"amd64: the base image changed; it lacks packages for Flatcar {NEW_RELEASE}" in \
+        resumed, resumed  # fmt: skip
+    # One image for the kernel, under every tag of both releases, the cross-release ones too.
+    tags = [tag for release in (current, NEW_RELEASE) for tag in _precompiled_tags(release)]
+    digests = {tag: publisher.digest(tag) for tag in tags}
+    assert len(set(digests.values())) == 1, digests
+    assert None not in digests.values(), digests
 
-    last = _ok(publisher.run())
+    with throttling_proxy(publisher.address, burst=3) as proxy:
+        argv = [proxy["address"] + "/gdc" if arg == f"{publisher.address}/gdc" else arg
+                for arg in publisher.argv]  # fmt: skip
+        result = subprocess.run(argv, cwd=ROOT, env=publisher.env, capture_output=True,
+                                text=True, timeout=RUN_TIMEOUT, check=False)  # fmt: skip
+    last = _ok(result)
     assert "skipped 2" in last, last
     assert "built" not in last, last
-    assert "failed" not in last, last
+    assert proxy["throttled"] == 3
+    cost = result.stdout.splitlines()[-1]
+    assert cost.startswith(f"registry: {proxy['requests']} requests (3 retried) in "), cost
+    print(f"no-op publish through the proxy: {cost}")
 
 
 def test_an_unreachable_feed_builds_nothing(publisher: Publisher) -> None:
