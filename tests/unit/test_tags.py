@@ -38,9 +38,22 @@ def test_the_os_tag_is_id_and_full_version_id() -> None:
 
 def test_precompiled_tags_serve_both_operator_paths() -> None:
     """driver.version=<driver> (default path) and <branch> with usePrecompiled."""
-    assert precompiled_tags("580.178.04", "4593.2.0", "6.12.81-flatcar") == (
+    assert precompiled_tags("580.178.04", ["4593.2.0"], "6.12.81-flatcar") == (
         "580.178.04-flatcar4593.2.0",
         "580-6.12.81-flatcar-flatcar4593.2.0",
+    )
+
+
+def test_a_kernel_image_is_tagged_for_its_releases_and_every_os_tag() -> None:
+    """usePrecompiled gives every per-kernel DaemonSet the first GPU node's OS tag."""
+    tags = precompiled_tags("580.178.04", ["4593.2.5", "4757.1.0"], "6.12.102-flatcar",
+                            ["4081.3.10", "4593.2.5", "4757.1.0"])  # fmt: skip
+    assert tags == (
+        "580.178.04-flatcar4593.2.5",
+        "580.178.04-flatcar4757.1.0",
+        "580-6.12.102-flatcar-flatcar4081.3.10",
+        "580-6.12.102-flatcar-flatcar4593.2.5",
+        "580-6.12.102-flatcar-flatcar4757.1.0",
     )
 
 
@@ -58,7 +71,7 @@ def test_a_prefix_goes_in_front_of_every_tag() -> None:
         "flatcar-test-5b98d7b9-580.178.04-flatcar",
         "flatcar-test-5b98d7b9-580.178.04-flatcar-flatcar4593.2.0",
     )
-    assert precompiled_tags("580.178.04", "4593.2.0", "6.12.81-flatcar", prefix + "-")[0] == (
+    assert precompiled_tags("580.178.04", ["4593.2.0"], "6.12.81-flatcar", (), prefix + "-")[0] == (
         "flatcar-test-5b98d7b9-580.178.04-flatcar4593.2.0"
     )
 
@@ -125,9 +138,12 @@ def test_planned_tags_of_a_precompiled_build() -> None:
     )
 
 
+BASE = images.Base("gdc/debian:trixie", "sha256:" + "1" * 64)
+
+
 def test_the_build_job_passes_what_the_dockerfile_declares(tmp_path: Path) -> None:
     ctx = context.assemble(Variant.BUILD, tmp_path / "ctx")
-    job = images.build_job(_request(), ctx)
+    job = images.build_job(_request(), ctx, BASE)
     declared = (ctx.directory / ctx.dockerfile).read_text()
     for key in job.buildargs:
         assert f"ARG {key}" in declared, key
@@ -142,7 +158,7 @@ def test_the_build_job_passes_what_the_dockerfile_declares(tmp_path: Path) -> No
 
 def test_a_multi_arch_job_leaves_targetarch_to_buildx(tmp_path: Path) -> None:
     ctx = context.assemble(Variant.BUILD, tmp_path / "ctx")
-    job = images.build_job(_request(arches=("amd64", "arm64")), ctx)
+    job = images.build_job(_request(arches=("amd64", "arm64")), ctx, BASE)
     assert "TARGETARCH" not in job.buildargs
     assert job.buildargs["DRIVER_SHA256"] == f"amd64={SUM},arm64={'ef' * 32}"
     assert job.platforms == ("linux/amd64", "linux/arm64")
@@ -162,15 +178,20 @@ def test_a_precompiled_job_with_a_mirror_keyring(tmp_path: Path) -> None:
     keyring.write_bytes(b"\x99keyring")
     ctx = context.assemble(Variant.PRECOMPILED, tmp_path / "ctx", keyring)
     assert (ctx.directory / "keyrings/mirror.gpg").read_bytes() == b"\x99keyring"
-    job = images.precompiled_job(_request(), ctx, "local/driver:580.178.04-flatcar")
+    base = images.Base("local/driver:580.178.04-flatcar", "sha256:" + "2" * 64)
+    job = images.precompiled_job(_request(), ctx, base)
     assert job.buildargs == {
         "BUILD_IMAGE": "local/driver:580.178.04-flatcar",
-        "FLATCAR_VERSION": "4593.2.5",
+        "FLATCAR_VERSIONS": "4593.2.5",
         "FLATCAR_RELEASE_BASE_URL": "http://m/{channel}",
         "FLATCAR_KEYRING": "/etc/gdc/keyrings/mirror.gpg",
     }
     # The kernel tag waits for the image to say which kernel its packages are for.
     assert len(job.references) == 1
+    assert job.labels["org.opencontainers.image.base.digest"] == base.digest
+    recorded = json.loads(job.labels["gpu-driver-container.build-inputs"])
+    assert recorded["releases"] == "4593.2.5"
+    assert recorded["base"] == base.digest
 
 
 def test_the_precompiled_dockerfile_adds_one_layer_to_the_build_image() -> None:
