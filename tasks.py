@@ -61,7 +61,6 @@ SELECTION_HELP = {
     "prefix": "tag prefix for test builds, e.g. flatcar-test-<sha8>",
     "ci_prefix": "prefix from GitHub Actions: flatcar-test-<sha8> on a branch, none on a tag",
     "releases_url": "Flatcar releases.json URL (default: $FLATCAR_RELEASES_URL or flatcar.org)",
-    "lts_info_url": "Flatcar's lts-info URL (default: $FLATCAR_LTS_INFO_URL or flatcar's)",
 }
 BUILD_HELP = {
     **SELECTION_HELP,
@@ -85,7 +84,7 @@ MATRIX_HELP = {
     "prefix": SELECTION_HELP["prefix"],
     "ci_prefix": SELECTION_HELP["ci_prefix"],
     "releases_url": SELECTION_HELP["releases_url"],
-    "lts_info_url": SELECTION_HELP["lts_info_url"],
+    "lts_info_url": "Flatcar's lts-info URL (default: $FLATCAR_LTS_INFO_URL or Flatcar's own)",
     "versions_file": "the versions file (default: versions.toml at the repository root)",
 }
 PUBLISH_HELP = {

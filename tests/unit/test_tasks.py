@@ -279,6 +279,23 @@ def test_the_tasks_are_listed() -> None:
     assert set(tasks.ns.task_names) == {"build", "push", "tags", "matrix", "publish", "sign"}
 
 
+def test_every_task_parses_its_options_as_invoke_does() -> None:
+    """invoke checks each help entry against the parameters only when it builds the parser."""
+    for name in tasks.ns.task_names:
+        assert tasks.ns[name].get_arguments(), name
+
+
+def test_invoke_list_runs(tmp_path: Path) -> None:
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    root = Path(tasks.__file__).parent
+    result = subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(root), "--list"],
+                            capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "publish" in result.stdout
+
+
 # --- the docker SDK adapter's stream handling (no dockerd) -------------------------------------
 
 
