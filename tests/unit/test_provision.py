@@ -70,10 +70,27 @@ def test_a_driver_with_the_wrong_checksum_is_not_installed(tmp_path: Path) -> No
     def runner(argv: Sequence[str]) -> None:
         raise AssertionError(argv)
 
-    with pytest.raises(DriverError, match="the download is damaged or the checksum is wrong"):
+    with pytest.raises(DriverError, match="the download is damaged or the recorded checksum"):
         provision.install_driver(base_url=_runfile_server(tmp_path, b"x"), version=VERSION,
                                  arch="amd64", sha256_spec="0" * 64, root=tmp_path,
                                  runner=runner)  # fmt: skip
+
+
+def test_a_wrong_checksum_stops_the_image_build_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What the Dockerfile's RUN prints: the file, the expected and the actual digest."""
+    body = b"#!/bin/sh\nnot the file versions.toml names\n"
+    expected = "0" * 64
+    code = provision.main([
+        "driver", "--arch", "amd64", "--base-url", _runfile_server(tmp_path, body),
+        "--version", VERSION, "--sha256", f"amd64={expected}", "--root", str(tmp_path / "root"),
+    ])  # fmt: skip
+    assert code == 1
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"ERROR: NVIDIA-Linux-x86_64-{VERSION}.run: expected SHA-256 {expected}")
+    assert f"got {_sha256(body)}" in line
+    assert not (tmp_path / "root").exists()
 
 
 def test_a_missing_driver_is_reported_with_its_url(tmp_path: Path) -> None:
@@ -194,7 +211,7 @@ def test_a_tampered_archive_is_refused(tmp_path: Path) -> None:
     url = _redist(tmp_path, nvlsm=False)
     [archive] = (tmp_path / "redist").rglob("*.tar.xz")
     archive.write_bytes(archive.read_bytes() + b"\0")
-    with pytest.raises(DriverError, match="has SHA-256"):
+    with pytest.raises(DriverError, match="expected SHA-256 .*, got "):
         provision.install_fabricmanager(base_url=url, version=VERSION, arch="amd64", root=tmp_path)
 
 

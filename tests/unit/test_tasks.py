@@ -20,6 +20,7 @@ from invoke.runners import Result
 
 from gdc import docker_api
 from gdc.docker_api import BuildJob, Buildx, ImageInfo, Progress
+from gdc.versions import load_versions
 
 SUM = "ab" * 32
 BASE = "gdc/debian:trixie@sha256:" + "1" * 64
@@ -204,12 +205,15 @@ def test_push_before_build_says_what_to_do(
         tasks.push_(c, variant="build", releases_url=feed_url)
 
 
-def test_build_without_a_recorded_checksum_says_where_to_put_one(
+def test_build_without_checksum_options_takes_the_recorded_ones(
     c: MockContext, docker: FakeDocker, feed_url: str
 ) -> None:
-    with pytest.raises(Exit, match=r"versions\.toml, or pass --driver-sha256"):
-        tasks.build(c, arch="amd64", releases_url=feed_url)
-    assert docker.jobs == []
+    """versions.toml records every driver's .run checksums: a plain build needs no option."""
+    recorded = load_versions().driver(NEWEST).sha256
+    tasks.build(c, arch="amd64", releases_url=feed_url)
+    build_job, precompiled_job = docker.jobs
+    assert build_job.buildargs["DRIVER_SHA256"] == f"amd64={recorded['amd64']}"
+    assert precompiled_job.buildargs["FLATCAR_VERSION"] == "4593.2.5"
 
 
 def test_an_unlisted_driver_builds_only_with_its_checksum(

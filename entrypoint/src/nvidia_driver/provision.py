@@ -124,8 +124,8 @@ def download(url: str, destination: Path, sha256: str | None = None) -> str:
     if sha256 is not None and digest != sha256:
         destination.unlink(missing_ok=True)
         raise DriverError(
-            f"{url} has SHA-256 {digest}, expected {sha256}: the download is damaged or the "
-            "checksum is wrong; nothing was installed"
+            f"{PurePosixPath(url).name}: expected SHA-256 {sha256}, got {digest} (from {url}): "
+            "the download is damaged or the recorded checksum is wrong; nothing was installed"
         )
     return digest
 
