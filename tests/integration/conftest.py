@@ -102,7 +102,7 @@ def docker_registry(
 
 @pytest.fixture(scope="session")
 def docker_base_image(docker_daemon: DockerDaemon) -> str:
-    """A local Debian trixie minbase image, the stand-in for debian:trixie-slim."""
+    """A local Debian forky minbase image, the stand-in for debian:forky-slim."""
     return base_image()
 
 
