@@ -281,10 +281,16 @@ class SimulatedHost:
         for name in ("gsp_ga10x.bin", "gsp_tu10x.bin"):
             self.write(f"/opt/lib/firmware/nvidia/{driver}/{name}", f"{name} of {driver}\n")
 
-    def add_host_kernel_tree(self, release: str = KERNEL, gcc: int = 140201) -> Path:
+    def add_host_kernel_tree(
+        self, release: str = KERNEL, gcc: int = 140201, *, split_source: bool = False
+    ) -> Path:
+        """The node's tree; split_source: LTS 4081's cleaned build/ and stripped source/."""
         tree = f"/proc/1/root/usr/lib/modules/{release}/build"
         self.write(f"{tree}/Makefile", "# kernel\n")
+        self.write(f"{tree}/Module.symvers", "0x00000000\tprintk\tvmlinux\tEXPORT_SYMBOL\t\n")
         self.write(f"{tree}/scripts/module.lds", "SECTIONS {}\n")
+        if split_source:
+            self.write(f"/proc/1/root/usr/lib/modules/{release}/source/Makefile", "# source\n")
         self.write(
             f"{tree}/.config",
             f'CONFIG_CC_VERSION_TEXT="x86_64-cros-linux-gnu-gcc (Gentoo) 14.2.1"\n'

@@ -86,8 +86,8 @@ def test_a_banner_one_character_off_does_not_match_and_builds_at_runtime(
 ) -> None:
     host.add_package("open", banner=BANNER[:-1] + "7")  # built in 2027, not 2026
     host.add_host_kernel_tree()
-    # The host's tree is copied into the cache (never built in place on the host).
-    tree = host.path(f"/run/nvidia/cache/trees/host-{KERNEL}/usr/lib/modules/{KERNEL}/build")
+    # The host's tree is copied to the container's disk (never built in place on the host).
+    tree = host.path(f"/var/cache/nvidia-driver/trees/host-{KERNEL}/usr/lib/modules/{KERNEL}/build")
     driver = host.start("init")
     driver.wait_for("Done, now waiting for signal")
 

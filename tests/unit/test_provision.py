@@ -211,7 +211,7 @@ def test_a_tampered_archive_is_refused(tmp_path: Path) -> None:
     url = _redist(tmp_path, nvlsm=False)
     [archive] = (tmp_path / "redist").rglob("*.tar.xz")
     archive.write_bytes(archive.read_bytes() + b"\0")
-    with pytest.raises(DriverError, match="expected SHA-256 .*, got "):
+    with pytest.raises(DriverError, match=r"expected SHA-256 .*, got "):
         provision.install_fabricmanager(base_url=url, version=VERSION, arch="amd64", root=tmp_path)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from nvidia_driver.commands import Commands, lines
 from nvidia_driver.errors import DriverError
-from nvidia_driver.kerneltree import KernelTree
+from nvidia_driver.kerneltree import KernelTree, missing_symbol_versions
 from nvidia_driver.log import say, warn
 from nvidia_driver.moduletype import OPEN, SOURCE_DIRS
 from nvidia_driver.packages import (
@@ -57,6 +57,9 @@ class BuildRequest:
     log_dir: Path
     jobs: int = 0
     flatcar_version: str = ""
+    # Where the compile runs (a copy of the sources and its objects, hundreds of MB): on disk,
+    # not beside the package in /run. None: beside the output.
+    scratch: Path | None = None
 
     @property
     def driver_branch(self) -> int:
@@ -315,13 +318,24 @@ def build_package(request: BuildRequest, commands: Commands) -> Package:
         )
     if not (request.tree.build_dir / "Makefile").is_file():
         raise DriverError(f"no kernel build tree at {request.tree.build_dir}")
+    symvers = missing_symbol_versions(request.tree.build_dir)
+    if symvers is not None:
+        raise DriverError(
+            f"the kernel build tree has no Module.symvers, or an empty one ({symvers}): modules "
+            "built against it cannot resolve the kernel's symbols (a tree only made with "
+            "'make modules_prepare' has none); use the tree of a complete kernel build, such as "
+            "the release's own"
+        )
     # A developer container's tree is built chrooted into it, with the gcc that built the kernel.
     toolchain = Toolchain(request.tree.toolchain_root)
     compiler, compiler_version = choose_compiler(request.tree.build_dir, commands, toolchain)
     say(f"Compiling NVIDIA driver kernel modules with {compiler_version}...")
     request.output.parent.mkdir(parents=True, exist_ok=True)
     # The compile must see its sources: inside the developer container when chrooted.
-    scratch = request.output.parent if toolchain.root is None else toolchain.root / "var" / "tmp"
+    if toolchain.root is not None:
+        scratch = toolchain.root / "var" / "tmp"
+    else:
+        scratch = request.scratch or request.output.parent
     scratch.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix=".build.", dir=scratch))
     try:

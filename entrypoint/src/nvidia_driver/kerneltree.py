@@ -315,14 +315,17 @@ exec "$here"/{loader} --inhibit-cache --library-path {library_path} "$here"/{rea
 """
 
 
+class ForeignToolsError(DriverError):
+    """The tree's host tools are built for another architecture: no build can use the tree."""
+
+
 def _check_machine(tool: Path, info: ElfInfo) -> None:
     machine = os.uname().machine
     expected = _MACHINES.get(machine)
     if expected is not None and info.machine != expected:
-        raise DriverError(
+        raise ForeignToolsError(
             f"the kernel tree's {tool.name} is built for ELF machine {info.machine}, not for "
-            f"this {machine} node: the tree is for another architecture; use the developer "
-            "container"
+            f"this {machine} machine: the tree's host tools cannot run here"
         )
 
 
@@ -681,15 +684,54 @@ def _drop_escaping_links(root: Path, links: list[str], what: str) -> None:
         (root / rel).unlink()
 
 
+def missing_symbol_versions(build_dir: Path) -> Path | None:
+    """build_dir's Module.symvers if it is missing or empty, else None.
+
+    Modules resolve the kernel's symbols through it: a tree only prepared (``make
+    modules_prepare``) has none, and NVIDIA's build then fails deep in make.
+    """
+    symvers = build_dir / "Module.symvers"
+    try:
+        if symvers.is_file() and symvers.stat().st_size > 0:
+            return None
+    except OSError:
+        pass
+    return symvers
+
+
+def _incomplete(build: Path, source: Path | None) -> str | None:
+    """What the host's tree lacks for a module build, if anything."""
+    if not (build / "Makefile").is_file():
+        return "no Makefile in build/"
+    if missing_symbol_versions(build) is not None:
+        return "no Module.symvers (or an empty one) in build/"
+    if source is not None and not (source / "Makefile").is_file():
+        return "no Makefile in its separate source/"
+    return None
+
+
 def host_tree(paths: Paths, kernel_release: str, destination: Path) -> KernelTree | None:
-    """A copy of the node's own build tree at destination; None when the node has none."""
+    """A copy of the node's own build tree at destination; None when the node has none.
+
+    Both layouts are used: install-extmod-build's (``source -> build``, from 4230.1.0) and the
+    older split one of LTS 4081 (a cleaned ``build/`` and a stripped ``source/``), as long as
+    the tree is complete. A tree whose host tools are built for another architecture (arm64
+    before 4230.1.0) raises ForeignToolsError and leaves nothing behind: the caller decides.
+    """
     destination = destination.absolute()  # make runs with -C: relative paths would break
     host_root = paths.host_filesystem
+    where = f"/{MODULES_DIR}/{kernel_release}/build"
     build = _resolved_host_dir(host_root, paths.host_kernel_tree(kernel_release))
-    if build is None or not (build / "Makefile").is_file():
-        say(f"The host has no usable kernel build tree at /{MODULES_DIR}/{kernel_release}/build")
+    if build is None:
+        say(f"The host has no usable kernel build tree at {where}")
         return None
     source = _resolved_host_dir(host_root, paths.host_kernel_tree(kernel_release).parent / "source")
+    if source is not None and source.resolve() == build.resolve():
+        source = None
+    lacking = _incomplete(build, source)
+    if lacking is not None:
+        say(f"The host has no usable kernel build tree at {where}: {lacking}")
+        return None
     say(f"Copying the host's kernel build tree for {kernel_release}...")
     what = f"copy the host's kernel build tree to {destination}"
     with (
@@ -698,7 +740,7 @@ def host_tree(paths: Paths, kernel_release: str, destination: Path) -> KernelTre
     ):
         modules = staging / MODULES_DIR / kernel_release
         shutil.copytree(build, modules / "build", symlinks=True)
-        if source is None or source.resolve() == build.resolve():
+        if source is None:
             (modules / "source").symlink_to("build")
         else:
             shutil.copytree(source, modules / "source", symlinks=True)

@@ -17,20 +17,21 @@ from types import FrameType
 
 from nvidia_driver.atomic import write_atomically
 from nvidia_driver.build import BuildRequest, build_package, expected_sources_digest
+from nvidia_driver.cachedirs import cache_dir, clear_work, sweep_stale, work_dir
 from nvidia_driver.commands import Commands
 from nvidia_driver.config import DriverConfig
 from nvidia_driver.daemons import DaemonManager
 from nvidia_driver.download import abort_downloads
 from nvidia_driver.errors import CaughtSignalError, DriverError
 from nvidia_driver.host import HostFacts, read_host_facts
-from nvidia_driver.kerneltree import KernelTree, host_tree
+from nvidia_driver.kerneltree import ForeignToolsError, KernelTree, host_tree
 from nvidia_driver.kmod import (
     BUSY_MESSAGE,
     load_host_prerequisites,
     load_modules,
     unload_modules,
 )
-from nvidia_driver.log import say
+from nvidia_driver.log import say, warn
 from nvidia_driver.modparams import (
     configure_firmware_search_path,
     provide_gsp_firmware,
@@ -45,7 +46,7 @@ from nvidia_driver.packages import (
     report_match,
 )
 from nvidia_driver.paths import Paths
-from nvidia_driver.release import ReleaseSources, cache_dir
+from nvidia_driver.release import ReleaseSources, refuse_foreign_host_tools
 from nvidia_driver.rootfs import mount_rootfs, unmount_rootfs
 from nvidia_driver.vmlinuz import banner_release
 
@@ -238,6 +239,10 @@ class Lifecycle:
     def cache(self) -> Path:
         return cache_dir(self.paths.build_cache, self.commands.env)
 
+    @property
+    def work(self) -> Path:
+        return work_dir(self.paths.work_cache, self.commands.env)
+
     def matching_package(self, choice: ModuleTypeChoice) -> Package | None:
         """The image's package for this kernel, else one cached from this image's sources."""
         wanted = (self.facts.proc_version, self.config.driver_version, choice.module_type)
@@ -260,32 +265,46 @@ class Lifecycle:
     def node_kernel_tree(self, sources: ReleaseSources) -> KernelTree:
         """The node's own build tree if it has one, else its release's; with a fitting gcc."""
         kernel = self.facts.kernel_release
-        tree = host_tree(self.paths, kernel, self.cache / "trees" / f"host-{kernel}")
         version = self.facts.version_id
+        arch = self.config.target_arch
+        if version:
+            refuse_foreign_host_tools(version, arch)
+        try:
+            tree = host_tree(self.paths, kernel, self.work / "trees" / f"host-{kernel}")
+        except ForeignToolsError as foreign:
+            if not version:
+                raise
+            warn(f"{foreign}; using the kernel build tree of Flatcar {version} instead")
+            tree = None
         if tree is None:
             if not version:
                 raise DriverError(
                     f"no kernel build tree for {kernel}: the host has none and its os-release "
                     "names no VERSION_ID to fetch one for"
                 )
-            tree = sources.tree(version, self.config.target_arch, kernel)
-        return sources.with_compiler(tree, version, self.config.target_arch)
+            tree = sources.tree(version, arch, kernel)
+        return sources.with_compiler(tree, version, arch)
 
     def runtime_build(self, choice: ModuleTypeChoice) -> Package:
+        """Build for this node; the trees and downloads on disk are removed afterwards."""
         kernel = self.facts.kernel_release
         say(f"No precompiled NVIDIA driver package matches kernel {kernel}; building one")
-        sources = ReleaseSources.from_env(self.commands, self.cache, self.commands.env)
-        tree = self.node_kernel_tree(sources)
-        return build_into_cache(
-            self.paths,
-            self.commands,
-            self.config,
-            self.cache,
-            choice.module_type,
-            banner=self.facts.proc_version,
-            tree=tree,
-            flatcar_version=self.facts.version_id,
-        )
+        sources = ReleaseSources.from_env(self.commands, self.cache, self.work, self.commands.env)
+        try:
+            tree = self.node_kernel_tree(sources)
+            return build_into_cache(
+                self.paths,
+                self.commands,
+                self.config,
+                self.cache,
+                choice.module_type,
+                banner=self.facts.proc_version,
+                tree=tree,
+                flatcar_version=self.facts.version_id,
+                work=self.work,
+            )
+        finally:
+            clear_work(self.work)
 
     def install(self, package: Package) -> None:
         kernel = self.facts.kernel_release
@@ -335,6 +354,7 @@ class Lifecycle:
         )
         refuse_unsupported_host(self.config, self.facts)
         self.lock.acquire()
+        sweep_stale(self.cache, self.work)  # what a killed instance left: none runs now
         try:
             with signals_raise():
                 self.set_daemons_status("NotReady")
@@ -408,6 +428,7 @@ def build_into_cache(
     banner: str,
     tree: KernelTree,
     flatcar_version: str,
+    work: Path,
 ) -> Package:
     """Compile and package for one exact kernel banner, into the package cache."""
     banner_key = hashlib.sha256(banner.encode()).hexdigest()[:12]
@@ -426,6 +447,7 @@ def build_into_cache(
         log_dir=cache / "logs",
         jobs=config.max_threads,
         flatcar_version=flatcar_version,
+        scratch=work / "builds",
     )
     return build_package(request, commands)
 
@@ -468,7 +490,8 @@ def build_for_release(ctx: Context, config: DriverConfig, flatcar_version: str) 
     choice = resolve_module_type(config.kernel_module_type, config.driver_branch, [])
     say(f"Using the {choice.module_type} kernel modules ({choice.reason})")
     cache = cache_dir(ctx.paths.build_cache, ctx.commands.env)
-    sources = ReleaseSources.from_env(ctx.commands, cache, ctx.commands.env)
+    work = work_dir(ctx.paths.work_cache, ctx.commands.env)
+    sources = ReleaseSources.from_env(ctx.commands, cache, work, ctx.commands.env)
     banner = sources.banner(flatcar_version, config.target_arch)
     say(f"Kernel of Flatcar {flatcar_version}: {banner}")
     kernel = banner_release(banner)
@@ -501,4 +524,5 @@ def build_for_release(ctx: Context, config: DriverConfig, flatcar_version: str) 
         banner=banner,
         tree=tree,
         flatcar_version=flatcar_version,
+        work=work,
     )

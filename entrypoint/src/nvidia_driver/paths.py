@@ -120,6 +120,12 @@ class Paths:
         return self("/run/nvidia/cache")
 
     @property
+    def work_cache(self) -> Path:
+        # In the container's own writable layer, on the node's disk: large transient material
+        # (kernel trees, developer containers) that must not fill /run, which is RAM.
+        return self("/var/cache/nvidia-driver")
+
+    @property
     def mellanox_ready(self) -> Path:
         return self("/run/mellanox/drivers/.driver-ready")
 

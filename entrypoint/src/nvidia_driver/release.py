@@ -1,13 +1,25 @@
 """Kernel banners and build trees for any Flatcar release, from its release server.
 
-Everything is verified (DIGESTS and signature, see fetch.py) and cached under one directory:
+Everything is verified (DIGESTS and signature, see fetch.py). What is small and worth keeping
+goes to the cache (``/run/nvidia/cache``), the rest to the work directory on disk (see
+cachedirs.py)::
 
-    <cache>/downloads/       verified artifacts, content-addressed (fetch.py)
-    <cache>/banners/<key>    the kernel banner read from a release's vmlinuz
-    <cache>/trees/<key>/     a release's kernel build tree from flatcar-container.tar.gz
-    <cache>/devcontainers/<key>/  an unpacked developer container (its gcc built the kernel)
+    <cache>/banners/<key>               the kernel banner read from a release's vmlinuz
+    <work>/downloads/                   verified artifacts, content-addressed (fetch.py)
+    <work>/trees/<key>/                 a release's kernel build tree from flatcar-container.tar.gz
+    <work>/devcontainers/<key>/         an unpacked developer container (its gcc built the kernel)
 
 <key> is derived from the artifact's versioned URL: release artifacts never change.
+
+What each release offers (Flatcar's coreos-modules ebuild; flatcar/scripts, changelog
+2025-03-07-coreos-modules-cross-compilation.md):
+
+* from beta 4230.1.0, stable 4230.2.0, alpha 4277.0.0 (and LTS releases of those majors): a
+  complete tree made by the kernel's install-extmod-build, in the node's /usr/lib/modules and in
+  flatcar-container.tar.gz, with host tools built for the release's own architecture;
+* before (LTS 4081): a tree in the older split layout, a cleaned ``build/`` and a stripped
+  ``source/``. A node uses it as it is; an image build takes the developer container's. On arm64
+  its host tools (fixdep, modpost) are x86-64 binaries: no module can be built from it.
 """
 
 from __future__ import annotations
@@ -23,6 +35,7 @@ from pathlib import Path
 
 from nvidia_driver.atomic import write_atomically
 from nvidia_driver.build import CompilerMismatchError, Toolchain, choose_compiler
+from nvidia_driver.cachedirs import CACHE_ENV, cache_dir
 from nvidia_driver.commands import Commands
 from nvidia_driver.download import Downloader, DownloadLimits
 from nvidia_driver.errors import DriverError
@@ -46,12 +59,19 @@ from nvidia_driver.log import say
 from nvidia_driver.verify import Trust
 from nvidia_driver.vmlinuz import kernel_banner_from_file
 
-CACHE_ENV = "NVIDIA_DRIVER_CACHE_DIR"
-# The first releases whose flatcar-container.tar.gz carries a complete module build tree.
+__all__ = ["CACHE_ENV", "FIRST_CONTAINER_TREE", "ReleaseSources", "cache_dir"]
+
+# The first release of each channel whose tree is made by install-extmod-build, with host tools
+# native to the release's architecture, in the node's /usr/lib/modules and in
+# flatcar-container.tar.gz. The change went into the 4230 branch at 4230.1.0 (beta, then stable
+# 4230.2.0) and into alpha at 4277.0.0 (flatcar.md §5.2). LTS releases are cut from a stable
+# major: every LTS of 4230 or later (4230.3.0 on) has it, LTS 4081 has not. (Flatcar's
+# releases.json and the toolchain table list no LTS after 4081.3.10 yet.)
 FIRST_CONTAINER_TREE = {
     "alpha": FlatcarVersion(4277, 0, 0),
     "beta": FlatcarVersion(4230, 1, 0),
     "stable": FlatcarVersion(4230, 2, 0),
+    "lts": FlatcarVersion(4230, 3, 0),
 }
 # What a chrooted build needs from the developer container: gcc, binutils, make, their
 # libraries and the kernel's build tree (under usr/lib/modules).
@@ -64,19 +84,33 @@ DEVELOPER_CONTAINER_PATHS = [
 _DEVICES = {"null": (1, 3), "zero": (1, 5), "urandom": (1, 9)}
 
 
-def cache_dir(paths_default: Path, env: Mapping[str, str]) -> Path:
-    configured = env.get(CACHE_ENV, "").strip()
-    return Path(configured) if configured else paths_default
-
-
 def _key(url: str) -> str:
     return hashlib.sha256(url.encode()).hexdigest()[:24]
 
 
 def has_container_tree(version: str) -> bool:
+    """Whether the release's trees are install-extmod-build's (its tarball then carries one)."""
     parsed = FlatcarVersion.parse(version)
     first = FIRST_CONTAINER_TREE.get(str(parsed.channel))
     return first is not None and parsed >= first
+
+
+def has_native_host_tools(version: str, arch: str) -> bool:
+    """Whether the release's kernel trees can build modules on arch: false on arm64 before
+    4230.1.0, whose trees carry x86-64 host tools (flatcar/scripts#2694)."""
+    return arch != "arm64" or has_container_tree(version)
+
+
+def refuse_foreign_host_tools(version: str, arch: str) -> None:
+    """One line for a node whose every kernel tree carries another architecture's tools."""
+    if not has_native_host_tools(version, arch):
+        raise DriverError(
+            f"Flatcar {version} on {arch} cannot build kernel modules: its kernel build tree "
+            "carries x86-64 host tools (fixdep, modpost), as every arm64 release before "
+            "4230.1.0 does, and its developer container has the same tree; update the node to "
+            "Flatcar 4230.1.0 or later (stable 4230.2.0, LTS from 4230.3.0), for which this "
+            "image builds, or for which a precompiled image exists"
+        )
 
 
 def _provide_devices(root: Path) -> None:
@@ -94,7 +128,8 @@ class ReleaseSources:
     """Fetches what a Flatcar release offers to build modules against."""
 
     commands: Commands
-    cache: Path
+    cache: Path  # small results worth keeping: banners
+    work: Path  # large transient material: downloads, trees, developer containers
     server: ReleaseServer = field(default_factory=ReleaseServer)
     fetcher: Fetcher = field(init=False)
     trust: Trust = field(default_factory=Trust)
@@ -102,13 +137,16 @@ class ReleaseSources:
 
     def __post_init__(self) -> None:
         downloader = Downloader(self.limits)
-        self.fetcher = Fetcher(self.cache / "downloads", self.commands, self.trust, downloader)
+        self.fetcher = Fetcher(self.work / "downloads", self.commands, self.trust, downloader)
 
     @classmethod
-    def from_env(cls, commands: Commands, cache: Path, env: Mapping[str, str]) -> ReleaseSources:
+    def from_env(
+        cls, commands: Commands, cache: Path, work: Path, env: Mapping[str, str]
+    ) -> ReleaseSources:
         return cls(
             commands,
             cache,
+            work,
             server=release_server_from_env(env),
             trust=Trust.from_env(env),
             limits=DownloadLimits.from_env(env),
@@ -131,7 +169,7 @@ class ReleaseSources:
     def container_tree(self, version: str, arch: str, kernel_release: str) -> KernelTree:
         """The build tree from flatcar-container.tar.gz, streamed: it never lands whole."""
         url = self.url(version, arch, Artifact.CONTAINER_TARBALL)
-        final = self.cache / "trees" / _key(url)
+        final = self.work / "trees" / _key(url)
         if (final / "usr/lib/modules" / kernel_release / "build/Makefile").is_file():
             if _of_release(final, version, arch, url):
                 say(f"Using the cached kernel build tree of Flatcar {version} in {final}")
@@ -153,7 +191,7 @@ class ReleaseSources:
     def developer_container(self, version: str, arch: str, kernel_release: str) -> KernelTree:
         """The release's developer container, unpacked: its gcc built the kernel."""
         url = self.url(version, arch, Artifact.DEVELOPER_CONTAINER)
-        root = self.cache / "devcontainers" / _key(url)
+        root = self.work / "devcontainers" / _key(url)
         complete = root / "usr/lib/modules" / kernel_release / "build/Makefile"
         if not (complete.is_file() and _of_release(root, version, arch, url)):
             image = self.fetcher.fetch(url)
@@ -171,9 +209,13 @@ class ReleaseSources:
 
     def tree(self, version: str, arch: str, kernel_release: str) -> KernelTree:
         """The cheapest complete build tree the release offers."""
+        refuse_foreign_host_tools(version, arch)
         if has_container_tree(version):
             return self.container_tree(version, arch, kernel_release)
-        say(f"Flatcar {version} ships no module build tree in its container image")
+        say(
+            f"Flatcar {version} predates install-extmod-build trees (4230.1.0): using the "
+            "kernel build tree of its developer container"
+        )
         return self.developer_container(version, arch, kernel_release)
 
     def with_compiler(self, tree: KernelTree, version: str, arch: str) -> KernelTree:
