@@ -10,8 +10,9 @@ Against the integration fixtures (a Flatcar release server on 127.0.0.1 serving 
    both verified, at a mirror-like bandwidth (and, for the record, over raw loopback).
 
 The release server runs in a process of its own, as a mirror is far away: serving must not take
-the measured process's CPU or GIL. The tree is extracted under --scratch, by default /dev/shm:
-on a node the cache is /run/nvidia/cache, and /run is a tmpfs there.
+the measured process's CPU or GIL. The tree is extracted under --scratch, by default the
+system's temporary directory: on a node the tree goes to the work directory, on the container's
+disk (see entrypoint/src/nvidia_driver/cachedirs.py).
 
 Usage: python benchmarks/release_build.py [--bandwidth-mb 50] [--only build|stream] [--scratch DIR]
 """
@@ -118,6 +119,7 @@ def build_command(
         **os.environ,
         "NVIDIA_DRIVER_HOST_ROOT": str(root),
         "NVIDIA_DRIVER_CACHE_DIR": str(cache),
+        "NVIDIA_DRIVER_WORK_DIR": str(work_of(cache)),
         "FLATCAR_RELEASE_BASE_URL": server.base_url,
         "FLATCAR_KEYRING": str(keyring),
         "DRIVER_VERSION": DRIVER,
@@ -130,6 +132,10 @@ def build_command(
         subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)
 
     return run
+
+
+def work_of(cache: Path) -> Path:
+    return cache.with_name(f"{cache.name}-work")
 
 
 def bare_make(root: Path, tree: Path, scratch: Path) -> Callable[[], None]:
@@ -181,7 +187,7 @@ def build_figures(
     cache = scratch / "cache"
     build = build_command(root, cache, server, keyring)
     cold = timed(build)  # downloads, extracts and compiles
-    [tree] = (cache / "trees").glob("*/usr/lib/modules/*/build")
+    [tree] = (work_of(cache) / "trees").glob("*/usr/lib/modules/*/build")
     shutil.rmtree(cache / "packages")
     runtime = timed(build)  # the tree is cached: what is left is the build itself
     bare = timed(bare_make(root, tree, scratch))
@@ -190,8 +196,7 @@ def build_figures(
 
 
 def default_scratch() -> Path:
-    shm = Path("/dev/shm")  # noqa: S108 - a tmpfs, as /run is on a node
-    return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+    return Path(tempfile.gettempdir())
 
 
 def print_build_figures(cold: float, runtime: float, bare: float, warm: float) -> None:
@@ -234,7 +239,8 @@ def main() -> int:
         "--scratch",
         type=Path,
         default=default_scratch(),
-        help="where the streamed tree is extracted (default: /dev/shm, a tmpfs like a node's /run)",
+        help="where the streamed tree is extracted (default: the temporary directory, on disk "
+        "like the work directory of a node's driver container)",
     )
     args = parser.parse_args()
     artifacts = build_release_artifacts(TEST_RELEASE, kernel_tree(TEST_RELEASE.kernel))

@@ -99,6 +99,7 @@ class Builder:
             "PATH": os.environ["PATH"],
             "NVIDIA_DRIVER_HOST_ROOT": str(self.root),
             "NVIDIA_DRIVER_CACHE_DIR": str(self.cache),
+            "NVIDIA_DRIVER_WORK_DIR": str(self.work),
             "FLATCAR_RELEASE_BASE_URL": self.server.base_url,
             "FLATCAR_KEYRING": str(self.key.public_keyring),
             "DRIVER_VERSION": DRIVER,
@@ -116,16 +117,24 @@ class Builder:
         )  # fmt: skip
         return Build(result, time.monotonic() - started, output)
 
+    @property
+    def work(self) -> Path:
+        """The cache's work directory (trees, downloads): one per cache, like a container's."""
+        return self.cache.with_name(f"{self.cache.name}-work")
+
     def cache_entries(self) -> list[str]:
-        """What the cache holds, scratch and lock files aside."""
-        if not self.cache.exists():
-            return []
-        return sorted(
-            str(path.relative_to(self.cache))
-            for path in self.cache.rglob("*")
-            if not any(part.startswith(".") for part in path.relative_to(self.cache).parts)
-            and path.is_file()
-        )
+        """What the cache and its work directory hold, scratch and lock files aside."""
+        entries = []
+        for top in (self.cache, self.work):
+            if not top.exists():
+                continue
+            entries += [
+                str(path.relative_to(top))
+                for path in top.rglob("*")
+                if not any(part.startswith(".") for part in path.relative_to(top).parts)
+                and path.is_file()
+            ]
+        return sorted(entries)
 
 
 @pytest.fixture(scope="session")
