@@ -112,6 +112,21 @@ def test_host_tree_leaves_a_foreign_architecture_tree_to_its_caller(tmp_path: Pa
     assert list((tmp_path / "work").iterdir()) == []  # nothing half-copied
 
 
+def test_init_falls_back_to_the_releases_tree_when_the_hosts_tools_are_foreign(
+    host: SimulatedHost,
+) -> None:
+    """On a release whose trees are native (4230.1.0 on), a foreign tree on the node is the
+    node's problem, not the release's: init fetches the release's tree instead of stopping."""
+    host.add_host_kernel_tree()
+    _foreign_tool(host.path(f"/proc/1/root/usr/lib/modules/{KERNEL}/build/scripts/basic/fixdep"))
+    result = host.run("init", FLATCAR_RELEASE_BASE_URL="file:///nonexistent/{channel}")
+    assert "the kernel tree's fixdep is built for ELF machine" in result.stdout
+    assert "using the kernel build tree of Flatcar 4593.2.0 instead" in result.stdout
+    [line] = result.stderr.strip().splitlines()
+    assert "flatcar-container.tar.gz" in line  # it went for the release's tree
+    assert not host.calls("make")
+
+
 def test_a_host_tree_without_module_symvers_is_not_used(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -386,7 +386,11 @@ def _check_tool_dirs(build_dir: Path, root: Path, origin: str) -> None:
 def _make_tools_runnable(build_dir: Path, libraries_from: Path, root: Path, origin: str) -> None:
     """Wrap the tree's tools; only ever called on a tree whose links were checked."""
     _check_tool_dirs(build_dir, root, origin)
-    tools = [tool for tool, _ in _dynamic_executables(build_dir)]
+    executables = _dynamic_executables(build_dir)
+    # Before their libraries are looked for: an x86-64 tool's loader is not on an arm64 root.
+    for tool, info in executables:
+        _check_machine(tool, info)
+    tools = [tool for tool, _ in executables]
     if tools:
         install_runtime(tools, libraries_from, root / RUNTIME_LIB_DIR)
         relocate_host_tools(build_dir, root)
