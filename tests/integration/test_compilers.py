@@ -107,7 +107,7 @@ def gcc14_node(invoke: Invoke, build_image: subprocess.CompletedProcess[str]) ->
     needs a newer glibc than this Debian 12 machine's)."""
 
     def libraries(rootfs: Path) -> None:
-        bundle_tool_libraries(invoke.build_reference, rootfs)
+        bundle_tool_libraries(invoke.build_reference, rootfs, gcc15_kernel.TOOL_LIBRARIES)
 
     tree = kernel_tree(TRIXIE_KERNEL, bundle=("image-libs", libraries))
     banner = kernel_banner_from_file(tree.vmlinuz, commands=Commands())
