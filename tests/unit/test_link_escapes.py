@@ -151,6 +151,7 @@ def test_a_link_chain_in_the_container_tarball_changes_nothing_outside(
         sources = ReleaseSources(
             Commands(),
             tmp_path / "cache",
+            tmp_path / "cache",  # the work directory too: the tree lands in cache/trees
             server=FlatcarServer(server.url("{channel}")),
             trust=Trust.of_keyring(keys.keyring),
         )

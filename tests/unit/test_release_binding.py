@@ -125,6 +125,7 @@ def sources(server: ReleaseServer, cache: Path, signer: Signer, tmp_path: Path) 
     return ReleaseSources(
         Commands(),
         cache,
+        cache,  # the work directory too: trees, devcontainers and downloads land under cache
         server=FlatcarServer(server.url("{channel}")),
         trust=Trust.of_keyring(keyring),
         limits=DownloadLimits(timeout=10),
