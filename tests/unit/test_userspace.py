@@ -265,13 +265,40 @@ def test_duplicate_destinations_keep_the_first(capsys: pytest.CaptureFixture[str
     assert "is already installed from line" in capsys.readouterr().out
 
 
-def test_a_selected_file_of_an_unplaceable_type_is_skipped(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
+def test_a_selected_file_of_an_unplaceable_type_stops_the_install() -> None:
     text = manifest_text() + "nvidia-debugdump 0755 DOCUMENTATION NVIDIA_GLX-1.0 MODULE:x\n"
-    planned = plan(parse_manifest(text), Layout("x86_64-linux-gnu", V))
-    assert sum(item.entry.name == "nvidia-debugdump" for item in planned) == 1
-    assert "which this installer does not place" in capsys.readouterr().out
+    with pytest.raises(DriverError, match=r"lists nvidia-debugdump \(DOCUMENTATION, line \d+\)"):
+        plan(parse_manifest(text), Layout("x86_64-linux-gnu", V))
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "nvidia-future-widget 0644 FUTURE_WIDGET_TYPE MODULE:future",
+        f"libnvidia-future.so.{V} 0755 CUDA_LIB NATIVE / MODULE:gpgpu",
+        "nvidia-future-tool 0755 UTILITY_BINARY MODULE:future",
+    ],
+    ids=["unknown-type", "new-library", "new-binary"],
+)
+def test_a_file_nothing_claims_or_excludes_stops_the_install(
+    line: str, root: Path, tmp_path: Path, commands: Commands
+) -> None:
+    """A new NVIDIA release must not lose a file unnoticed: the install names it."""
+    package = make_package(tmp_path / "package", manifest=manifest_text() + line + "\n")
+    name = line.split(maxsplit=1)[0]
+    with pytest.raises(DriverError, match=rf"lists {re.escape(name)} \(.*which no install group"):
+        install_tree(package, root, arch="amd64", commands=commands)
+    assert not any(root.iterdir())
+
+
+def test_excluded_files_are_accounted_for_by_type_name_or_arch() -> None:
+    planned = plan(parse_manifest(manifest_text()), Layout("x86_64-linux-gnu", V))
+    names = {item.entry.file for item in planned}
+    # X11, installer, 32-bit, Wayland, systemd and docs entries are in PARTS and left out.
+    assert not names & {
+        "nvidia_drv.so", "nvidia-installer", f"32/libcuda.so.{V}", "10_nvidia_wayland.json",
+        "systemd/system/nvidia-suspend.service", "html/index.html", f"libnvidia-gtk3.so.{V}",
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize("missing", ["nvidia-smi", f"libnvidia-ml.so.{V}", f"libcuda.so.{V}"])
@@ -319,15 +346,15 @@ def test_install_reports_one_line_per_group(
     package: Path, root: Path, commands: Commands, capsys: pytest.CaptureFixture[str]
 ) -> None:
     install_tree(package, root, arch="amd64", commands=commands)
-    warning, *lines = capsys.readouterr().out.splitlines()
-    assert warning.startswith("WARNING: .manifest line 53: unknown file type FUTURE_WIDGET_TYPE")
+    lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"Installing the NVIDIA {V} userspace into {root}..."
     assert [line.split(":")[0] for line in lines[1:]] == [
         "Installed NVML and tools",
         "Installed CUDA",
         "Installed CUDA MPS",
         "Installed OpenCL",
-        "Installed Vulkan and EGL",
+        "Installed Video (NVDEC, NVENC, optical flow, VDPAU)",
+        "Installed Graphics (EGL, GLX, GLES, Vulkan, OptiX, NvFBC)",
         "Installed nvidia-modprobe",
         "Installed GSP firmware",
         "Installed man pages",
@@ -490,7 +517,7 @@ def test_the_command_line_installs_and_prints_one_line_per_group(
     assert main([*argv, "--arch", "amd64", "--no-man-pages"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "Unpacking x.run..."
-    assert sum(line.startswith("Installed ") for line in out) == 8  # no man pages
+    assert sum(line.startswith("Installed ") for line in out) == 9  # no man pages
     assert installed(root) == {
         path: mode for path, mode in EXPECTED_FILES.items() if "/man/" not in path
     }

@@ -3,7 +3,7 @@
 Every file is a few bytes of text; the .manifest is written from the same list, in the real
 format (shared/reference/nvidia-run-format.md section 3). The list mixes what a headless node
 gets with what it must not: X11/desktop, 32-bit, installer-internal and systemd files, and one
-line of a type no nvidia-installer knows.
+line of each kind the .manifest may hold.
 """
 
 from __future__ import annotations
@@ -58,13 +58,15 @@ PARTS: tuple[Part, ...] = (
     Part("nvidia-modprobe.1.gz", 0o444, "NVIDIA_MODPROBE_MANPAGE man1/", "installer"),
     Part("nvidia-cuda-mps-control", 0o755, "UTILITY_BINARY", "gpgpu"),
     Part("nvidia-cuda-mps-server", 0o755, "UTILITY_BINARY", "gpgpu"),
+    Part(f"libnvcuvid.so.{V}", 0o755, "NVCUVID_LIB NATIVE", "nvcuvid"),
+    Part("libnvcuvid.so.1", 0, f"NVCUVID_LIB_SYMLINK NATIVE libnvcuvid.so.{V}", "nvcuvid"),
+    Part(f"libnvidia-fbc.so.{V}", 0o755, "UTILITY_LIB NATIVE", "nvfbc"),
+    Part("libnvidia-fbc.so.1", 0, f"UTILITY_LIB_SYMLINK NATIVE libnvidia-fbc.so.{V}", "nvfbc"),
     Part("firmware/gsp_ga10x.bin", 0o644, "FIRMWARE INHERIT_PATH_DEPTH:1", "gsp"),
     Part("firmware/gsp_tu10x.bin", 0o644, "FIRMWARE INHERIT_PATH_DEPTH:1", "gsp"),
     # What a headless compute node does not get.
     Part("libnvidia-api.so.1", 0o755, "UTILITY_LIB NATIVE", "nvml"),
     Part(f"libnvidia-gtk3.so.{V}", 0o755, "UTILITY_LIB NATIVE", "xutils"),
-    Part(f"libnvidia-fbc.so.{V}", 0o755, "UTILITY_LIB NATIVE", "nvfbc"),
-    Part("libnvidia-fbc.so.1", 0, f"UTILITY_LIB_SYMLINK NATIVE libnvidia-fbc.so.{V}", "nvfbc"),
     Part(f"libglxserver_nvidia.so.{V}", 0o755, "GLX_MODULE_SHARED_LIB extensions/", "xdriver"),
     Part("nvidia_drv.so", 0o755, "XMODULE_SHARED_LIB drivers/", "xdriver"),
     Part("nvidia-settings", 0o755, "UTILITY_BINARY", "xutils"),
@@ -77,7 +79,6 @@ PARTS: tuple[Part, ...] = (
     Part("systemd/system/nvidia-suspend.service", 0o644, "SYSTEMD_UNIT", "powerd"),
     Part("nvidia-suspend.service", 0, "SYSTEMD_UNIT_SYMLINK systemd/system/suspend.target.wants/"),
     Part("html/index.html", 0o444, "DOCUMENTATION NVIDIA_GLX-1.0/html", "installer"),
-    Part("nvidia-future-widget", 0o644, "FUTURE_WIDGET_TYPE", "future"),
     Part("LICENSE", 0o644, "DOCUMENTATION NVIDIA_GLX-1.0", "installer"),
     Part("kernel/Kbuild", 0o644, "KERNEL_MODULE_SRC INHERIT_PATH_DEPTH:1", "resman"),
     Part("kernel/dkms.conf", 0o644, "DKMS_CONF INHERIT_PATH_DEPTH:1", "resman"),
@@ -113,6 +114,10 @@ EXPECTED_FILES: dict[str, int | str] = {
     f"{LIBDIR}/libnvidia-gpucomp.so.{V}": 0o755,
     f"{LIBDIR}/libnvidia-opencl.so.{V}": 0o755,
     f"{LIBDIR}/libnvidia-opencl.so.1": f"libnvidia-opencl.so.{V}",
+    f"{LIBDIR}/libnvcuvid.so.{V}": 0o755,
+    f"{LIBDIR}/libnvcuvid.so.1": f"libnvcuvid.so.{V}",
+    f"{LIBDIR}/libnvidia-fbc.so.{V}": 0o755,
+    f"{LIBDIR}/libnvidia-fbc.so.1": f"libnvidia-fbc.so.{V}",
     f"{LIBDIR}/libEGL_nvidia.so.{V}": 0o755,
     f"{LIBDIR}/libEGL_nvidia.so.0": f"libEGL_nvidia.so.{V}",
     f"{LIBDIR}/libGLX_nvidia.so.{V}": 0o755,

@@ -39,6 +39,7 @@ from pathlib import Path, PurePosixPath
 
 from nvidia_driver import runfile as run
 from nvidia_driver.commands import Commands
+from nvidia_driver.driverroot import exclusion, library_name, unclaimed_error
 from nvidia_driver.errors import DriverError
 from nvidia_driver.log import error, say, warn
 from nvidia_driver.paths import IMAGE_FIRMWARE_DIR
@@ -293,6 +294,8 @@ class Group:
     files: frozenset[str] = frozenset()  # exact basenames
 
 
+# The groups cover the container toolkit's utility, compute, video and graphics lists
+# (driver-root.toml, from NVIDIA/libnvidia-container src/nvc_info.c) and what they load.
 NVML_LIBRARIES = frozenset({"libnvidia-ml", "libnvidia-cfg"})
 NVML_PROGRAMS = frozenset(
     {"nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-bug-report.sh"}
@@ -300,13 +303,18 @@ NVML_PROGRAMS = frozenset(
 CUDA_LIBRARIES = frozenset({
     "libcuda", "libcudadebugger", "libnvidia-ptxjitcompiler", "libnvidia-nvvm",
     "libnvidia-nvvm70", "libnvidia-gpucomp", "libnvidia-pkcs11", "libnvidia-pkcs11-openssl3",
-    "libnvidia-allocator",
+    "libnvidia-allocator", "libnvidia-tileiras",
     "libnvidia-fatbinaryloader",  # libcuda's dependency up to 450
 })  # fmt: skip
 OPENCL_LIBRARIES = frozenset({"libnvidia-opencl", "libnvidia-compiler"})  # compiler: up to 470
+VIDEO_LIBRARIES = frozenset(
+    {"libnvcuvid", "libnvidia-encode", "libnvidia-opticalflow", "libvdpau_nvidia"}
+)
 GRAPHICS_LIBRARIES = frozenset({
-    "libEGL_nvidia", "libGLX_nvidia", "libnvidia-eglcore", "libnvidia-glsi", "libnvidia-glcore",
-    "libnvidia-tls", "libnvidia-glvkspirv", "libnvidia-rtcore", "libnvoptix",
+    "libEGL_nvidia", "libGLX_nvidia", "libGLESv2_nvidia", "libGLESv1_CM_nvidia",
+    "libnvidia-eglcore", "libnvidia-glsi", "libnvidia-glcore", "libnvidia-tls",
+    "libnvidia-glvkspirv", "libnvidia-rtcore", "libnvoptix", "libnvidia-fbc", "libnvidia-cbl",
+    "libnvidia-present",  # Vulkan's presentation layer (580+)
 })  # fmt: skip
 GRAPHICS_FILES = frozenset(
     {"nvidia_icd.json", "nvidia_layers.json", "10_nvidia.json", "nvoptix.bin"}
@@ -316,9 +324,14 @@ GROUPS = (
     Group("CUDA", libraries=CUDA_LIBRARIES),
     Group("CUDA MPS", files=frozenset({"nvidia-cuda-mps-control", "nvidia-cuda-mps-server"})),
     Group("OpenCL", libraries=OPENCL_LIBRARIES, files=frozenset({"nvidia.icd"})),
-    Group("Vulkan and EGL", libraries=GRAPHICS_LIBRARIES, files=GRAPHICS_FILES),
+    Group("Video (NVDEC, NVENC, optical flow, VDPAU)", libraries=VIDEO_LIBRARIES),
+    Group("Graphics (EGL, GLX, GLES, Vulkan, OptiX, NvFBC)", libraries=GRAPHICS_LIBRARIES,
+          files=GRAPHICS_FILES),
+    Group("NGX", libraries=frozenset({"libnvidia-ngx"})),
+    Group("Sandbox utilities", libraries=frozenset({"libnvidia-sandboxutils"}),
+          files=frozenset({"nvidia-sandboxutils"})),
     Group("nvidia-modprobe", files=frozenset({"nvidia-modprobe"})),
-)
+)  # fmt: skip
 FIRMWARE_GROUP = "GSP firmware"
 MAN_PAGES_GROUP = "man pages"
 SOURCES_GROUP = "kernel module sources"
@@ -376,18 +389,27 @@ class PlannedFile:
 
 
 def plan(manifest: Manifest, layout: Layout, man_pages: bool = True) -> list[PlannedFile]:
-    """The manifest entries a headless compute node gets, each with its destination."""
+    """The manifest entries a headless compute node gets, each with its destination.
+
+    Every entry is accounted for: installed by a group, or excluded by a rule of
+    driver-root.toml. Any other stops the install, naming it: a new NVIDIA release must not
+    lose a file unnoticed.
+    """
     planned: dict[PurePosixPath, PlannedFile] = {}
+    unclaimed = [
+        (entry.line, entry.file, entry.file_type)
+        for entry in manifest.unknown
+        if exclusion(entry.file, entry.file_type) is None
+    ]
     for entry in manifest.entries:
         group = _group_of(entry, man_pages)
         if group is None or entry.arch == "COMPAT32":
+            if not _accounted(entry):
+                unclaimed.append((entry.line, entry.file, entry.file_type))
             continue
         destination = _destination(entry, layout)
         if destination is None:
-            warn(
-                f".manifest line {entry.line}: {entry.name} has type {entry.file_type}, "
-                "which this installer does not place; skipping it"
-            )
+            unclaimed.append((entry.line, entry.file, entry.file_type))
         elif destination in planned:
             warn(
                 f".manifest line {entry.line}: {destination} is already installed from line "
@@ -395,12 +417,17 @@ def plan(manifest: Manifest, layout: Layout, man_pages: bool = True) -> list[Pla
             )
         else:
             planned[destination] = PlannedFile(entry, group, destination)
+    if unclaimed:
+        raise unclaimed_error(manifest.version, sorted(unclaimed))
     _require(manifest, planned.values())
     return list(planned.values())
 
 
-def _library_name(name: str) -> str | None:
-    return name.split(".so", 1)[0] if name.startswith("lib") and ".so" in name else None
+def _accounted(entry: ManifestEntry) -> bool:
+    """An entry no group installs: a man page of a program left out, or an excluded file."""
+    if entry.file_type in MAN_PAGE_TYPES:
+        return True
+    return exclusion(entry.name, entry.file_type, entry.arch) is not None
 
 
 def _group_of(entry: ManifestEntry, man_pages: bool) -> str | None:
@@ -410,7 +437,7 @@ def _group_of(entry: ManifestEntry, man_pages: bool) -> str | None:
         page_of = entry.name.removesuffix(MAN_PAGE_SUFFIX)
         wanted = man_pages and entry.name.endswith(MAN_PAGE_SUFFIX) and page_of in PROGRAMS
         return MAN_PAGES_GROUP if wanted else None
-    library = _library_name(entry.name)
+    library = library_name(entry.name)
     for group in GROUPS:
         if entry.name in group.files or library in group.libraries:
             return group.title
@@ -453,7 +480,7 @@ def _relative(path: str, entry: ManifestEntry) -> PurePosixPath:
 
 def _require(manifest: Manifest, planned: Iterable[PlannedFile]) -> None:
     files = [item.entry.name for item in planned if not item.entry.is_symlink]
-    present = set(files) | {_library_name(name) for name in files}
+    present = set(files) | {library_name(name) for name in files}
     missing = [name for name in REQUIRED if name not in present]
     if missing:
         raise DriverError(
