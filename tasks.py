@@ -67,8 +67,10 @@ BUILD_HELP = {
     "push": "push every tag after building",
     "base_image": "base image of the build image (default: the Dockerfile's pinned Debian)",
     "driver_sha256": "the .run's SHA-256 (HEX or amd64=HEX,arm64=HEX) instead of versions.toml",
+    "redist_sha256": "the redist archives' SHA-256s (fabricmanager.amd64=HEX,...) instead of "
+    "versions.toml",
     "driver_base_url": "where NVIDIA-Linux-*.run files are (default: NVIDIA's tesla downloads)",
-    "fabricmanager_base_url": "NVIDIA's redist base for fabric manager archives (or a mirror)",
+    "fabricmanager_base_url": "NVIDIA's redist base (fabric manager, NSCQ, NVLSM, IMEX), a mirror",
     "release_base_url": "Flatcar release server template with {channel}, for mirrors and tests",
     "flatcar_keyring": "keyring that signs the mirror's Flatcar artifacts (default: Flatcar's)",
     "network": "network of build steps (default: host)",
@@ -214,6 +216,7 @@ def build(  # noqa: PLR0917 - invoke maps each option to a parameter
     push: bool = False,
     base_image: str = "",
     driver_sha256: str = "",
+    redist_sha256: str = "",
     driver_base_url: str = "",
     fabricmanager_base_url: str = "",
     release_base_url: str = "",
@@ -226,7 +229,7 @@ def build(  # noqa: PLR0917 - invoke maps each option to a parameter
                            Path(flatcar_keyring) if flatcar_keyring else None)  # fmt: skip
     options = plan.Options(variant, driver_version, flatcar_version, arch, registry, image,
                            _prefix(prefix, ci_prefix), releases_url, driver_sha256, network,
-                           sources)  # fmt: skip
+                           sources, redist_sha256)  # fmt: skip
     try:
         plan.check_options(options, push=push)
         request = _request(c, options)

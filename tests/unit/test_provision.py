@@ -7,11 +7,12 @@ import io
 import json
 import tarfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from nvidia_driver import provision
+from nvidia_driver import provision, redist
 from nvidia_driver.errors import DriverError
 
 VERSION = "580.178.04"
@@ -99,7 +100,10 @@ def test_a_missing_driver_is_reported_with_its_url(tmp_path: Path) -> None:
                                  arch="arm64", sha256_spec="0" * 64, root=tmp_path)  # fmt: skip
 
 
-# --- fabric manager ----------------------------------------------------------------------------
+# --- redist archives ---------------------------------------------------------------------------
+
+NVLSM_VERSION = "2025.06.11"
+FM_TOP = f"fabricmanager-linux-x86_64-{VERSION}-archive"
 
 
 def _archive(path: Path, top: str, files: dict[str, bytes], links: dict[str, str]) -> bytes:
@@ -108,7 +112,7 @@ def _archive(path: Path, top: str, files: dict[str, bytes], links: dict[str, str
         for name, data in files.items():
             info = tarfile.TarInfo(f"{top}/{name}")
             info.size = len(data)
-            info.mode = 0o755 if name.startswith(("bin/", "sbin/")) else 0o644
+            info.mode = 0o755 if name.split("/")[-2:][0] in {"bin", "sbin"} else 0o644
             tar.addfile(info, io.BytesIO(data))
         for name, target in links.items():
             info = tarfile.TarInfo(f"{top}/{name}")
@@ -120,59 +124,105 @@ def _archive(path: Path, top: str, files: dict[str, bytes], links: dict[str, str
     return buffer.getvalue()
 
 
-def _redist(tmp_path: Path, *, nvlsm: bool, fm_version: str = VERSION) -> str:
+# The real layouts: fabricmanager.spec (NVIDIA/yum-packaging-fabric-manager) and the AUR
+# PKGBUILDs of nvidia-fabricmanager, libnvidia-nscq and nvlsm; canonical/apt-packaging-imex.
+FM_FILES = {
+    "bin/nv-fabricmanager": b"fm",
+    "bin/nvswitch-audit": b"audit",
+    "bin/nvidia-fabricmanager-start.sh": b"#!/bin/sh\n",
+    "etc/fabricmanager.cfg": b"LOG_LEVEL=4\n",
+    "lib/libnvfm.so.1": b"\x7fELF",
+    "share/nvidia/nvswitch/dgxh100_hgxh100_topology": b"topo",
+    "include/nv_fm_agent.h": b"/* header */",
+    "systemd/nvidia-fabricmanager.service": b"[Unit]",
+    "sbin/fm_run_package_installer.sh": b"#!/bin/sh\n",
+    "LICENSE": b"license",
+    "third-party-notices.txt": b"notices",
+}
+COMPONENT_FILES: dict[str, tuple[str, dict[str, bytes], dict[str, str]]] = {
+    "libnvidia_nscq": (VERSION, {f"lib/libnvidia-nscq.so.{VERSION}": b"\x7fELF",
+                                 "LICENSE": b"license"}, {}),
+    "nvlsm": (NVLSM_VERSION, {"sbin/nvlsm": b"sm", "lib/libgrpc_mgr.so": b"\x7fELF",
+                              "share/nvidia/nvlsm/nvlsm.conf": b"conf\n", "LICENSE": b"l",
+                              "third-party-notices.txt": b"n"}, {}),
+    "imex": (VERSION, {"usr/bin/nvidia-imex": b"imex", "usr/bin/nvidia-imex-ctl": b"ctl",
+                       "etc/nvidia-imex/config.cfg": b"SERVER_PORT=50000\n",
+                       "lib/systemd/system/nvidia-imex.service": b"[Unit]",
+                       "LICENSE": b"l"}, {}),
+    "libnvsdm": (VERSION, {f"lib/libnvsdm.so.{VERSION}": b"\x7fELF", "LICENSE": b"l",
+                           "include/nvsdm.h": b"/* */"}, {}),
+}  # fmt: skip
+
+
+@dataclass
+class Redist:
+    url: str
+    base: Path
+    recorded: dict[str, str]
+
+    @property
+    def spec(self) -> str:
+        return ",".join(f"{key}={value}" for key, value in self.recorded.items())
+
+
+def _redist(
+    tmp_path: Path,
+    *,
+    components: tuple[str, ...] = ("libnvidia_nscq", "nvlsm", "imex", "libnvsdm"),
+    fm_version: str = VERSION,
+    fm_links: dict[str, str] | None = None,
+) -> Redist:
     base = tmp_path / "redist"
-    top = f"fabricmanager-linux-x86_64-{VERSION}-archive"
-    fm = _archive(
-        base / "fabricmanager/linux-x86_64" / f"{top}.tar.xz",
-        top,
-        {
-            "bin/nv-fabricmanager": b"fm",
-            "bin/nvswitch-audit": b"audit",
-            "sbin/nvidia-fabricmanager-start.sh": b"#!/bin/sh\n",
-            "etc/fabricmanager.cfg": b"LOG_LEVEL=4\n",
-            "lib/libnvfm.so.1": b"\x7fELF",
-            "share/nvidia/nvswitch/dgxh100_hgxh100_topology": b"topo",
-            "include/nv_fm_agent.h": b"/* header */",
-            "systemd/nvidia-fabricmanager.service": b"[Unit]",
-            "LICENSE": b"license",
-        },
-        {"lib/libnvfm.so": "libnvfm.so.1"},
-    )
+    fm = _archive(base / f"fabricmanager/linux-x86_64/{FM_TOP}.tar.xz", FM_TOP, FM_FILES,
+                  {"lib/libnvfm.so": "libnvfm.so.1"} if fm_links is None else fm_links)  # fmt: skip
     manifest: dict[str, object] = {
         "release_label": VERSION,
+        "release_product": "nvidia-driver",
         "fabricmanager": {
             "version": fm_version,
             "linux-x86_64": {
-                "relative_path": f"fabricmanager/linux-x86_64/{top}.tar.xz",
+                "relative_path": f"fabricmanager/linux-x86_64/{FM_TOP}.tar.xz",
                 "sha256": _sha256(fm),
             },
         },
     }
-    if nvlsm:
-        nvlsm_top = "nvlsm-linux-x86_64-2025.06.5-archive"
-        data = _archive(
-            base / "nvlsm/linux-x86_64" / f"{nvlsm_top}.tar.xz",
-            nvlsm_top,
-            {"sbin/nvlsm": b"sm", "etc/nvlsm.conf": b"conf\n"},
-            {},
-        )
-        manifest["nvlsm"] = {
-            "version": "2025.06.5",
-            "linux-x86_64": {
-                "relative_path": f"nvlsm/linux-x86_64/{nvlsm_top}.tar.xz",
-                "sha256": _sha256(data),
-            },
+    recorded = {"fabricmanager.amd64": _sha256(fm)}
+    for key in components:
+        version, files, links = COMPONENT_FILES[key]
+        top = f"{key}-linux-x86_64-{version}-archive"
+        relative = f"{key}/linux-x86_64/{top}.tar.xz"
+        data = _archive(base / relative, top, files, links)
+        manifest[key] = {
+            "version": version,
+            "linux-x86_64": {"relative_path": relative, "sha256": _sha256(data)},
         }
+        recorded[f"{key}.amd64"] = _sha256(data)
     (base / f"redistrib_{VERSION}.json").write_text(json.dumps(manifest))
-    return base.as_uri()
+    return Redist(base.as_uri(), base, recorded)
 
 
-def test_fabric_manager_lands_where_the_entrypoint_looks(tmp_path: Path) -> None:
+def _install(redist: Redist, root: Path, spec: str | None = None) -> list[str]:
+    archives = provision.install_redist(
+        base_url=redist.url, version=VERSION, arch="amd64",
+        sha256_spec=redist.spec if spec is None else spec, root=root,
+    )  # fmt: skip
+    return [archive.component.key for archive in archives]
+
+
+@pytest.fixture(autouse=True)
+def _no_ldconfig(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """ldconfig -r needs root; record it instead."""
+    calls: list[list[str]] = []
+    monkeypatch.setattr(provision, "_run", lambda argv: calls.append(list(argv)))
+    return calls
+
+
+def test_every_archive_lands_where_nvidia_s_packages_put_it(
+    tmp_path: Path, _no_ldconfig: list[list[str]]
+) -> None:
     root = tmp_path / "root"
-    provision.install_fabricmanager(
-        base_url=_redist(tmp_path, nvlsm=True), version=VERSION, arch="amd64", root=root
-    )
+    installed = _install(_redist(tmp_path), root)
+    assert installed == ["fabricmanager", "libnvidia_nscq", "nvlsm", "imex", "libnvsdm"]
     assert (root / "usr/bin/nv-fabricmanager").read_bytes() == b"fm"
     assert (root / "usr/bin/nv-fabricmanager").stat().st_mode & 0o111
     assert (root / "usr/bin/nvidia-fabricmanager-start.sh").is_file()
@@ -180,57 +230,181 @@ def test_fabric_manager_lands_where_the_entrypoint_looks(tmp_path: Path) -> None
     assert (root / "usr/share/nvidia/nvswitch/dgxh100_hgxh100_topology").is_file()
     lib = root / "usr/lib/x86_64-linux-gnu"
     assert (lib / "libnvfm.so").readlink() == Path("libnvfm.so.1")
-    assert (root / "usr/bin/nvlsm").is_file()
+    assert (lib / f"libnvidia-nscq.so.{VERSION}").is_file()
+    assert (lib / f"libnvsdm.so.{VERSION}").is_file()
+    # NVLSM as the fabric manager's start script looks for it, its config where init points.
+    assert (root / "opt/nvidia/nvlsm/sbin/nvlsm").read_bytes() == b"sm"
+    assert (root / "opt/nvidia/nvlsm/lib/libgrpc_mgr.so").is_file()
     assert (root / "usr/share/nvidia/nvlsm/nvlsm.conf").read_text() == "conf\n"
+    assert (root / "usr/share/nvidia/nvlsm").is_symlink()
+    assert not (root / "usr/bin/nvlsm").exists()
+    assert (root / "usr/bin/nvidia-imex").is_file()
+    assert (root / "usr/bin/nvidia-imex-ctl").is_file()
+    assert (root / "etc/nvidia-imex/config.cfg").is_file()
+    assert (root / "usr/share/doc/nvidia-fabricmanager/third-party-notices.txt").is_file()
     assert not (root / "usr/include").exists()
     assert not list(root.rglob("*.service"))
+    assert not list(root.rglob("fm_run_package_installer.sh"))
+    assert _no_ldconfig == [["ldconfig", "-r", str(root)]]  # SONAME links, as for the .run
 
 
-def test_a_branch_without_nvlsm_installs_the_fabric_manager_alone(tmp_path: Path) -> None:
+def test_a_manifest_without_the_optional_archives_says_what_the_node_lacks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     root = tmp_path / "root"
-    provision.install_fabricmanager(
-        base_url=_redist(tmp_path, nvlsm=False), version=VERSION, arch="amd64", root=root
-    )
-    assert (root / "usr/bin/nv-fabricmanager").is_file()
-    assert not (root / "usr/bin/nvlsm").exists()
+    assert _install(_redist(tmp_path, components=("libnvidia_nscq",)), root) == [
+        "fabricmanager", "libnvidia_nscq"
+    ]  # fmt: skip
+    out = capsys.readouterr().out
+    assert "Skipping NVLink subnet manager (NVLSM): redistrib_580.178.04.json lists none" in out
+    assert "NVLink5 nodes (B200, GB200) cannot start the fabric manager" in out
+    assert "Skipping IMEX (multi-node NVLink memory export)" in out
+    assert not (root / "opt/nvidia/nvlsm").exists()
+
+
+def test_a_manifest_without_nscq_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(DriverError, match="lists no libnvidia_nscq for linux-x86_64"):
+        _install(_redist(tmp_path, components=()), tmp_path / "root")
 
 
 def test_a_fabric_manager_of_another_version_is_refused(tmp_path: Path) -> None:
-    url = _redist(tmp_path, nvlsm=False, fm_version="580.1.1")
+    redist = _redist(tmp_path, fm_version="580.1.1")
     with pytest.raises(DriverError, match="must match the driver exactly"):
-        provision.install_fabricmanager(base_url=url, version=VERSION, arch="amd64", root=tmp_path)
+        _install(redist, tmp_path / "root")
 
 
 def test_an_architecture_the_manifest_lacks_is_refused(tmp_path: Path) -> None:
-    url = _redist(tmp_path, nvlsm=False)
-    with pytest.raises(DriverError, match="has no fabricmanager for linux-sbsa"):
-        provision.install_fabricmanager(base_url=url, version=VERSION, arch="arm64", root=tmp_path)
+    redist = _redist(tmp_path)
+    with pytest.raises(DriverError, match="lists no fabricmanager for linux-sbsa"):
+        provision.install_redist(base_url=redist.url, version=VERSION, arch="arm64",
+                                 sha256_spec="", root=tmp_path)  # fmt: skip
 
 
 def test_a_tampered_archive_is_refused(tmp_path: Path) -> None:
-    url = _redist(tmp_path, nvlsm=False)
-    [archive] = (tmp_path / "redist").rglob("*.tar.xz")
+    redist = _redist(tmp_path)
+    archive = redist.base / f"fabricmanager/linux-x86_64/{FM_TOP}.tar.xz"
     archive.write_bytes(archive.read_bytes() + b"\0")
-    with pytest.raises(DriverError, match=r"expected SHA-256 .*, got "):
-        provision.install_fabricmanager(base_url=url, version=VERSION, arch="amd64", root=tmp_path)
+    with pytest.raises(DriverError, match="has SHA-256"):
+        _install(redist, tmp_path / "root")
+    assert not (tmp_path / "root").exists()
 
 
-@pytest.mark.parametrize("name", ["../escape", "/abs/file"])
-def test_archive_members_cannot_escape(tmp_path: Path, name: str) -> None:
-    archive = tmp_path / "a.tar.xz"
+def test_an_archive_is_checked_against_the_repository_not_only_the_manifest(
+    tmp_path: Path,
+) -> None:
+    """A manifest and archive swapped together (say, on a mirror) still fail the record."""
+    redist = _redist(tmp_path)
+    recorded = dict(redist.recorded, **{"nvlsm.amd64": "0" * 64})
+    spec = ",".join(f"{key}={value}" for key, value in recorded.items())
+    with pytest.raises(DriverError, match=r"lists SHA-256 \w+ for nvlsm-linux-x86_64-2025\.06"
+                       r"\.11-archive\.tar\.xz, but the repository records 0{64}"):  # fmt: skip
+        _install(redist, tmp_path / "root", spec)
+    assert not (tmp_path / "root").exists(), "nothing is installed before every verdict"
+
+
+def test_an_archive_without_a_recorded_digest_is_not_installed(tmp_path: Path) -> None:
+    redist = _redist(tmp_path)
+    spec = ",".join(f"{k}={v}" for k, v in redist.recorded.items() if not k.startswith("imex"))
+    with pytest.raises(DriverError, match=r'no SHA-256 recorded for imex-linux-x86_64-580\.178'
+                       r'\.04-archive\.tar\.xz .*versions\.toml \[drivers\."580\.178\.04"\.redist\]'
+                       r" as imex = "):  # fmt: skip
+        _install(redist, tmp_path / "root", spec)
+    assert not (tmp_path / "root").exists()
+
+
+@pytest.mark.parametrize(
+    "spec", ["fabricmanager=" + "a" * 64, "fabricmanager.riscv=" + "a" * 64, "nvlsm.amd64=TODO"]
+)
+def test_a_malformed_digest_list_is_refused(spec: str) -> None:
+    with pytest.raises(DriverError, match="--sha256"):
+        redist.recorded_digests(spec)
+
+
+# Issue 10 item 8: a link target of "..", or a parent that is a link, wrote outside the
+# mapped directories at image build time.
+@pytest.mark.parametrize(
+    ("links", "files"),
+    [
+        ({"lib/up": ".."}, {}),
+        ({"lib/here": "."}, {}),
+        ({"lib/escape": "../../../../etc/passwd"}, {}),
+        ({"lib/abs": "/etc/passwd"}, {}),
+        ({"lib/dir": "libnvfm.so.1"}, {"lib/dir/evil": b"x"}),
+    ],
+    ids=["dotdot", "dot", "relative-escape", "absolute", "file-through-link"],
+)
+def test_archive_links_cannot_lead_out_of_their_directory(
+    tmp_path: Path, links: dict[str, str], files: dict[str, bytes]
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    root = tmp_path / "image"
+    top = "fabricmanager-linux-x86_64-580.178.04-archive"
+    path = tmp_path / "a.tar.xz"
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:xz") as tar:
-        info = tarfile.TarInfo(name)
-        tar.addfile(info, io.BytesIO(b""))
-    archive.write_bytes(buffer.getvalue())
-    with pytest.raises(DriverError, match="not a plain relative path"):
-        provision.install_archive(archive, tmp_path / "root", "nvswitch", "x86_64-linux-gnu")
+        for name, target in links.items():
+            info = tarfile.TarInfo(f"{top}/{name}")
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            tar.addfile(info)
+        for name, data in {"lib/libnvfm.so.1": b"lib", **files}.items():
+            info = tarfile.TarInfo(f"{top}/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        info = tarfile.TarInfo(f"{top}/lib/up/outside/planted")  # through the ".." link
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"x"))
+    path.write_bytes(buffer.getvalue())
+    archive = redist.Archive(redist.FABRICMANAGER, VERSION, f"x/{top}.tar.xz", "0" * 64)
+    with pytest.raises(DriverError, match="symlink"):
+        redist.install_archive(path, archive, root, "amd64")
+    assert not list(outside.iterdir())
+    assert not (tmp_path / "planted").exists()
+
+
+@pytest.mark.parametrize("name", ["../escape", "/abs/file", "other-top/bin/x"])
+def test_archive_members_cannot_escape(tmp_path: Path, name: str) -> None:
+    path = tmp_path / "a.tar.xz"
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:xz") as tar:
+        tar.addfile(tarfile.TarInfo(name), io.BytesIO(b""))
+    path.write_bytes(buffer.getvalue())
+    archive = redist.Archive(redist.FABRICMANAGER, VERSION, f"x/{FM_TOP}.tar.xz", "0" * 64)
+    with pytest.raises(DriverError, match="not a plain relative path|outside its top directory"):
+        redist.install_archive(path, archive, tmp_path / "root", "amd64")
+
+
+def test_devices_and_hard_links_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "a.tar.xz"
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:xz") as tar:
+        info = tarfile.TarInfo(f"{FM_TOP}/bin/nv-fabricmanager")
+        info.type, info.linkname = tarfile.LNKTYPE, "/etc/shadow"
+        tar.addfile(info)
+    path.write_bytes(buffer.getvalue())
+    archive = redist.Archive(redist.FABRICMANAGER, VERSION, f"x/{FM_TOP}.tar.xz", "0" * 64)
+    with pytest.raises(DriverError, match="neither a file nor a symlink"):
+        redist.install_archive(path, archive, tmp_path / "root", "amd64")
+
+
+def test_setuid_bits_in_an_archive_are_dropped(tmp_path: Path) -> None:
+    path = tmp_path / "a.tar.xz"
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:xz") as tar:
+        info = tarfile.TarInfo(f"{FM_TOP}/bin/nv-fabricmanager")
+        info.size, info.mode = 2, 0o4755
+        tar.addfile(info, io.BytesIO(b"fm"))
+    path.write_bytes(buffer.getvalue())
+    archive = redist.Archive(redist.FABRICMANAGER, VERSION, f"x/{FM_TOP}.tar.xz", "0" * 64)
+    redist.install_archive(path, archive, tmp_path / "root", "amd64")
+    mode = (tmp_path / "root/usr/bin/nv-fabricmanager").stat().st_mode
+    assert mode & 0o7777 == 0o755
 
 
 def test_the_command_line_reports_failures_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = provision.main(["fabricmanager", "--arch", "amd64", "--version", VERSION,
+    code = provision.main(["redist", "--arch", "amd64", "--version", VERSION, "--sha256", "",
                            "--base-url", (tmp_path / "nothing").as_uri()])  # fmt: skip
     assert code == 1
     assert capsys.readouterr().err.startswith("ERROR: cannot download file://")

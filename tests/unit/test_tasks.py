@@ -24,6 +24,15 @@ from gdc.versions import load_versions
 
 SUM = "ab" * 32
 BASE = "gdc/debian:trixie@sha256:" + "1" * 64
+# The newest driver's redist archives whose digests versions.toml does not record yet.
+REDIST = (
+    f"nvlsm.amd64={SUM},imex.amd64={SUM},libnvsdm.amd64={SUM},nvlsm.arm64={SUM},imex.arm64={SUM}"
+)
+# ... and those it does (AUR PKGBUILDs, see versions.toml).
+RECORDED_AMD64 = (
+    "fabricmanager.amd64=63ddfbe4ae21473568a36fe83c35201fcada5ebabfb6db45feeefa0091bd1dbb",
+    "libnvidia_nscq.amd64=6922ac55e9c6167c68649383c4a1b2a5914b373142af2a8e535dbd83be1ef286",
+)
 KERNEL = "6.12.102-flatcar"
 NEWEST = "610.57.04"
 
@@ -151,11 +160,13 @@ def test_build_of_the_build_image(
     c: MockContext, docker: FakeDocker, feed_url: str, capsys: Any
 ) -> None:
     tasks.build(c, variant="build", arch="amd64", releases_url=feed_url, driver_sha256=SUM,
-                base_image=BASE)  # fmt: skip
+                redist_sha256=REDIST, base_image=BASE)  # fmt: skip
     [job] = docker.jobs
     assert job.dockerfile == "images/build/Dockerfile"
     assert job.buildargs["DRIVER_VERSION"] == NEWEST
     assert job.buildargs["DRIVER_SHA256"] == f"amd64={SUM}"
+    given = [item for item in REDIST.split(",") if ".amd64=" in item]
+    assert job.buildargs["REDIST_SHA256"] == ",".join(sorted([*given, *RECORDED_AMD64]))
     assert job.buildargs["GIT_COMMIT"] == "0123abcd" * 5
     assert job.buildargs["FLATCAR_VERSIONS"] == "4081.3.10 4593.2.5 4757.1.0 4790.0.0"
     assert job.references[0] == f"driver:{NEWEST}-flatcar"
@@ -170,7 +181,7 @@ def test_build_and_push_of_a_precompiled_image(
 ) -> None:
     docker.kernel = "6.12.102+test"  # what the packages say wins over the feed
     tasks.build(c, flatcar_version="4593.2.5", arch="amd64", registry="r", push=True,
-                releases_url=feed_url, driver_sha256=SUM)  # fmt: skip
+                releases_url=feed_url, driver_sha256=SUM, redist_sha256=REDIST)  # fmt: skip
     build_job, precompiled_job = docker.jobs
     assert precompiled_job.buildargs["BUILD_IMAGE"] == build_job.references[0]
     assert precompiled_job.buildargs["FLATCAR_VERSIONS"] == "4593.2.5"
@@ -191,7 +202,7 @@ def test_build_and_push_of_a_precompiled_image(
 def test_push_pushes_what_an_earlier_build_left(
     c: MockContext, docker: FakeDocker, feed_url: str, capsys: Any
 ) -> None:
-    tasks.build(c, arch="amd64", releases_url=feed_url, driver_sha256=SUM)
+    tasks.build(c, arch="amd64", releases_url=feed_url, driver_sha256=SUM, redist_sha256=REDIST)
     docker.pushed.clear()
     tasks.push_(c, releases_url=feed_url)
     assert f"driver:610-{KERNEL}-flatcar4593.2.5" in docker.pushed
@@ -215,6 +226,25 @@ def test_build_without_checksum_options_takes_the_recorded_ones(
     assert build_job.buildargs["DRIVER_SHA256"] == f"amd64={recorded['amd64']}"
     # The current stable release's per-kernel image (it carries every live release of its kernel).
     assert "4593.2.5" in precompiled_job.buildargs["FLATCAR_VERSIONS"].split()
+
+
+def test_build_without_recorded_redist_checksums_says_where_to_put_them(
+    c: MockContext, docker: FakeDocker, feed_url: str
+) -> None:
+    with pytest.raises(Exit, match=r"no SHA-256 recorded for the nvlsm archive of driver "
+                       r"610\.57\.04 on amd64: .*, or pass --redist-sha256"):  # fmt: skip
+        tasks.build(c, arch="amd64", releases_url=feed_url, driver_sha256=SUM)
+    assert docker.jobs == []
+
+
+def test_recorded_redist_checksums_become_the_build_argument(
+    c: MockContext, docker: FakeDocker, feed_url: str
+) -> None:
+    given = [f"nvlsm.amd64={SUM}", f"imex.amd64={SUM}", f"libnvsdm.amd64={SUM}"]
+    tasks.build(c, variant="build", arch="amd64", releases_url=feed_url, driver_sha256=SUM,
+                redist_sha256=",".join(given))  # fmt: skip
+    # versions.toml's record, completed by what is given.
+    assert docker.jobs[0].buildargs["REDIST_SHA256"] == ",".join(sorted([*given, *RECORDED_AMD64]))
 
 
 def test_an_unlisted_driver_builds_only_with_its_checksum(
@@ -245,7 +275,8 @@ def test_a_multi_arch_build_goes_through_buildx(
 
     monkeypatch.setattr(tasks, "connect_docker", connect)
     tasks.build(c, variant="build", arch="amd64,arm64", push=True, registry="ghcr.io/me",
-                releases_url=feed_url, driver_sha256=f"amd64={SUM},arm64={SUM}")  # fmt: skip
+                releases_url=feed_url, driver_sha256=f"amd64={SUM},arm64={SUM}",
+                redist_sha256=REDIST)  # fmt: skip
     [argv] = commands
     assert argv[:3] == ["docker", "buildx", "build"]
     assert "--push" in argv

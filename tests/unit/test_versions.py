@@ -110,3 +110,32 @@ def test_pinned_flatcar_releases_are_listed_and_checked() -> None:
 
 def test_the_repository_file_covers_every_channel() -> None:
     assert set(load_versions().channels) == {"stable", "beta", "alpha", "lts"}
+
+
+def test_every_driver_records_its_redist_archives() -> None:
+    """The fabric manager and NSCQ digests are recorded; the rest are TODO, never guessed."""
+    for driver in load_versions().drivers:
+        components = {archive.component: archive for archive in driver.redist}
+        assert set(components) == {"fabricmanager", "libnvidia_nscq", "nvlsm", "imex", "libnvsdm"}
+        for key in ("fabricmanager", "libnvidia_nscq"):
+            assert components[key].version == driver.version
+            assert all(value is not None for value in components[key].sha256.values())
+        assert set(components["libnvsdm"].sha256) == {"amd64"}  # NVIDIA ships it for amd64
+        assert driver.redist_checksums("arm64").keys() == {
+            "fabricmanager.arm64", "libnvidia_nscq.arm64", "nvlsm.arm64", "imex.arm64"
+        }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("redist", "message"),
+    [
+        ({"nvlsm": {"version": "2025.06.11", "riscv": SUM}}, "unknown arch 'riscv'"),
+        ({"nvlsm": {"amd64": SUM}}, r"nvlsm\.version: expected a version or 'TODO'"),
+        ({"nvlsm": {"version": "2025.06.11", "amd64": "abc"}}, "expected 64 hex digits or 'TODO'"),
+        ({"Bad-Name": {"version": "1", "amd64": SUM}}, r"Bad-Name: expected \{ version"),
+    ],
+)
+def test_malformed_redist_records_are_refused(redist: dict[str, Any], message: str) -> None:
+    entry = {"sha256": {"amd64": SUM}, "redist": redist}
+    with pytest.raises(VersionsError, match=message):
+        parse_versions(_data(**{"580.178.04": entry}))

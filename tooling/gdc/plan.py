@@ -50,6 +50,7 @@ class Request:
     image: str = DEFAULT_IMAGE
     prefix: str = ""
     driver_sha256: str = ""  # overrides versions.toml: HEX or amd64=HEX,arm64=HEX
+    redist_sha256: str = ""  # overrides versions.toml: component.arch=HEX,...
     sources: Sources = field(default_factory=Sources)
     git_commit: str = "unknown"
     source_url: str = "unknown"
@@ -83,6 +84,31 @@ class Request:
             sums = {arch: pairs.get(arch, "") for arch in self.arches}
         return ",".join(f"{arch}={checksum}" for arch, checksum in sums.items())
 
+    def redist_spec(self) -> str:
+        """The REDIST_SHA256 build argument: ``component.arch=HEX`` for the arches built.
+
+        versions.toml's record, with --redist-sha256 given over it; a component recorded as
+        TODO and not given is refused here, before any build.
+        """
+        given = dict(
+            item.strip().split("=", 1) for item in self.redist_sha256.split(",") if "=" in item
+        )
+        sums: dict[str, str] = {}
+        for arch in self.arches:
+            for key, recorded in self.driver.redist_checksums(arch).items():
+                if key in given:
+                    continue
+                if recorded is None:
+                    component = key.split(".", 1)[0]
+                    raise VersionsError(
+                        f"no SHA-256 recorded for the {component} archive of driver "
+                        f"{self.driver.version} on {arch}: copy it from NVIDIA's redistrib_"
+                        f"{self.driver.version}.json into versions.toml, or pass --redist-sha256"
+                    )
+                sums[key] = recorded
+        sums.update({key: value for key, value in given.items() if key.endswith(self.arches)})
+        return ",".join(f"{key}={checksum}" for key, checksum in sorted(sums.items()))
+
 
 @dataclass(frozen=True)
 class Options:
@@ -99,6 +125,7 @@ class Options:
     driver_sha256: str = ""
     network: str = "host"
     sources: Sources = field(default_factory=Sources)
+    redist_sha256: str = ""
 
 
 def host_arch() -> str:
@@ -230,6 +257,7 @@ def resolve(
         image=options.image,
         prefix=options.prefix,
         driver_sha256=options.driver_sha256,
+        redist_sha256=options.redist_sha256,
         sources=options.sources,
         git_commit=git_commit,
         source_url=source_url,

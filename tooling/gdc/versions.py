@@ -1,4 +1,4 @@
-"""The versions file (versions.toml): supported drivers, their .run checksums, channels, arches."""
+"""The versions file (versions.toml): drivers, their .run and redist checksums, channels, arches."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ UNKNOWN_CHECKSUM = "TODO"
 _DRIVER_VERSION = re.compile(r"[0-9]{3,}\.[0-9]+(\.[0-9]+)?")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _FLATCAR_VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+")
+_COMPONENT = re.compile(r"[a-z][a-z0-9_]*")
 
 
 class VersionsError(ValueError):
@@ -35,9 +36,19 @@ def _version_key(version: str) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
+class RedistDigests:
+    """One redist archive of a driver (redistrib_<driver>.json): its version and SHA-256s."""
+
+    component: str  # the manifest key: fabricmanager, libnvidia_nscq, nvlsm, imex, libnvsdm
+    version: str | None  # None: not recorded yet
+    sha256: Mapping[str, str | None]  # arch -> checksum; None: not recorded yet
+
+
+@dataclass(frozen=True)
 class Driver:
     version: str
     sha256: Mapping[str, str | None]  # arch -> checksum of the .run; None: not recorded yet
+    redist: tuple[RedistDigests, ...] = ()
 
     @property
     def branch(self) -> str:
@@ -52,6 +63,18 @@ class Driver:
                 "from NVIDIA's download page into versions.toml"
             )
         return value
+
+    def redist_checksums(self, arch: str) -> dict[str, str | None]:
+        """``component.arch`` -> SHA-256 of each redist archive recorded for arch (None: TODO).
+
+        A driver without a redist table records none: the image build then refuses each
+        archive, naming where to record it.
+        """
+        return {
+            f"{archive.component}.{arch}": archive.sha256[arch]
+            for archive in self.redist
+            if arch in archive.sha256  # libnvsdm: amd64 only
+        }
 
 
 @dataclass(frozen=True)
@@ -135,7 +158,31 @@ def _driver(version: str, entry: object, source: str) -> Driver:
         if arch not in ARCHES:
             raise VersionsError(f"{source}: drivers.{version}.sha256: unknown arch {arch!r}")
         checksums[arch] = _checksum(value, f"{source}: drivers.{version}.sha256.{arch}")
-    return Driver(version, checksums)
+    assert isinstance(entry, Mapping)  # the sha256 check above
+    return Driver(version, checksums, _redist(version, entry.get("redist", {}), source))
+
+
+def _redist(version: str, table: object, source: str) -> tuple[RedistDigests, ...]:
+    what = f"{source}: drivers.{version}.redist"
+    if not isinstance(table, Mapping):
+        raise VersionsError(f"{what} must be a table of component = {{ version, arch = sum }}")
+    archives = []
+    for component, fields in table.items():
+        if not isinstance(fields, Mapping) or not _COMPONENT.fullmatch(component):
+            raise VersionsError(f"{what}.{component}: expected {{ version = ..., amd64 = ... }}")
+        listed = fields.get("version")
+        if not isinstance(listed, str) or not listed:
+            raise VersionsError(f"{what}.{component}.version: expected a version or 'TODO'")
+        sums: dict[str, str | None] = {}
+        for arch, value in fields.items():
+            if arch == "version":
+                continue
+            if arch not in ARCHES:
+                raise VersionsError(f"{what}.{component}: unknown arch {arch!r}")
+            sums[arch] = _checksum(value, f"{what}.{component}.{arch}")
+        version_or_none = None if listed == UNKNOWN_CHECKSUM else listed
+        archives.append(RedistDigests(component, version_or_none, sums))
+    return tuple(archives)
 
 
 def _checksum(value: object, what: str) -> str | None:

@@ -1,24 +1,22 @@
-"""Image-build steps: fetch NVIDIA's driver and fabric manager, verify them, install them.
+"""Image-build steps: fetch NVIDIA's driver and redist archives, verify them, install them.
 
 images/build/Dockerfile runs these, and only these::
 
     python3 -m nvidia_driver.provision driver --arch amd64 --base-url URL --version V --sha256 SUM
-    python3 -m nvidia_driver.provision fabricmanager --arch amd64 --base-url URL --version V
+    python3 -m nvidia_driver.provision redist --arch amd64 --base-url URL --version V \
+        --sha256 fabricmanager.amd64=HEX,libnvidia_nscq.amd64=HEX,...
+    python3 -m nvidia_driver.provision verify --arch amd64 --version V
 
 ``driver`` downloads ``<base>/<V>/NVIDIA-Linux-<x86_64|aarch64>-<V>.run``, checks its SHA-256
 (one digest, or ``amd64=HEX,arm64=HEX`` so that one multi-arch build passes both) and hands it to
 ``python3 -m nvidia_driver.userspace install``; the .run is deleted in the same step, so it never
 lands in an image layer.
 
-``fabricmanager`` reads ``<base>/redistrib_<V>.json``, NVIDIA's manifest of redistributable
-archives, and installs the ``fabricmanager`` archive (and ``nvlsm`` where the branch has one),
-each verified against the manifest's SHA-256::
+``redist`` reads ``<base>/redistrib_<V>.json``, NVIDIA's manifest of redistributable archives,
+and installs the fabric manager, NSCQ, NVLSM, IMEX and NVSDM archives it lists (redist.py),
+each verified against the manifest's SHA-256 and the one recorded in the repository.
 
-    <base>/fabricmanager/linux-<x86_64|sbsa>/fabricmanager-linux-<x86_64|sbsa>-<V>-archive.tar.xz
-
-The archive's ``bin/`` and ``sbin/`` go to /usr/bin, ``lib/`` to /usr/lib/<triplet>, ``share/`` to
-/usr/share, and ``etc/<file>`` to /usr/share/nvidia/<nvswitch|nvlsm>/ where the entrypoint reads
-its configuration (fabricmanager.cfg, nvlsm.conf). Headers and systemd units are left out.
+``verify`` checks the finished driver root against driver-root.toml (driverroot.py).
 """
 
 from __future__ import annotations
@@ -26,41 +24,41 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from nvidia_driver import redist
+from nvidia_driver.commands import Commands
+from nvidia_driver.driverroot import verify_root
 from nvidia_driver.errors import DriverError
 from nvidia_driver.log import say
 
 RUN_ARCH = {"amd64": "x86_64", "arm64": "aarch64"}
-REDIST_ARCH = {"amd64": "x86_64", "arm64": "sbsa"}
-TRIPLET = {"amd64": "x86_64-linux-gnu", "arm64": "aarch64-linux-gnu"}
+TRIPLET = redist.TRIPLET
 CHUNK = 1 << 20
 ATTEMPTS = 4
 FIRST_DELAY_SECONDS = 2.0
 TIMEOUT_SECONDS = 120
 SHA256_HEX_LENGTH = 64
 USER_AGENT = "gpu-driver-container image build"
-USER_AGENT = "gpu-driver-container image build"
 
-# Redistributable components: (manifest key, required, directory of its etc/ files).
-FABRICMANAGER = ("fabricmanager", True, "nvswitch")
-NVLSM = ("nvlsm", False, "nvlsm")
-COMPONENTS = (FABRICMANAGER, NVLSM)
+# What each archive must have installed: the paths init and its start scripts run or read.
 REQUIRED_FILES = {
-    "fabricmanager": ("usr/bin/nv-fabricmanager", "usr/share/nvidia/nvswitch/fabricmanager.cfg"),
+    "fabricmanager": (
+        "usr/bin/nv-fabricmanager",
+        "usr/bin/nvidia-fabricmanager-start.sh",
+        "usr/share/nvidia/nvswitch/fabricmanager.cfg",
+    ),
+    "nvlsm": (f"{redist.NVLSM_HOME}/sbin/nvlsm", f"{redist.NVLSM_CONFIG_DIR}/nvlsm.conf"),
+    "imex": ("usr/bin/nvidia-imex", "usr/bin/nvidia-imex-ctl", "etc/nvidia-imex/config.cfg"),
 }
-SKIPPED_TOP_DIRS = frozenset({"include", "systemd", "docs", "doc", "pkgconfig"})
 
 
 def _arch(arch: str) -> str:
@@ -187,61 +185,14 @@ def install_driver(
         )  # fmt: skip
 
 
-# --- fabric manager ----------------------------------------------------------------------------
+# --- redist archives ----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class RedistArchive:
-    component: str
-    version: str
-    relative_path: str
-    sha256: str
-    etc_dir: str
-
-    def url(self, base_url: str) -> str:
-        return f"{base_url.rstrip('/')}/{self.relative_path}"
-
-
-def redist_archives(manifest: Mapping[str, Any], arch: str, version: str) -> list[RedistArchive]:
-    """The archives to install for arch: fabric manager always, NVLSM when the manifest has it."""
-    platform = f"linux-{REDIST_ARCH[_arch(arch)]}"
-    archives = []
-    for key, required, etc_dir in COMPONENTS:
-        entry = manifest.get(key)
-        if not isinstance(entry, Mapping):
-            if required:
-                raise DriverError(
-                    f"redistrib_{version}.json lists no {key}: NVIDIA publishes it per driver "
-                    "release; check the driver version and FABRICMANAGER_BASE_URL"
-                )
-            continue
-        if key == "fabricmanager" and str(entry.get("version")) != version:
-            raise DriverError(
-                f"redistrib_{version}.json has fabric manager {entry.get('version')}, not "
-                f"{version}: the fabric manager must match the driver exactly"
-            )
-        files = entry.get(platform)
-        if not isinstance(files, Mapping):
-            if required:
-                raise DriverError(f"redistrib_{version}.json has no {key} for {platform}")
-            continue
-        relative_path = str(files.get("relative_path", ""))
-        sha256 = _valid_sha256(str(files.get("sha256", "")), f"{key} {platform} sha256")
-        _safe_relative(relative_path, f"{key} relative_path")
-        archives.append(
-            RedistArchive(key, str(entry.get("version", "")), relative_path, sha256, etc_dir)
-        )
-    return archives
-
-
-def _safe_relative(path: str, what: str) -> PurePosixPath:
-    pure = PurePosixPath(path)
-    if not path or pure.is_absolute() or ".." in pure.parts:
-        raise DriverError(f"{what} {path!r} is not a plain relative path")
-    return pure
-
-
-def install_fabricmanager(*, base_url: str, version: str, arch: str, root: Path) -> None:
+def install_redist(
+    *, base_url: str, version: str, arch: str, sha256_spec: str, root: Path
+) -> list[redist.Archive]:
+    """Install every archive redistrib_<version>.json lists for arch, each verified twice."""
+    recorded = redist.recorded_digests(sha256_spec)
     with tempfile.TemporaryDirectory(prefix="nvidia-redist.") as scratch_name:
         scratch = Path(scratch_name)
         manifest_url = redist_manifest_url(base_url, version)
@@ -249,78 +200,44 @@ def install_fabricmanager(*, base_url: str, version: str, arch: str, root: Path)
         manifest = _read_json(manifest_url, scratch)
         if not isinstance(manifest, Mapping):
             raise DriverError(f"{manifest_url} is not a redistrib manifest (not an object)")
-        for archive in redist_archives(manifest, arch, version):
-            url = archive.url(base_url)
-            say(f"Downloading {archive.component} {archive.version}: {url}")
-            path = scratch / PurePosixPath(archive.relative_path).name
-            download(url, path, archive.sha256)
-            installed = install_archive(path, root, archive.etc_dir, TRIPLET[arch])
-            say(f"Installed {archive.component} {archive.version}: {len(installed)} files")
+        archives = redist.listed_archives(manifest, _arch(arch), version)
+        # Every digest is known before anything is downloaded.
+        expected = {
+            archive.component.key: redist.expected_digest(archive, arch, recorded, version)
+            for archive in archives
+        }
+        for archive in archives:
+            url = f"{base_url.rstrip('/')}/{archive.relative_path}"
+            say(f"Downloading {archive.component.title} {archive.version}: {url}")
+            path = scratch / archive.file_name
+            download(url, path, expected[archive.component.key])
+            installed = redist.install_archive(path, archive, root, arch)
+            say(f"Installed {archive.component.title} {archive.version}: {len(installed)} files")
             path.unlink()
-            _check_installed(root, archive.component)
+            if archive.component is redist.NVLSM:
+                redist.link_nvlsm_config(root)
+            _check_installed(root, archive.component.key, arch)
+    _update_linker_cache(root)
+    return archives
 
 
-def _check_installed(root: Path, component: str) -> None:
-    missing = [name for name in REQUIRED_FILES.get(component, ()) if not (root / name).exists()]
+def _check_installed(root: Path, component: str, arch: str) -> None:
+    required = [name.format(lib=f"usr/lib/{TRIPLET[arch]}") for name in REQUIRED_FILES.get(
+        component, ())]  # fmt: skip
+    missing = [name for name in required if not (root / name).exists()]
     if missing:
         raise DriverError(f"the {component} archive lacks {', '.join(missing)}: wrong archive?")
 
 
-def destination_of(member: PurePosixPath, etc_dir: str, triplet: str) -> PurePosixPath | None:
-    """Where a file of the archive (without its top directory) goes; None: not installed."""
-    if not member.parts:
-        return None
-    top, rest = member.parts[0], member.parts[1:]
-    if not rest:
-        return PurePosixPath("usr/share/doc/nvidia-redist", top)  # LICENSE, notices
-    if top in SKIPPED_TOP_DIRS:
-        return None
-    targets = {
-        "bin": PurePosixPath("usr/bin"),
-        "sbin": PurePosixPath("usr/bin"),
-        "lib": PurePosixPath("usr/lib", triplet),
-        "lib64": PurePosixPath("usr/lib", triplet),
-        "share": PurePosixPath("usr/share"),
-        "etc": PurePosixPath("usr/share/nvidia", etc_dir),
-    }
-    base = targets.get(top)
-    return None if base is None else base.joinpath(*rest)
+def _update_linker_cache(root: Path) -> None:
+    # SONAME links (libnvidia-nscq.so.2) come from ldconfig, as nvidia-installer's do.
+    argv = ["ldconfig"] if root == Path("/") else ["ldconfig", "-r", str(root)]
+    _run(argv)
 
 
-def install_archive(archive: Path, root: Path, etc_dir: str, triplet: str) -> list[PurePosixPath]:
-    """Install a redist .tar.xz under root; members are checked, never extracted blindly."""
-    installed = []
-    with tarfile.open(archive, "r:*") as tar:
-        for member in tar:
-            name = _safe_relative(member.name.removeprefix("./"), "archive member")
-            if len(name.parts) < 2 or member.isdir():  # noqa: PLR2004 - <top>/<file>
-                continue
-            target = destination_of(PurePosixPath(*name.parts[1:]), etc_dir, triplet)
-            if target is None:
-                continue
-            _install_member(tar, member, root / target)
-            installed.append(target)
-    return installed
-
-
-def _install_member(tar: tarfile.TarFile, member: tarfile.TarInfo, dest: Path) -> None:
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    if dest.is_symlink() or dest.exists():
-        dest.unlink()
-    if member.issym():
-        # Library aliases (libnvfm.so -> libnvfm.so.1) stay within their directory.
-        if "/" in member.linkname:
-            raise DriverError(f"archive symlink {member.name} -> {member.linkname} leaves its dir")
-        dest.symlink_to(member.linkname)
-        return
-    if not member.isfile():
-        raise DriverError(f"archive member {member.name} is neither a file nor a symlink")
-    source = tar.extractfile(member)
-    if source is None:
-        raise DriverError(f"cannot read {member.name} from the archive")
-    with source, dest.open("wb") as out:
-        shutil.copyfileobj(source, out, CHUNK)
-    dest.chmod(0o755 if member.mode & 0o111 else 0o644)
+def verify(*, version: str, arch: str, root: Path) -> None:
+    libdir = PurePosixPath("/usr/lib", TRIPLET[_arch(arch)])
+    verify_root(root, libdir, version, Commands())
 
 
 # --- command line ------------------------------------------------------------------------------
@@ -329,20 +246,27 @@ def _install_member(tar: tarfile.TarFile, member: tarfile.TarInfo, dest: Path) -
 def parser() -> argparse.ArgumentParser:
     main = argparse.ArgumentParser(
         prog="python3 -m nvidia_driver.provision",
-        description="Image-build steps: install NVIDIA's driver and fabric manager, verified.",
+        description="Image-build steps: install NVIDIA's driver and redist archives, verified.",
     )
     steps = main.add_subparsers(dest="step", required=True)
     for name, help_text in (
         ("driver", "download the .run, verify it and install its userspace"),
-        ("fabricmanager", "install the fabric manager (and NVLSM) from NVIDIA's redist archives"),
+        ("redist", "install the fabric manager, NSCQ, NVLSM, IMEX and NVSDM archives, verified"),
+        ("verify", "check the driver root against the names the container toolkit injects"),
     ):
         step = steps.add_parser(name, help=help_text, description=help_text)
         step.add_argument("--arch", required=True, choices=sorted(RUN_ARCH))
-        step.add_argument("--base-url", required=True, metavar="URL")
+        if name != "verify":
+            step.add_argument("--base-url", required=True, metavar="URL")
         step.add_argument("--version", required=True, metavar="V")
         step.add_argument("--root", type=Path, default=Path("/"), metavar="DIR")
         if name == "driver":
             step.add_argument("--sha256", required=True, metavar="HEX|ARCH=HEX,...")
+        if name == "redist":
+            step.add_argument(
+                "--sha256", required=True, metavar="COMPONENT.ARCH=HEX,...",
+                help="the archives' SHA-256s recorded in versions.toml",
+            )  # fmt: skip
     return main
 
 
@@ -357,10 +281,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 sha256_spec=args.sha256,
                 root=args.root,
             )
-        else:
-            install_fabricmanager(
-                base_url=args.base_url, version=args.version, arch=args.arch, root=args.root
+        elif args.step == "redist":
+            install_redist(
+                base_url=args.base_url,
+                version=args.version,
+                arch=args.arch,
+                sha256_spec=args.sha256,
+                root=args.root,
             )
+        else:
+            verify(version=args.version, arch=args.arch, root=args.root)
     except DriverError as exc:
         print(f"ERROR: {exc}", file=sys.stderr, flush=True)
         return 1

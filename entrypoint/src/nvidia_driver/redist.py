@@ -1,0 +1,390 @@
+"""NVIDIA's redistributable archives for one driver release, verified and installed.
+
+``<base>/redistrib_<V>.json`` lists, per component, ``<component>/linux-<x86_64|sbsa>/
+<component>-linux-<x86_64|sbsa>-<version>-archive.tar.xz`` with its SHA-256
+(docs.nvidia.com/datacenter/tesla/driver-installation-guide, "Tarballs and Zip Archive
+Deliverables"). Each archive must match that SHA-256 *and* the one recorded in the repository
+(versions.toml ``[drivers."<V>".redist]``, passed as ``component.arch=HEX,...``): a manifest
+fetched over TLS alone is not trusted. Only after both verdicts is the archive opened.
+
+Members are mapped by component onto the paths NVIDIA's packages use, and written one by one:
+regular files and symlinks whose target is a plain file name only; no member may be written
+through a directory that is a symlink, so nothing lands outside the mapped directories.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tarfile
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from nvidia_driver.errors import DriverError
+from nvidia_driver.log import say
+
+REDIST_ARCH = {"amd64": "x86_64", "arm64": "sbsa"}
+TRIPLET = {"amd64": "x86_64-linux-gnu", "arm64": "aarch64-linux-gnu"}
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+MAX_MEMBERS = 20_000
+MAX_MEMBER_BYTES = 1 << 30
+MAX_TOTAL_BYTES = 2 << 30
+CHUNK = 1 << 20
+NVLSM_HOME = "opt/nvidia/nvlsm"
+# Where NVIDIA's NVLink5 start path hands NVLSM its configuration (ubuntu24.04/nvidia-driver).
+NVLSM_CONFIG_DIR = "usr/share/nvidia/nvlsm"
+
+Rule = tuple[str, str | None]  # (archive path prefix, destination prefix; None: not installed)
+
+
+@dataclass(frozen=True)
+class Component:
+    """One archive of redistrib_<V>.json and where its members go.
+
+    ``rules`` map an archive path (without the top directory) by its longest matching prefix;
+    ``{lib}`` is the image's library directory. A member no rule maps is left out, named.
+    """
+
+    key: str
+    title: str
+    rules: tuple[Rule, ...]
+    required: bool = False
+    driver_version: bool = True  # versioned as the driver, which it must match exactly
+    arches: tuple[str, ...] = ("amd64", "arm64")
+    missing: str = ""  # what a node lacks when the manifest has no such archive
+
+
+_DOCS = ("LICENSE", "third-party-notices.txt")
+
+# NVIDIA/yum-packaging-fabric-manager fabricmanager.spec and the AUR nvidia-fabricmanager
+# PKGBUILD (580.178.04, 595.91.07, 610.57.04): bin/ to /usr/bin, lib/ to the libdir, etc/ and
+# share/nvidia/nvswitch/ to /usr/share/nvidia/nvswitch; headers, units, installer left out.
+FABRICMANAGER = Component(
+    "fabricmanager", "fabric manager",
+    rules=(
+        ("bin/", "usr/bin/"), ("lib/", "{lib}/"), ("etc/", "usr/share/nvidia/nvswitch/"),
+        ("share/", "usr/share/"), ("LICENSE", "usr/share/doc/nvidia-fabricmanager/LICENSE"),
+        ("third-party-notices.txt", "usr/share/doc/nvidia-fabricmanager/third-party-notices.txt"),
+        ("include/", None), ("systemd/", None), ("sbin/", None),
+    ),
+    required=True,
+)  # fmt: skip
+# AUR libnvidia-nscq PKGBUILD (580.178.04, 595.91.07, 610.57.04): lib/ and LICENSE; the Yocto
+# recipe meta-dstack-nvidia libnvidia-nscq_570.172.08.bb also installs bin/nscq-cli.
+NSCQ = Component(
+    "libnvidia_nscq", "NSCQ (NVSwitch telemetry for DCGM)",
+    rules=(
+        ("lib/", "{lib}/"), ("bin/", "usr/bin/"),
+        ("LICENSE", "usr/share/doc/libnvidia-nscq/LICENSE"),
+        ("third-party-notices.txt", "usr/share/doc/libnvidia-nscq/third-party-notices.txt"),
+    ),
+    required=True,
+)  # fmt: skip
+# The fabric manager's start script runs /opt/nvidia/nvlsm/sbin/nvlsm or aborts; the archive
+# holds lib/, sbin/, share/nvidia/nvlsm/, LICENSE, third-party-notices.txt (AUR nvlsm
+# PKGBUILD; NVIDIA's GPU rootfs, kata-containers tools/osbuilder/rootfs-builder/nvidia).
+NVLSM = Component(
+    "nvlsm", "NVLink subnet manager (NVLSM)",
+    rules=(
+        ("lib/", f"{NVLSM_HOME}/lib/"), ("sbin/", f"{NVLSM_HOME}/sbin/"),
+        ("share/", f"{NVLSM_HOME}/share/"), ("LICENSE", f"{NVLSM_HOME}/LICENSE"),
+        ("third-party-notices.txt", f"{NVLSM_HOME}/third-party-notices.txt"),
+    ),
+    driver_version=False,  # NVLSM has its own versions (2025.06.11, ...)
+    missing="NVLink5 nodes (B200, GB200) cannot start the fabric manager with this image",
+)  # fmt: skip
+# canonical/apt-packaging-imex debian/rules.defs (redist/imex/linux-<arch>/) and
+# debian/nvidia-imex-595.install: usr/bin/*, etc/nvidia-imex/config.cfg, LICENSE, docs.
+IMEX = Component(
+    "imex", "IMEX (multi-node NVLink memory export)",
+    rules=(
+        ("usr/bin/", "usr/bin/"), ("etc/nvidia-imex/", "etc/nvidia-imex/"),
+        ("usr/share/doc/", "usr/share/doc/nvidia-imex/"),
+        ("LICENSE", "usr/share/doc/nvidia-imex/LICENSE"),
+        ("lib/systemd/", None), ("usr/lib/systemd/", None),
+    ),
+    missing="GB200/GB300 multi-node NVLink domains need nvidia-imex from the driver root",
+)  # fmt: skip
+# AUR libnvsdm PKGBUILD (580.105.08, 595.58.03): lib/ to the libdir; amd64 only, as NVIDIA's
+# ubuntu24.04/install.sh nvsdm_install says ("libnvsdm packages are not available for arm64").
+NVSDM = Component(
+    "libnvsdm", "NVSDM (NVLink switch device management)",
+    rules=(
+        ("lib/", "{lib}/"), ("LICENSE", "usr/share/doc/libnvsdm/LICENSE"),
+        ("usr/share/doc/", "usr/share/doc/libnvsdm/"), ("include/", None), ("apps/", None),
+    ),
+    arches=("amd64",),
+    missing="NVLink5 switch management through NVSDM is unavailable",
+)  # fmt: skip
+COMPONENTS = (FABRICMANAGER, NSCQ, NVLSM, IMEX, NVSDM)
+
+
+@dataclass(frozen=True)
+class Archive:
+    component: Component
+    version: str
+    relative_path: str
+    sha256: str  # as redistrib_<V>.json lists it
+
+    @property
+    def file_name(self) -> str:
+        return PurePosixPath(self.relative_path).name
+
+    @property
+    def top(self) -> str:
+        return self.file_name.removesuffix(".tar.xz")
+
+
+def valid_sha256(value: str, what: str) -> str:
+    lowered = value.strip().lower()
+    if not SHA256_HEX.fullmatch(lowered):
+        raise DriverError(f"{what} is not a SHA-256 (64 hex digits): {value!r}")
+    return lowered
+
+
+def recorded_digests(spec: str) -> dict[str, str]:
+    """``fabricmanager.amd64=HEX,nvlsm.arm64=HEX`` -> {"fabricmanager.amd64": HEX, ...}."""
+    digests: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        key, sep, value = item.partition("=")
+        component, dot, arch = key.strip().partition(".")
+        if not sep or not dot or arch not in REDIST_ARCH or not component:
+            raise DriverError(
+                f"--sha256 entry {item!r} is not <component>.<amd64|arm64>=<sha256>, e.g. "
+                "fabricmanager.amd64=<64 hex digits>"
+            )
+        digests[f"{component}.{arch}"] = valid_sha256(value, f"--sha256 {key.strip()}")
+    return digests
+
+
+def _safe_relative(path: str, what: str) -> PurePosixPath:
+    pure = PurePosixPath(path)
+    if not path or pure.is_absolute() or any(part in {"..", "."} for part in pure.parts):
+        raise DriverError(f"{what} {path!r} is not a plain relative path")
+    return pure
+
+
+def listed_archives(manifest: Mapping[str, Any], arch: str, version: str) -> list[Archive]:
+    """The archives of redistrib_<version>.json to install for arch, in COMPONENTS order."""
+    platform = f"linux-{REDIST_ARCH[arch]}"
+    archives = []
+    for component in COMPONENTS:
+        if arch not in component.arches:
+            continue
+        entry = manifest.get(component.key)
+        if not isinstance(entry, Mapping):
+            entry = {}
+        files = entry.get(platform)
+        if not isinstance(files, Mapping):
+            if component.required:
+                raise DriverError(
+                    f"redistrib_{version}.json lists no {component.key} for {platform}: NVIDIA "
+                    "publishes it per driver release; check the driver version and "
+                    "FABRICMANAGER_BASE_URL"
+                )
+            say(f"Skipping {component.title}: redistrib_{version}.json lists none for "
+                f"{platform} ({component.missing})")  # fmt: skip
+            continue
+        listed_version = str(entry.get("version", ""))
+        if component.driver_version and listed_version != version:
+            raise DriverError(
+                f"redistrib_{version}.json has {component.key} {listed_version}, not {version}: "
+                f"the {component.title} must match the driver exactly"
+            )
+        relative_path = str(files.get("relative_path", ""))
+        _safe_relative(relative_path, f"{component.key} relative_path")
+        sha256 = valid_sha256(str(files.get("sha256", "")), f"{component.key} {platform} sha256")
+        archives.append(Archive(component, listed_version, relative_path, sha256))
+    return archives
+
+
+def expected_digest(archive: Archive, arch: str, recorded: Mapping[str, str], driver: str) -> str:
+    """The repository's SHA-256 for archive; one line saying where to record it if none."""
+    key = f"{archive.component.key}.{arch}"
+    digest = recorded.get(key)
+    if digest is None:
+        raise DriverError(
+            f"no SHA-256 recorded for {archive.file_name} ({archive.component.title} "
+            f"{archive.version}): copy its sha256 from NVIDIA's redistrib_{driver}.json into "
+            f'versions.toml [drivers."{driver}".redist] as {archive.component.key} = '
+            f'{{ version = "{archive.version}", {arch} = "<sha256>" }}, or pass '
+            "--redist-sha256 to invoke build; nothing was installed"
+        )
+    if digest != archive.sha256:
+        raise DriverError(
+            f"redistrib_{driver}.json lists SHA-256 {archive.sha256} for {archive.file_name}, "
+            f"but the repository records {digest}: the manifest or the record is wrong; "
+            "nothing was installed"
+        )
+    return digest
+
+
+# --- installing an archive ---------------------------------------------------------------------
+
+
+def destination(component: Component, member: PurePosixPath, libdir: str) -> PurePosixPath | None:
+    """Where a member (without the archive's top directory) goes under the root, or None."""
+    text = member.as_posix()
+    best: Rule | None = None
+    for prefix, target in component.rules:
+        matches = text == prefix or (prefix.endswith("/") and text.startswith(prefix))
+        if matches and (best is None or len(prefix) > len(best[0])):
+            best = (prefix, target)
+    if best is None:
+        return None
+    prefix, target = best
+    if target is None:
+        return None
+    mapped = target.replace("{lib}", libdir)
+    return (
+        PurePosixPath(mapped + text[len(prefix) :])
+        if prefix.endswith("/")
+        else (PurePosixPath(mapped))
+    )
+
+
+def _plain_link_target(member: tarfile.TarInfo) -> str:
+    target = member.linkname
+    if not target or "/" in target or target in {".", ".."} or "\0" in target:
+        raise DriverError(
+            f"archive symlink {member.name} -> {target!r} is not a file name in its own "
+            "directory: the archive is not NVIDIA's; nothing more was installed"
+        )
+    return target
+
+
+def _parents_without_links(root: Path, relative: PurePosixPath) -> Path:
+    """Create the parent directories of root/relative, refusing any that is a symlink."""
+    current = root
+    for part in relative.parent.parts:
+        current = current / part
+        if current.is_symlink():
+            raise DriverError(
+                f"{current} is a symlink: refusing to install {relative} through it "
+                "(an archive member must not leave its mapped directory)"
+            )
+        if not current.exists():
+            current.mkdir(mode=0o755)
+        elif not current.is_dir():
+            raise DriverError(f"{current} is not a directory: cannot install {relative}")
+    return current
+
+
+def _replace(final: Path, write: Any) -> None:
+    """Write through a temporary name beside final, then rename over it (never through it)."""
+    handle, temporary = tempfile.mkstemp(prefix=f".{final.name}.", dir=final.parent)
+    os.close(handle)
+    staged = Path(temporary)
+    try:
+        staged.unlink()
+        write(staged)
+        staged.replace(final)
+    except BaseException:
+        if os.path.lexists(staged):
+            staged.unlink()
+        raise
+
+
+class _Budget:
+    def __init__(self) -> None:
+        self.members = 0
+        self.total = 0
+
+    def take(self, member: tarfile.TarInfo) -> None:
+        self.members += 1
+        self.total += max(member.size, 0)
+        if (
+            self.members > MAX_MEMBERS
+            or member.size > MAX_MEMBER_BYTES
+            or (self.total > MAX_TOTAL_BYTES)
+        ):
+            raise DriverError(
+                f"the archive is larger than any NVIDIA redist archive (member {member.name}): "
+                "refusing it"
+            )
+
+
+def install_archive(path: Path, archive: Archive, root: Path, arch: str) -> list[PurePosixPath]:
+    """Install a verified archive under root; return what was installed (relative paths)."""
+    libdir = f"usr/lib/{TRIPLET[arch]}"
+    installed: list[PurePosixPath] = []
+    budget = _Budget()
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        tar = tarfile.open(path, "r:xz")  # noqa: SIM115 - closed below
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise DriverError(f"{archive.file_name} is not an xz tar archive: {exc}") from None
+    with tar:
+        try:
+            for member in tar:
+                budget.take(member)
+                target = _member_destination(member, archive, libdir)
+                if target is not None:
+                    _install_member(tar, member, root, target)
+                    installed.append(target)
+        except (tarfile.TarError, EOFError, OSError) as exc:
+            raise DriverError(f"reading {archive.file_name} failed: {exc}") from None
+    return installed
+
+
+def _member_destination(
+    member: tarfile.TarInfo, archive: Archive, libdir: str
+) -> PurePosixPath | None:
+    name = _safe_relative(member.name.removeprefix("./").rstrip("/"), "archive member")
+    if name.parts[0] != archive.top:
+        raise DriverError(
+            f"{archive.file_name} member {member.name} is outside its top directory "
+            f"{archive.top}/: the archive is not NVIDIA's"
+        )
+    if len(name.parts) < 2 or member.isdir():  # noqa: PLR2004 - <top>/<file>
+        return None
+    if not (member.isfile() or member.issym()):
+        raise DriverError(
+            f"{archive.file_name} member {member.name} is neither a file nor a symlink"
+        )
+    return destination(archive.component, PurePosixPath(*name.parts[1:]), libdir)
+
+
+def _install_member(
+    tar: tarfile.TarFile, member: tarfile.TarInfo, root: Path, target: PurePosixPath
+) -> None:
+    parent = _parents_without_links(root, target)
+    final = parent / target.name
+    if final.is_dir() and not final.is_symlink():
+        raise DriverError(f"{final} is a directory: cannot install {member.name} over it")
+    if member.issym():
+        link = _plain_link_target(member)
+        _replace(final, lambda staged: staged.symlink_to(link))
+        return
+    source = tar.extractfile(member)
+    if source is None:
+        raise DriverError(f"cannot read {member.name} from the archive")
+    mode = 0o755 if member.mode & 0o111 else 0o644  # no setuid, whatever the archive says
+
+    def write(staged: Path) -> None:
+        with source, staged.open("xb") as out:
+            shutil.copyfileobj(source, out, CHUNK)
+        staged.chmod(mode)
+
+    _replace(final, write)
+
+
+def link_nvlsm_config(root: Path) -> None:
+    """/usr/share/nvidia/nvlsm -> NVLSM's own share/nvidia/nvlsm, where init points NVLSM."""
+    source = root / NVLSM_HOME / "share/nvidia/nvlsm"
+    if not source.is_dir():
+        raise DriverError(
+            f"the NVLSM archive has no share/nvidia/nvlsm/ (looked in {source}): wrong archive?"
+        )
+    link = PurePosixPath(NVLSM_CONFIG_DIR)
+    parent = _parents_without_links(root, link)
+    target = os.path.relpath(source, parent)
+    final = parent / link.name
+    if final.is_symlink() or not final.exists():
+        _replace(final, lambda staged: staged.symlink_to(target))
+    else:
+        raise DriverError(f"{final} exists and is not NVLSM's link: refusing to replace it")
