@@ -114,14 +114,25 @@ daemonize "$root/var/run/nvidia-persistenced/nvidia-persistenced.pid"
 cp "$2" "$STUB_STATE/fabricmanager.cfg.seen"
 daemonize "$root/var/run/nvidia-fabricmanager/nv-fabricmanager.pid"
 """,
+    # As the fabric manager's own start script (NVLink5): NVLSM from /opt/nvidia/nvlsm, or it
+    # aborts; then the fabric manager.
     "nvidia-fabricmanager-start.sh": r"""
+nvlsm="$root/opt/nvidia/nvlsm/sbin/nvlsm"
 while [ $# -gt 0 ]; do
   case "$1" in
-    --fm-pid-file) daemonize "$2"; shift;;
-    --nvlsm-pid-file) daemonize "$2"; shift;;
+    --fm-pid-file) fm_pid="$2"; shift;;
+    --nvlsm-pid-file) nvlsm_pid="$2"; shift;;
+    --nvlsm-config-file) nvlsm_config="$2"; shift;;
   esac
   shift
 done
+if [ ! -x "$nvlsm" ]; then echo '"/opt/nvidia/nvlsm/sbin/nvlsm" does not exist' >&2; exit 1; fi
+"$nvlsm" --config "$nvlsm_config" --pid-file "$nvlsm_pid"
+daemonize "$fm_pid"
+""",
+    "nvidia-imex": r"""
+cp "$2" "$STUB_STATE/imex.cfg.seen"
+exec sleep 300
 """,
     "nvidia-smi": "",
     "ld": r"""
@@ -225,6 +236,32 @@ class SimulatedHost:
         path = self.path(f"/sys/class/infiniband/{name}/device/vpd")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"\x82\x10ConnectX-7 LPF\x90\x20PN:MCX750\x00SMDL=SW_MNG\x78")
+
+    def add_mellanox_nic(self) -> None:
+        self.add_pci("0000:c1:00.0", 0x15B3, 0x1021, 0x020700)  # ConnectX-7
+
+    def add_ofa_kernel(self, release: str = KERNEL) -> Path:
+        """MOFED's kernel tree as the network operator's driver container mounts it."""
+        tree = f"/run/mellanox/drivers/usr/src/ofa_kernel/x86_64/{release}"
+        self.write(f"{tree}/Module.symvers", "0x12345678\tib_register_peer_memory_client\n")
+        self.write(f"{tree}/include/rdma/peer_mem.h", "/* MOFED */\n")
+        # What the MOFED container links to its own alternatives: meaningless here.
+        default = self.path("/run/mellanox/drivers/usr/src/ofa_kernel/default")
+        default.symlink_to("/etc/alternatives/ofa_kernel_headers")
+        return self.path(tree)
+
+    def add_nvlsm(self) -> None:
+        """NVLSM where its redist archive puts it in the image (redist.py)."""
+        nvlsm = self.write(
+            "/opt/nvidia/nvlsm/sbin/nvlsm",
+            "#!/bin/bash\n"
+            'echo "nvlsm $*" >> "$STUB_LOG"\n'
+            'while [ $# -gt 0 ]; do [ "$1" = --pid-file ] && pid="$2"; shift; done\n'
+            'mkdir -p "$(dirname "$pid")"\n'
+            'setsid sleep 300 >/dev/null 2>&1 </dev/null & echo $! > "$pid"\n',
+        )
+        nvlsm.chmod(0o755)
+        self.write("/usr/share/nvidia/nvlsm/nvlsm.conf", "LOG_LEVEL 3\n")
 
     def set_module(self, name: str, refcnt: int = 0) -> None:
         self.write(f"/sys/module/{name}/refcnt", f"{refcnt}\n")

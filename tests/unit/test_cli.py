@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 
+import pytest
 from simhost import SimulatedHost
 
 from nvidia_driver.commands import Commands
@@ -74,7 +75,11 @@ def test_probe_peermem(host: SimulatedHost) -> None:
     result = host.run("probe_nvidia_peermem")
     assert result.returncode == 0
     assert "MOFED drivers are not ready, skipping probe" in result.stdout
-    host.set_module("mlx5_core")
+    host.set_module("mlx5_core")  # the kernel's inbox driver, without MOFED
+    result = host.run("probe_nvidia_peermem")
+    assert result.returncode == 0, "no MOFED tree: nvidia-peermem is not expected"
+    assert "use DMA-BUF instead" in result.stdout
+    host.add_ofa_kernel()
     result = host.run("probe_nvidia_peermem")
     assert result.returncode == 1
     assert "nvidia-peermem module is not loaded" in result.stdout
@@ -82,29 +87,91 @@ def test_probe_peermem(host: SimulatedHost) -> None:
     assert host.run("probe_nvidia_peermem").returncode == 0
 
 
+def _sidecar(host: SimulatedHost) -> tuple[Paths, Commands, DriverConfig]:
+    return Paths(host.root), Commands(host.env()), DriverConfig.from_env(host.env())
+
+
+def _ready(host: SimulatedHost) -> None:
+    host.write("/run/mellanox/drivers/.driver-ready", "")
+    host.write("/run/nvidia/validations/.driver-ctr-ready", "")
+
+
 def test_reload_peermem_waits_for_mofed_and_the_driver(host: SimulatedHost) -> None:
     host.write("/drivers/nvidia-peermem.conf", "peerdirect_support=1\n")
-    paths = Paths(host.root)
-    commands = Commands(host.env())
-    config = DriverConfig.from_env(host.env())
+    host.add_ofa_kernel()
+    paths, commands, config = _sidecar(host)
     polls: list[float] = []
 
     def sleep(seconds: float) -> None:
         polls.append(seconds)
         if len(polls) == 2:
-            host.write("/run/mellanox/drivers/.driver-ready", "")
-            host.write("/run/nvidia/validations/.driver-ctr-ready", "")
+            _ready(host)
 
     waited = threading.Event()
     assert reload_nvidia_peermem(paths, commands, config, sleep=sleep, wait=waited.set) == 0
     assert polls == [10.0, 10.0]
     assert waited.is_set()
+    # The module's parameters are an options line, never modprobe arguments.
     assert host.calls("chroot") == [
-        f"chroot {host.path('/run/nvidia/driver')} modprobe nvidia-peermem peerdirect_support=1"
+        f"chroot {host.path('/run/nvidia/driver')} modprobe nvidia-peermem"
     ]
+    conf = host.path("/run/nvidia/driver/etc/modprobe.d/nvidia-peermem.conf")
+    assert conf.read_text() == "options nvidia-peermem peerdirect_support=1\n"
     # Loaded already: no second modprobe.
     assert reload_nvidia_peermem(paths, commands, config, sleep=sleep, wait=waited.set) == 0
     assert len(host.calls("chroot")) == 1
+
+
+def test_peermem_options_cannot_become_modprobe_arguments(
+    host: SimulatedHost, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 10 item 3: "-C evil.conf" made modprobe run that file's install line as root."""
+    host.write("/tmp/evil.conf", "install nvidia-peermem /bin/sh -c 'touch /tmp/owned'\n")
+    host.write("/drivers/nvidia-peermem.conf", "peerdirect_support=1 -C /tmp/evil.conf\n")
+    host.add_ofa_kernel()
+    _ready(host)
+    waited = threading.Event()
+    assert reload_nvidia_peermem(*_sidecar(host), sleep=time.sleep, wait=waited.set) == 0
+    assert waited.is_set(), "the sidecar waits instead of exiting: it never crash-loops"
+    assert not host.calls("chroot")
+    assert not host.path("/run/nvidia/driver/etc/modprobe.d/nvidia-peermem.conf").exists()
+    [line] = [line for line in capsys.readouterr().err.splitlines() if line]
+    assert line.startswith("ERROR: /drivers/nvidia-peermem.conf holds '-C', which is not a module")
+
+
+def test_without_mofed_the_sidecar_points_to_dma_buf_and_waits(
+    host: SimulatedHost, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _ready(host)
+    waited = threading.Event()
+    assert reload_nvidia_peermem(*_sidecar(host), sleep=time.sleep, wait=waited.set) == 0
+    assert waited.is_set()
+    assert not host.calls("chroot")
+    out = capsys.readouterr().out
+    assert "/run/mellanox/drivers/usr/src/ofa_kernel is absent" in out
+    assert "use DMA-BUF instead (the open kernel modules with the kernel's inbox RDMA" in out
+
+
+def test_a_failed_modprobe_is_one_line_and_no_exit(
+    host: SimulatedHost, capsys: pytest.CaptureFixture[str]
+) -> None:
+    host.add_ofa_kernel()
+    _ready(host)
+    host.fail("chroot", "modprobe: ERROR: could not insert 'nvidia_peermem': Invalid argument")
+    waited = threading.Event()
+    assert reload_nvidia_peermem(*_sidecar(host), sleep=time.sleep, wait=waited.set) == 0
+    assert waited.is_set()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert "failed to load nvidia-peermem: modprobe: ERROR" in err[0]
+
+
+def test_the_sidecar_ends_cleanly_on_sigterm(host: SimulatedHost) -> None:
+    _ready(host)
+    sidecar = host.start("reload_nvidia_peermem")
+    sidecar.wait_for("use DMA-BUF instead")
+    assert sidecar.terminate() == 0
+    assert "Caught signal" in sidecar.output
 
 
 def test_reload_peermem_with_host_mofed_waits_for_mlx5(host: SimulatedHost) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -186,24 +187,6 @@ def test_l40s_node_skips_the_fabric_manager(host: SimulatedHost) -> None:
     assert "Starting NVIDIA fabric manager daemon" not in driver.output
     assert not host.calls("nv-fabricmanager")
     assert driver.terminate() == 0
-
-
-def test_nvlink5_system_starts_fabric_manager_and_nvlsm(host: SimulatedHost) -> None:
-    host.add_gpus(0x2901, count=8)  # HGX B200
-    host.add_nvlink5_port("mlx5_0")
-    host.set_module("mlx5_core")
-    host.set_module("ib_umad")
-    host.add_package("open")
-    driver = host.start("init")
-    driver.wait_for("Done, now waiting for signal")
-    assert "Detected NVLink5+ system (management ports: mlx5_0)" in driver.output
-    assert "Starting NVIDIA fabric manager daemon for NVLink5+..." in driver.output
-    [start] = host.calls("nvidia-fabricmanager-start.sh")
-    assert "--mode start" in start
-    assert f"--nvlsm-config-file {host.path('/usr/share/nvidia/nvlsm/nvlsm.conf')}" in start
-    assert not host.calls("nv-fabricmanager")
-    assert driver.terminate() == 0
-    assert not any(process_alive(pid) for pid in host.daemon_pids())
 
 
 def test_digest_fast_path_keeps_the_loaded_modules(host: SimulatedHost) -> None:
@@ -424,16 +407,6 @@ def test_selinux_enforcing_host_gets_the_driver_root_relabelled(host: SimulatedH
     driver.terminate()
 
 
-def test_rdma_loads_peermem_when_a_mellanox_nic_is_present(host: SimulatedHost) -> None:
-    host.add_pci("0000:c1:00.0", 0x15B3, 0x1021, 0x020700)
-    host.add_package("open")
-    driver = host.start("init", GPU_DIRECT_RDMA_ENABLED="true")
-    driver.wait_for("Done, now waiting for signal")
-    assert loaded_in_order(host)[-1] == "nvidia-peermem"
-    driver.terminate()
-    assert host.calls("rmmod") == ["rmmod nvidia_modeset nvidia_uvm nvidia_peermem nvidia"]
-
-
 def test_load_never_compiles(host: SimulatedHost) -> None:
     host.add_host_kernel_tree()
     result = host.run("load")
@@ -508,3 +481,200 @@ def test_two_releases_of_one_kernel_share_an_image_and_both_nodes_match(
         assert "kernel interface matches." in driver.output
         assert "building one" not in driver.output
     assert len(host.calls("make")) == compiles
+
+
+# --- HGX, DGX and GB200 nodes ------------------------------------------------------------------
+
+
+def _nvlink5(host: SimulatedHost) -> None:
+    """A GB200 compute tray: Grace-Blackwell GPUs and a ConnectX NVLink5 management port."""
+    for device in list(host.path("/sys/bus/pci/devices").iterdir()):
+        for name in ("vendor", "device", "class"):
+            (device / name).unlink()
+    host.add_gpus(GB200, count=4)
+    host.add_nvlink5_port("mlx5_0")
+    host.set_module("mlx5_core")
+    host.set_module("ib_umad")
+    host.add_package("open")
+
+
+def test_a_gb200_node_starts_nvlsm_from_opt_through_the_start_script(host: SimulatedHost) -> None:
+    _nvlink5(host)
+    host.add_nvlsm()
+    driver = host.start("init")
+    driver.wait_for("Done, now waiting for signal")
+    assert "Detected NVLink5+ system (management ports: mlx5_0)" in driver.output
+    # The fabric manager's start script, with the arguments NVIDIA's image gives it.
+    [start] = host.calls("nvidia-fabricmanager-start.sh")
+    assert start == (
+        "nvidia-fabricmanager-start.sh --mode start"
+        f" --fm-config-file {host.path('/usr/share/nvidia/nvswitch/fabricmanager.cfg')}"
+        f" --fm-pid-file {host.path('/var/run/nvidia-fabricmanager/nv-fabricmanager.pid')}"
+        f" --nvlsm-config-file {host.path('/usr/share/nvidia/nvlsm/nvlsm.conf')}"
+        f" --nvlsm-pid-file {host.path('/var/run/nvidia-fabricmanager/nvlsm.pid')}"
+    )
+    # ... which ran NVLSM from /opt/nvidia/nvlsm/sbin/nvlsm.
+    [nvlsm] = host.calls("nvlsm")
+    assert f"--config {host.path('/usr/share/nvidia/nvlsm/nvlsm.conf')}" in nvlsm
+    pids = {name: int(host.path(f"/var/run/nvidia-fabricmanager/{name}.pid").read_text())
+            for name in ("nvlsm", "nv-fabricmanager")}  # fmt: skip
+    assert all(process_alive(pid) for pid in pids.values())
+    status = host.run("status").stdout
+    assert "NVLink subnet manager: pid" in status
+    assert "/opt/nvidia/nvlsm/sbin/nvlsm (present)" in status
+    assert driver.terminate() == 0
+    assert "Stopping NVIDIA NVLink subnet manager daemon..." in driver.output
+    assert not any(process_alive(pid) for pid in pids.values())
+
+
+def test_a_gb200_node_without_nvlsm_fails_in_one_line(host: SimulatedHost) -> None:
+    _nvlink5(host)
+    result = host.run("init")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "ERROR: nvidia-fabricmanager-start.sh failed (exit 1): "
+        '"/opt/nvidia/nvlsm/sbin/nvlsm" does not exist'
+    )
+
+
+def test_rdma_without_mofed_skips_peermem_with_its_line_and_reaches_done(
+    host: SimulatedHost,
+) -> None:
+    host.add_mellanox_nic()
+    host.add_package("open")
+    driver = host.start("init", GPU_DIRECT_RDMA_ENABLED="true")
+    driver.wait_for("Done, now waiting for signal")
+    assert (
+        "GPUDirect RDMA is enabled, but /run/mellanox/drivers/usr/src/ofa_kernel is absent (no "
+        "MOFED driver container; there is none for Flatcar): not loading nvidia-peermem, which "
+        "needs MOFED's peer-memory symbols; use DMA-BUF instead (the open kernel modules with "
+        "the kernel's inbox RDMA drivers)" in driver.output
+    )
+    assert "nvidia-peermem" not in loaded_in_order(host)
+    assert "kernel interface matches." in driver.output  # the precompiled package serves
+    assert driver.terminate() == 0
+
+
+def test_rdma_with_an_ofa_kernel_tree_builds_peermem_against_it(host: SimulatedHost) -> None:
+    host.add_mellanox_nic()
+    host.add_package("open")  # built without MOFED: not used for this node
+    host.add_host_kernel_tree()
+    host.add_ofa_kernel()
+    driver = host.start("init", GPU_DIRECT_RDMA_ENABLED="true")
+    driver.wait_for("Done, now waiting for signal")
+    assert "nvidia-peermem is built against it" in driver.output
+    [make] = host.calls("make")
+    ofa_dir = next(arg for arg in make.split() if arg.startswith("OFA_DIR="))
+    assert ofa_dir.endswith("/ofa_kernel")
+    assert loaded_in_order(host)[-1] == "nvidia-peermem"
+    [metadata] = host.path(f"/run/nvidia/cache/packages/{DRIVER}/open").glob(
+        "*-mofed/metadata.json"
+    )
+    assert json.loads(metadata.read_text())["source_digest"].startswith("sha256:")
+    assert driver.terminate() == 0
+    assert host.calls("rmmod") == ["rmmod nvidia_modeset nvidia_uvm nvidia_peermem nvidia"]
+    # A restart finds the MOFED package in the cache: no second compile.
+    again = host.start("init", GPU_DIRECT_RDMA_ENABLED="true")
+    again.wait_for("Done, now waiting for signal")
+    assert len(host.calls("make")) == 1
+    assert again.terminate() == 0
+
+
+def test_the_fast_path_with_only_nvidia_loaded_takes_the_full_install(
+    host: SimulatedHost,
+) -> None:
+    """NVIDIA/gpu-operator#2619: a restart with only nvidia.ko loaded skipped the others."""
+    host.set_module("nvidia", 0)
+    host.write("/run/nvidia/nvidia-driver.state", "digest-1234")
+    host.add_package("open")
+    driver = host.start("init", DRIVER_CONFIG_DIGEST="digest-1234")
+    driver.wait_for("Done, now waiting for signal")
+    assert (
+        "The NVIDIA driver configuration is unchanged, but nvidia_uvm, nvidia_modeset are not "
+        "loaded: performing a full install" in driver.output
+    )
+    assert "userspace-only install" not in driver.output
+    assert host.calls("rmmod") == ["rmmod nvidia"]
+    assert loaded_in_order(host) == ["nvidia", "nvidia-uvm", "nvidia-modeset"]
+    assert driver.terminate() == 0
+
+
+def test_init_takes_the_options_the_nvidiadriver_resource_appends(host: SimulatedHost) -> None:
+    host.add_host_kernel_tree()
+    driver = host.start("init", "--accept-license", "-m", "3")
+    driver.wait_for("Done, now waiting for signal")
+    assert "Ignoring --accept-license: NVIDIA's license was accepted when this image" in (
+        driver.output
+    )
+    assert "Using 3 parallel compile jobs for a runtime build (--max-threads)" in driver.output
+    [make] = host.calls("make")
+    assert "-j3" in make.split()
+    assert driver.terminate() == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--kernel", "6.1.0"],
+            (
+                "nvidia-driver init does not accept --kernel 6.1.0: it accepts "
+                "-a/--accept-license and -m/--max-threads N, as NVIDIA's driver container does"
+            ),
+        ),
+        (["-m", "0"], "argument -m/--max-threads: '0' is not a positive number of jobs"),
+        (["--max-threads"], "argument -m/--max-threads: expected one argument"),
+    ],
+    ids=["unknown", "zero-threads", "no-value"],
+)
+def test_other_options_are_refused_in_one_line(
+    host: SimulatedHost, args: list[str], message: str
+) -> None:
+    result = host.run("init", *args)
+    assert result.returncode == 1
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("ERROR: ")
+    assert message in line
+    assert not host.calls("modprobe")
+
+
+def test_imex_starts_only_on_a_node_configured_for_a_domain(host: SimulatedHost) -> None:
+    host.add_package("open")
+    host.write("/etc/nvidia-imex/config.cfg", "DAEMONIZE=1\nSERVER_PORT=50000\n")
+    first = host.start("init")
+    first.wait_for("Done, now waiting for signal")
+    assert (
+        "Skipping NVIDIA IMEX daemon: the node lists no IMEX domain in "
+        "/etc/nvidia-imex/nodes_config.cfg (the NVIDIA DRA driver's ComputeDomains run "
+        "nvidia-imex from the driver root" in first.output
+    )
+    assert first.terminate() == 0
+    host.write("/proc/1/root/etc/nvidia-imex/nodes_config.cfg", "10.0.0.1\n10.0.0.2\n")
+    second = host.start("init")
+    second.wait_for("Done, now waiting for signal")
+    assert "Starting NVIDIA IMEX daemon for a domain of 2 node(s)..." in second.output
+    seen_file = host.state / "imex.cfg.seen"  # written by the daemon, which runs on its own
+    for _ in range(100):
+        if seen_file.exists():
+            break
+        time.sleep(0.05)
+    seen = seen_file.read_text().splitlines()
+    assert "DAEMONIZE=0" in seen
+    assert f"IMEX_NODE_CONFIG_FILE={host.path('/var/run/nvidia-imex/nodes_config.cfg')}" in seen
+    pid = int(host.path("/var/run/nvidia-imex/nvidia-imex.pid").read_text())
+    assert process_alive(pid)
+    assert second.terminate() == 0
+    assert "Stopping NVIDIA IMEX daemon..." in second.output
+    assert not process_alive(pid)
+
+
+def test_module_parameters_other_than_name_value_are_refused(host: SimulatedHost) -> None:
+    host.write("/drivers/nvidia.conf", "NVreg_EnableStreamMemOPs=1 -C /tmp/evil.conf\n")
+    host.add_package("open")
+    result = host.run("init")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "ERROR: /drivers/nvidia.conf holds '-C', which is not a module parameter (name=value): "
+        "only name=value tokens are accepted; fix the kernel module parameters ConfigMap"
+    )
+    assert not host.path("/etc/modprobe.d/nvidia.conf").exists()

@@ -210,7 +210,7 @@ def _install(redist: Redist, root: Path, spec: str | None = None) -> list[str]:
 
 
 @pytest.fixture(autouse=True)
-def _no_ldconfig(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+def ldconfig_calls(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     """ldconfig -r needs root; record it instead."""
     calls: list[list[str]] = []
     monkeypatch.setattr(provision, "_run", lambda argv: calls.append(list(argv)))
@@ -218,7 +218,7 @@ def _no_ldconfig(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
 
 
 def test_every_archive_lands_where_nvidia_s_packages_put_it(
-    tmp_path: Path, _no_ldconfig: list[list[str]]
+    tmp_path: Path, ldconfig_calls: list[list[str]]
 ) -> None:
     root = tmp_path / "root"
     installed = _install(_redist(tmp_path), root)
@@ -245,7 +245,7 @@ def test_every_archive_lands_where_nvidia_s_packages_put_it(
     assert not (root / "usr/include").exists()
     assert not list(root.rglob("*.service"))
     assert not list(root.rglob("fm_run_package_installer.sh"))
-    assert _no_ldconfig == [["ldconfig", "-r", str(root)]]  # SONAME links, as for the .run
+    assert ldconfig_calls == [["ldconfig", "-r", str(root)]]  # SONAME links, as for the .run
 
 
 def test_a_manifest_without_the_optional_archives_says_what_the_node_lacks(
@@ -370,7 +370,7 @@ def test_archive_members_cannot_escape(tmp_path: Path, name: str) -> None:
         tar.addfile(tarfile.TarInfo(name), io.BytesIO(b""))
     path.write_bytes(buffer.getvalue())
     archive = redist.Archive(redist.FABRICMANAGER, VERSION, f"x/{FM_TOP}.tar.xz", "0" * 64)
-    with pytest.raises(DriverError, match="not a plain relative path|outside its top directory"):
+    with pytest.raises(DriverError, match=r"not a plain relative path|outside its top directory"):
         redist.install_archive(path, archive, tmp_path / "root", "amd64")
 
 

@@ -60,6 +60,8 @@ class BuildRequest:
     # Where the compile runs (a copy of the sources and its objects, hundreds of MB): on disk,
     # not beside the package in /run. None: beside the output.
     scratch: Path | None = None
+    # MOFED's tree for this kernel: nvidia-peermem is built against it (peermem.py).
+    ofa_kernel: Path | None = None
 
     @property
     def driver_branch(self) -> int:
@@ -177,6 +179,12 @@ def sources_digest(source_dir: Path, patches: Iterable[Patch]) -> str:
     return f"sha256:{digest.hexdigest()}"
 
 
+def mofed_sources_digest(sources: str, ofa_kernel: Path) -> str:
+    """What a package built against MOFED is built from: the sources, then MOFED's tree."""
+    digest = hashlib.sha256(f"{sources}\0ofa_kernel\0{tree_digest([ofa_kernel])}".encode())
+    return f"sha256:{digest.hexdigest()}"
+
+
 def expected_sources_digest(
     driver_sources: Path, module_type: str, driver_branch: int, kernel_release: str
 ) -> str:
@@ -219,6 +227,11 @@ def _progress(done: int, total: int) -> str:
     return f"  [{'#' * filled}{' ' * (_BAR_WIDTH - filled)}] {percent}%"
 
 
+# Where MOFED's tree is copied into the build directory: OFA_DIR/default, the last of the
+# places nvidia-peermem.Kbuild looks (a copy, so a chrooted compiler sees it too).
+OFA_COPY = "ofa_kernel"
+
+
 def run_make(
     workdir: Path,
     request: BuildRequest,
@@ -241,6 +254,8 @@ def run_make(
         f"CC={compiler}",
         "IGNORE_CC_MISMATCH=1",
     ]
+    if request.ofa_kernel is not None:
+        args.append(f"OFA_DIR={toolchain.inside(workdir / OFA_COPY)}")
     say("Building kernel modules:")
     compiled, shown = 0, -1
     first_error = ""
@@ -305,6 +320,13 @@ def _package_sources(
     return sources, modules, linked
 
 
+def _source_digest(request: BuildRequest, source_dir: Path, patches: list[Patch]) -> str:
+    digest = sources_digest(source_dir, patches)
+    if request.ofa_kernel is None:
+        return digest
+    return mofed_sources_digest(digest, request.ofa_kernel)
+
+
 def build_package(request: BuildRequest, commands: Commands) -> Package:
     source_dir, patches = module_sources(
         request.driver_sources,
@@ -341,6 +363,8 @@ def build_package(request: BuildRequest, commands: Commands) -> Package:
     try:
         shutil.copytree(source_dir, workdir, dirs_exist_ok=True, symlinks=True)
         apply_patches(patches, workdir, commands)
+        if request.ofa_kernel is not None:
+            shutil.copytree(request.ofa_kernel, workdir / OFA_COPY / "default", symlinks=True)
         run_make(workdir, request, compiler, commands, toolchain)
         script = module_linker_script(request.tree.build_dir)
         if script is not None:
@@ -355,7 +379,7 @@ def build_package(request: BuildRequest, commands: Commands) -> Package:
             driver_version=request.driver_version,
             module_type=request.module_type,
             compiler=compiler_version,
-            source_digest=sources_digest(source_dir, patches),
+            source_digest=_source_digest(request, source_dir, patches),
             modules=modules,
             linked=linked,
             patches=[patch.name for patch in patches],

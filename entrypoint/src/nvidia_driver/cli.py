@@ -11,6 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 SUBCOMMANDS = {
     "init": "install the driver for this node, start its daemons and wait (default)",
@@ -23,8 +24,20 @@ SUBCOMMANDS = {
 }
 
 
+INIT_OPTIONS = "-a/--accept-license and -m/--max-threads N"
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Refuses what it cannot parse in one line (exit 1), not argparse's usage and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"ERROR: {self.prog}: {message}; see {self.prog} --help", file=sys.stderr,
+              flush=True)  # fmt: skip
+        raise SystemExit(1)
+
+
 def parser() -> argparse.ArgumentParser:
-    main = argparse.ArgumentParser(
+    main = OneLineParser(
         prog="nvidia-driver",
         description="NVIDIA GPU driver container entrypoint for Flatcar Container Linux, "
         "as run by the NVIDIA GPU Operator.",
@@ -37,9 +50,20 @@ def parser() -> argparse.ArgumentParser:
         help="resolve every host path (/proc, /sys, /run/nvidia, ...) under DIR "
         "(default: $NVIDIA_DRIVER_HOST_ROOT or /)",
     )
-    commands = main.add_subparsers(dest="command", metavar="COMMAND")
+    commands = main.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     for name, help_text in SUBCOMMANDS.items():
         sub = commands.add_parser(name, help=help_text, description=help_text)
+        if name == "init":
+            # What NVIDIA's init accepts (getopt -l accept-license,max-threads: -o am:), which
+            # the NVIDIADriver resource's spec.args appends after "init".
+            sub.add_argument(
+                "-a", "--accept-license", action="store_true",
+                help="accepted and ignored: NVIDIA's license is accepted when the image is built",
+            )  # fmt: skip
+            sub.add_argument(
+                "-m", "--max-threads", type=_positive, metavar="N",
+                help="parallel compile jobs of a runtime build (as MAX_THREADS)",
+            )  # fmt: skip
         if name == "build":
             sub.add_argument(
                 "--flatcar-version",
@@ -58,6 +82,27 @@ def parser() -> argparse.ArgumentParser:
     return main
 
 
+def _positive(text: str) -> int:
+    if not text.isascii() or not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of jobs")
+    return int(text)
+
+
+def _init_options(args: argparse.Namespace, env: dict[str, str]) -> None:
+    """Apply the options NVIDIA's init accepts; say what each means here."""
+    from nvidia_driver.log import say  # noqa: PLC0415 - keeps --help fast
+
+    if getattr(args, "accept_license", False):
+        say(
+            "Ignoring --accept-license: NVIDIA's license was accepted when this image was "
+            "built; nothing is installed with nvidia-installer on the node"
+        )
+    threads = getattr(args, "max_threads", None)
+    if threads is not None:
+        say(f"Using {threads} parallel compile jobs for a runtime build (--max-threads)")
+        env["MAX_THREADS"] = str(threads)
+
+
 def dispatch(args: argparse.Namespace) -> int:
     from nvidia_driver.commands import Commands  # noqa: PLC0415 - keeps --help fast
     from nvidia_driver.config import DriverConfig  # noqa: PLC0415
@@ -65,6 +110,7 @@ def dispatch(args: argparse.Namespace) -> int:
     from nvidia_driver.paths import Paths  # noqa: PLC0415
 
     env = dict(os.environ)
+    _init_options(args, env)
     ctx = Context(Paths.from_env(args.host_root, env), Commands(env))
     command = args.command or "init"
     if command == "status":
@@ -74,7 +120,7 @@ def dispatch(args: argparse.Namespace) -> int:
     if command == "probe_nvidia_peermem":
         from nvidia_driver.peermem import probe_nvidia_peermem  # noqa: PLC0415
 
-        return probe_nvidia_peermem(ctx.paths)
+        return probe_nvidia_peermem(ctx.paths, DriverConfig.from_env(env, require_version=False))
     config = DriverConfig.from_env(env)
     if command == "reload_nvidia_peermem":
         from nvidia_driver.peermem import reload_nvidia_peermem  # noqa: PLC0415
@@ -101,7 +147,14 @@ def dispatch(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args, unknown = parser().parse_known_args(argv)
+    if unknown:
+        command = args.command or "init"
+        accepted = f"it accepts {INIT_OPTIONS}" if command == "init" else "it takes no options"
+        print(f"ERROR: nvidia-driver {command} does not accept {' '.join(unknown)}: "
+              f"{accepted}, as NVIDIA's driver container does; remove it from the "
+              "NVIDIADriver's spec.args", file=sys.stderr, flush=True)  # fmt: skip
+        return 1
     from nvidia_driver.errors import DriverError  # noqa: PLC0415
 
     try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -77,6 +78,19 @@ class Commands:
     def succeeds(self, name: str, *args: str | os.PathLike[str]) -> bool:
         return self.run(name, *args, check=False).returncode == 0
 
+    def spawn(self, name: str, *args: str | os.PathLike[str], log: Path) -> int:
+        """Start a daemon that stays in the foreground, detached, its output in log; its pid."""
+        argv = [self.require(name), *(os.fspath(arg) for arg in args)]
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("ab") as out:
+            actions = [
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_DUP2, out.fileno(), 1),
+                (os.POSIX_SPAWN_DUP2, out.fileno(), 2),
+            ]
+            # Not a Popen: nothing waits for a daemon, which init stops by its pid file.
+            return os.posix_spawn(argv[0], argv, self.env, file_actions=actions, setsid=True)
+
     @contextmanager
     def stream(
         self,
@@ -86,7 +100,11 @@ class Commands:
         cwd: Path | None = None,
         extra_env: Mapping[str, str] | None = None,
     ) -> Iterator[subprocess.Popen[str]]:
-        """Start a long command whose merged output the caller reads line by line."""
+        """Start a long command whose merged output the caller reads line by line.
+
+        It runs in its own process group: leaving the block early (an error, a signal) kills
+        the whole group, so no compiler a ``make -j`` started keeps writing after it.
+        """
         argv = [self.require(name), *(os.fspath(arg) for arg in args)]
         process = subprocess.Popen(
             argv,
@@ -97,12 +115,14 @@ class Commands:
             errors="replace",
             cwd=cwd,
             env={**self.env, **(extra_env or {})},
+            start_new_session=True,
         )
         try:
             yield process
         finally:
             if process.poll() is None:
-                process.kill()
+                with suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
             process.wait()
             if process.stdout is not None:
                 process.stdout.close()

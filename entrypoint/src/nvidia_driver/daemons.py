@@ -1,4 +1,15 @@
-"""The persistence daemon and the fabric manager (NVSwitch and NVLink5 systems)."""
+"""The persistence daemon, the fabric manager (NVSwitch and NVLink5 systems) and IMEX.
+
+NVLink5 (B200, GB200): as NVIDIA's image, init waits for mlx5_core and ib_umad and runs the
+fabric manager's own start script, which starts NVLSM from /opt/nvidia/nvlsm/sbin/nvlsm and
+then the fabric manager (NVIDIA/gpu-driver-container ubuntu24.04/nvidia-driver,
+``_start_daemons``). Older NVSwitch systems run nv-fabricmanager itself.
+
+IMEX: NVIDIA's image installs nvidia-imex but never starts it (the NVIDIA DRA driver's
+ComputeDomains run it from the driver root). Here it is started only on a node configured
+for an IMEX domain: one whose /etc/nvidia-imex/nodes_config.cfg lists the domain's addresses
+(the IMEX_NODE_CONFIG_FILE of NVIDIA's default config); otherwise one line says why not.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +26,7 @@ from nvidia_driver.config import DriverConfig
 from nvidia_driver.errors import DriverError
 from nvidia_driver.host import is_loaded, nvlink5_ports, nvswitch_devices
 from nvidia_driver.log import say
-from nvidia_driver.paths import FABRICMANAGER_CONFIG, NVLSM_CONFIG, Paths
+from nvidia_driver.paths import FABRICMANAGER_CONFIG, IMEX_CONFIG, NVLSM_CONFIG, Paths
 
 STOP_TIMEOUT_SECONDS = 5.0
 NVLINK5_MODULES = ("mlx5_core", "ib_umad")
@@ -30,8 +41,14 @@ class Daemon:
 PERSISTENCED = Daemon("persistence", "/var/run/nvidia-persistenced/nvidia-persistenced.pid")
 FABRICMANAGER = Daemon("fabric manager", "/var/run/nvidia-fabricmanager/nv-fabricmanager.pid")
 NVLSM = Daemon("NVLink subnet manager", "/var/run/nvidia-fabricmanager/nvlsm.pid")
-# Stopped in this order, as NVIDIA's scripts do.
-ALL_DAEMONS = (PERSISTENCED, FABRICMANAGER, NVLSM)
+IMEX = Daemon("IMEX", "/var/run/nvidia-imex/nvidia-imex.pid")
+# Stopped in this order, as NVIDIA's scripts do (IMEX, which needs the fabric, first).
+ALL_DAEMONS = (IMEX, PERSISTENCED, FABRICMANAGER, NVLSM)
+# The config and domain IMEX is started with, and its output.
+IMEX_RUN_CONFIG = "/var/run/nvidia-imex/config.cfg"
+IMEX_NODES = "/var/run/nvidia-imex/nodes_config.cfg"
+IMEX_LOG = "/var/log/nvidia-imex.log"
+IMEX_DRA = "the NVIDIA DRA driver's ComputeDomains run nvidia-imex from the driver root"
 
 
 def read_pid(paths: Paths, daemon: Daemon) -> int | None:
@@ -57,24 +74,56 @@ def is_running(pid: int) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
-def configure_fabricmanager(paths: Paths, overrides: dict[str, str]) -> None:
-    """Apply NVFM_CONFIG_<FIELD>=value to fabricmanager.cfg: rewrite the field or append it."""
-    if not overrides:
-        return
-    config = paths(FABRICMANAGER_CONFIG)
-    lines = config.read_text().splitlines() if config.is_file() else []
+def config_with(text: str, overrides: dict[str, str]) -> str:
+    """``KEY=value`` lines of a daemon's config with overrides applied (rewritten or appended)."""
+    lines = text.splitlines()
     pending = dict(overrides)
     for index, line in enumerate(lines):
         key = line.split("=", 1)[0].strip()
         if "=" in line and not line.lstrip().startswith("#") and key in pending:
             lines[index] = f"{key}={pending.pop(key)}"
     lines.extend(f"{key}={value}" for key, value in pending.items())
+    return "\n".join(lines) + "\n"
+
+
+def config_value(path: Path, key: str) -> str | None:
+    """A ``KEY=value`` field of a daemon's config file; None if unset or unreadable."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        name, sep, value = line.partition("=")
+        if sep and not line.lstrip().startswith("#") and name.strip() == key:
+            return value.strip()
+    return None
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    temporary.write_text(text)
+    temporary.replace(path)
+
+
+def configure_fabricmanager(paths: Paths, overrides: dict[str, str]) -> None:
+    """Apply NVFM_CONFIG_<FIELD>=value to fabricmanager.cfg: rewrite the field or append it."""
+    if not overrides:
+        return
+    config = paths(FABRICMANAGER_CONFIG)
+    text = config.read_text() if config.is_file() else ""
     for key, value in overrides.items():
         say(f"Setting fabric manager option {key}={value}")
-    config.parent.mkdir(parents=True, exist_ok=True)
-    temporary = config.with_name(config.name + ".tmp")
-    temporary.write_text("\n".join(lines) + "\n")
-    temporary.replace(config)
+    _write(config, config_with(text, overrides))
+
+
+def imex_domain(paths: Paths) -> list[str]:
+    """The addresses the node's nodes_config.cfg lists for its IMEX domain."""
+    try:
+        text = paths.host_imex_nodes.read_text(errors="replace")
+    except OSError:
+        return []
+    return [line.strip() for line in text.splitlines() if line.strip() and line[0] != "#"]
 
 
 def _wait_for_modules(
@@ -107,6 +156,31 @@ class DaemonManager:
         say("Starting NVIDIA persistence daemon...")
         self.commands.run("nvidia-persistenced", "--persistence-mode")
         self.start_fabricmanager()
+        self.start_imex()
+
+    def start_imex(self) -> None:
+        if self.commands.which("nvidia-imex") is None:
+            say("Skipping NVIDIA IMEX daemon: this image has no nvidia-imex (NVIDIA's redist "
+                "lists no IMEX for this driver)")  # fmt: skip
+            return
+        domain = imex_domain(self.paths)
+        if not domain:
+            say(
+                "Skipping NVIDIA IMEX daemon: the node lists no IMEX domain in "
+                f"/etc/nvidia-imex/nodes_config.cfg ({IMEX_DRA}; NVIDIA's driver container "
+                "does not start it either)"
+            )
+            return
+        say(f"Starting NVIDIA IMEX daemon for a domain of {len(domain)} node(s)...")
+        nodes = self.paths(IMEX_NODES)
+        _write(nodes, "\n".join(domain) + "\n")
+        image_config = self.paths(IMEX_CONFIG)
+        text = image_config.read_text() if image_config.is_file() else ""
+        # In the foreground, so that init knows its pid and stops it with the others.
+        config = self.paths(IMEX_RUN_CONFIG)
+        _write(config, config_with(text, {"DAEMONIZE": "0", "IMEX_NODE_CONFIG_FILE": str(nodes)}))
+        pid = self.commands.spawn("nvidia-imex", "-c", config, log=self.paths(IMEX_LOG))
+        _write(self.paths(IMEX.pid_file), f"{pid}\n")
 
     def start_fabricmanager(self) -> None:
         # Both proc entries appear only once nvidia.ko is loaded, so they are read now.

@@ -16,7 +16,12 @@ from pathlib import Path
 from types import FrameType
 
 from nvidia_driver.atomic import write_atomically
-from nvidia_driver.build import BuildRequest, build_package, expected_sources_digest
+from nvidia_driver.build import (
+    BuildRequest,
+    build_package,
+    expected_sources_digest,
+    mofed_sources_digest,
+)
 from nvidia_driver.cachedirs import cache_dir, clear_work, sweep_stale, work_dir
 from nvidia_driver.commands import Commands
 from nvidia_driver.config import DriverConfig
@@ -27,6 +32,8 @@ from nvidia_driver.host import HostFacts, read_host_facts
 from nvidia_driver.kerneltree import ForeignToolsError, KernelTree, host_tree
 from nvidia_driver.kmod import (
     BUSY_MESSAGE,
+    LOAD_ORDER,
+    PEERMEM,
     load_host_prerequisites,
     load_modules,
     unload_modules,
@@ -46,6 +53,7 @@ from nvidia_driver.packages import (
     report_match,
 )
 from nvidia_driver.paths import Paths
+from nvidia_driver.peermem import RdmaPlan, rdma_plan
 from nvidia_driver.release import ReleaseSources, refuse_foreign_host_tools
 from nvidia_driver.rootfs import mount_rootfs, unmount_rootfs
 from nvidia_driver.vmlinuz import banner_release
@@ -201,10 +209,12 @@ class Lifecycle:
     facts: HostFacts
     daemons: DaemonManager = field(init=False)
     lock: PidLock = field(init=False)
+    rdma: RdmaPlan = field(init=False)
 
     def __post_init__(self) -> None:
         self.daemons = DaemonManager(self.ctx.paths, self.ctx.commands, self.config)
         self.lock = PidLock(self.ctx.paths.pid_file)
+        self.rdma = rdma_plan(self.ctx.paths, self.config, self.facts)
 
     @property
     def paths(self) -> Paths:
@@ -219,14 +229,33 @@ class Lifecycle:
     def set_daemons_status(self, status: str) -> None:
         write_atomically(self.paths.daemons_status, f"{status}\n")
 
+    def modules_to_load(self) -> list[str]:
+        """Every module a full install loads, by its /sys/module name."""
+        modules = [module.replace("-", "_") for module in LOAD_ORDER]
+        return [*modules, PEERMEM.replace("-", "_")] if self.rdma.load_peermem else modules
+
     def fast_path_applies(self) -> bool:
+        """The digest matches and every module a full install would load is loaded.
+
+        Only nvidia.ko loaded (a crash halfway, someone's rmmod) takes the full install: the
+        upstream fast path checked nvidia alone (NVIDIA/gpu-operator#2619).
+        """
         digest = self.config.driver_config_digest
         if not digest or not self.facts.nvidia_loaded:
             return False
         try:
-            return self.paths.state_file.read_text().strip() == digest
+            if self.paths.state_file.read_text().strip() != digest:
+                return False
         except OSError:
             return False
+        missing = [m for m in self.modules_to_load() if m not in self.facts.module_refcounts]
+        if missing:
+            say(
+                f"The NVIDIA driver configuration is unchanged, but {', '.join(missing)} "
+                f"{'is' if len(missing) == 1 else 'are'} not loaded: performing a full install"
+            )
+            return False
+        return True
 
     def resolve_module_type(self) -> ModuleTypeChoice:
         choice = resolve_module_type(
@@ -260,7 +289,24 @@ class Lifecycle:
 
     def find_package(self, choice: ModuleTypeChoice) -> Package | None:
         say("Checking NVIDIA driver packages...")
+        if self.rdma.ofa_tree is not None:
+            return report_match(self.mofed_package(choice, self.rdma.ofa_tree))
         return report_match(self.matching_package(choice))
+
+    def mofed_package(self, choice: ModuleTypeChoice, ofa_tree: Path) -> Package | None:
+        """A package built on this node against this MOFED tree (precompiled ones are not)."""
+        say(f"GPUDirect RDMA with MOFED's {ofa_tree}: nvidia-peermem is built against it")
+        digest = mofed_sources_digest(
+            expected_sources_digest(
+                self.paths.driver_sources(self.config.driver_version),
+                choice.module_type,
+                self.config.driver_branch,
+                self.facts.kernel_release,
+            ),
+            ofa_tree,
+        )
+        wanted = (self.facts.proc_version, self.config.driver_version, choice.module_type)
+        return matching_package([self.cache / "packages"], *wanted, source_digest=digest)
 
     def node_kernel_tree(self, sources: ReleaseSources) -> KernelTree:
         """The node's own build tree if it has one, else its release's; with a fitting gcc."""
@@ -302,6 +348,7 @@ class Lifecycle:
                 tree=tree,
                 flatcar_version=self.facts.version_id,
                 work=self.work,
+                ofa_kernel=self.rdma.ofa_tree,
             )
         finally:
             clear_work(self.work)
@@ -317,8 +364,9 @@ class Lifecycle:
         provide_gsp_firmware(self.paths, self.config.driver_version, module_type, nvidia_params)
         configure_firmware_search_path(self.paths, nvidia_params)
         load_host_prerequisites(self.paths, self.commands)
-        with_peermem = self.config.gpu_direct_rdma and self.facts.mellanox_present
-        load_modules(self.commands, with_peermem)
+        if self.rdma.reason:
+            say(self.rdma.reason)
+        load_modules(self.commands, self.rdma.load_peermem)
 
     def finish(self) -> None:
         self.daemons.start_all()
@@ -429,9 +477,12 @@ def build_into_cache(
     tree: KernelTree,
     flatcar_version: str,
     work: Path,
+    ofa_kernel: Path | None = None,
 ) -> Package:
     """Compile and package for one exact kernel banner, into the package cache."""
     banner_key = hashlib.sha256(banner.encode()).hexdigest()[:12]
+    if ofa_kernel is not None:  # another package: nvidia-peermem built against MOFED
+        banner_key += "-mofed"
     request = BuildRequest(
         driver_version=config.driver_version,
         module_type=module_type,
@@ -448,6 +499,7 @@ def build_into_cache(
         jobs=config.max_threads,
         flatcar_version=flatcar_version,
         scratch=work / "builds",
+        ofa_kernel=ofa_kernel,
     )
     return build_package(request, commands)
 

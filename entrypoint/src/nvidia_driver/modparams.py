@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -20,12 +21,33 @@ FIRMWARE_DISABLED = "NVreg_EnableGpuFirmware=0"
 _CHUNK = 1 << 20
 
 
+# A module parameter as modprobe.d's "options" line takes it: name=value, nothing else. Values
+# keep their quotes and separators (NVreg_RegistryDwords="RMFoo=1;RMBar=2").
+_PARAM = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*=\S+")
+
+
 def read_params(paths: Paths, module: str) -> list[str]:
-    """Parameters from /drivers/<module>.conf: space-separated, over one or more lines."""
+    """Parameters from /drivers/<module>.conf: ``name=value``, space-separated, over lines.
+
+    Anything else is refused: the tokens become an ``options`` line, never modprobe
+    arguments (``-C other.conf`` would make modprobe run that file's install commands).
+    """
     conf = paths.drivers / f"{module}.conf"
     if not conf.is_file():
         return []
-    return conf.read_text().split()
+    tokens = conf.read_text(errors="replace").split()
+    bad = [token for token in tokens if not _PARAM.fullmatch(token)]
+    if bad:
+        raise DriverError(
+            f"/drivers/{module}.conf holds {bad[0]!r}, which is not a module parameter "
+            "(name=value): only name=value tokens are accepted; fix the kernel module "
+            "parameters ConfigMap"
+        )
+    return tokens
+
+
+def options_line(module: str, values: list[str]) -> str:
+    return f"options {module} {' '.join(values)}\n"
 
 
 def module_params(paths: Paths, branch: int) -> dict[str, list[str]]:
@@ -50,7 +72,7 @@ def write_modprobe_conf(paths: Paths, branch: int) -> dict[str, list[str]]:
         say(f"Module parameters provided for {module}: {' '.join(values)}")
         conf = paths.modprobe_d / f"{module}.conf"
         say(f"Configuring {module} module parameters in /etc/modprobe.d/{module}.conf")
-        conf.write_text(f"options {module} {' '.join(values)}\n")
+        conf.write_text(options_line(module, values))
     return params
 
 

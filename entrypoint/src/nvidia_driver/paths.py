@@ -18,6 +18,11 @@ HOST_ROOT_ENV = "NVIDIA_DRIVER_HOST_ROOT"
 DRIVER_ROOT = "/run/nvidia/driver"
 FABRICMANAGER_CONFIG = "/usr/share/nvidia/nvswitch/fabricmanager.cfg"
 NVLSM_CONFIG = "/usr/share/nvidia/nvlsm/nvlsm.conf"
+# Where the fabric manager's start script runs NVLSM from (it aborts without it).
+NVLSM_BINARY = "/opt/nvidia/nvlsm/sbin/nvlsm"
+IMEX_CONFIG = "/etc/nvidia-imex/config.cfg"
+# MOFED's kernel tree, mounted from the network operator's driver container (HostToContainer).
+OFA_KERNEL = "/run/mellanox/drivers/usr/src/ofa_kernel"
 # Where the image keeps the GSP firmware: the Operator mounts a host path over /lib/firmware.
 IMAGE_FIRMWARE_DIR = "/opt/lib/firmware/nvidia"
 FIRMWARE_DIR = "/lib/firmware/nvidia"
@@ -128,6 +133,15 @@ class Paths:
     @property
     def mellanox_ready(self) -> Path:
         return self("/run/mellanox/drivers/.driver-ready")
+
+    @property
+    def ofa_kernel(self) -> Path:
+        return self(OFA_KERNEL)
+
+    @property
+    def host_imex_nodes(self) -> Path:
+        """The node's IMEX domain (NVIDIA's IMEX_NODE_CONFIG_FILE default), seen via hostPID."""
+        return self.host_filesystem / "etc/nvidia-imex/nodes_config.cfg"
 
     @property
     def drivers(self) -> Path:

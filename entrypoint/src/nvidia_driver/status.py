@@ -5,17 +5,35 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from nvidia_driver.config import DriverConfig
-from nvidia_driver.daemons import DaemonManager
+from nvidia_driver.daemons import IMEX_DRA, DaemonManager, config_value, imex_domain
 from nvidia_driver.errors import DriverError
 from nvidia_driver.host import read_host_facts
 from nvidia_driver.lifecycle import Context, Lifecycle
 from nvidia_driver.log import say
 from nvidia_driver.moduletype import resolve_module_type
+from nvidia_driver.paths import FABRICMANAGER_CONFIG, NVLSM_BINARY, NVLSM_CONFIG, Paths
 from nvidia_driver.rootfs import is_mounted
 
 
 def _row(label: str, value: str) -> None:
     say(f"{label + ':':<22}{value}")
+
+
+def _file(paths: Paths, absolute: str) -> str:
+    return f"{absolute} ({'present' if paths(absolute).exists() else 'missing'})"
+
+
+def _fabric_rows(paths: Paths) -> None:
+    """The fabric manager's and NVLSM's files, and the state files the fabric manager keeps."""
+    config = paths(FABRICMANAGER_CONFIG)
+    _row("Fabric manager config", _file(paths, FABRICMANAGER_CONFIG))
+    for key, label in (("STATE_FILE_NAME", "state file"), ("LOG_FILE_NAME", "log")):
+        value = config_value(config, key)
+        if value:
+            _row(f"Fabric manager {label}", _file(paths, value))
+    _row("NVLSM", f"{_file(paths, NVLSM_BINARY)}, config {_file(paths, NVLSM_CONFIG)}")
+    domain = imex_domain(paths)
+    _row("IMEX domain", f"{len(domain)} node(s)" if domain else f"none configured ({IMEX_DRA})")
 
 
 def print_status(ctx: Context, env: Mapping[str, str]) -> int:
@@ -58,6 +76,7 @@ def print_status(ctx: Context, env: Mapping[str, str]) -> int:
             f"{name}: {f'pid {pid}' if pid else 'not running'}" for name, pid in daemons.items()
         ),
     )
+    _fabric_rows(ctx.paths)
     root = ctx.paths.driver_root
     _row("Driver root", f"{root} ({'mounted' if is_mounted(ctx.paths) else 'not mounted'})")
     return 0
