@@ -10,21 +10,27 @@ the host's /run/nvidia/driver, the pid and status files, the startup probe, and 
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
 from fixtures.daemonset import (
+    GB200_TRAY,
+    GRACE_SECONDS,
     HGX_H100,
     KEYRING,
     L40S_SERVER,
     READY_LINE,
+    STARTUP_PROBE_SECONDS,
     DriverPod,
     Hardware,
     Node,
+    NodeHost,
     driver_pod,
     image_packages,
     mismatched,
+    node_host,
     process_gone,
 )
 from fixtures.gpg import SigningKey
@@ -42,7 +48,6 @@ CTR_READY = "GDRCOPY_ENABLED: false\nGDS_ENABLED: false\nGPU_DIRECT_RDMA_ENABLED
 PRE_STOP = (
     "rm -f /run/nvidia/validations/.driver-ctr-ready /run/nvidia/validations/.driver-daemons-status"
 )
-RUNTIME_BUILD_SECONDS = 1800
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +90,7 @@ def _daemon_pids(pod: DriverPod) -> dict[str, int]:
     for name, pid_file in (
         ("persistenced", "/run/nvidia-persistenced/nvidia-persistenced.pid"),
         ("fabricmanager", "/run/nvidia-fabricmanager/nv-fabricmanager.pid"),
+        ("nvlsm", "/run/nvidia-fabricmanager/nvlsm.pid"),
     ):
         result = pod.exec("cat", pid_file)
         if result.returncode == 0:
@@ -203,27 +209,81 @@ def test_the_startup_probe_fails_until_modules_and_daemons_are_ready(l40s_pod: D
     assert ready.read_text() == CTR_READY
 
 
+@pytest.fixture(scope="module")
+def rebuilt_node(banner: str, flatcar_signing_key: SigningKey) -> Iterator[tuple[Node, NodeHost]]:
+    """A node whose kernel was built at another time: same release string, other banner.
+
+    Its host paths are shared by the two tests that build: the one interrupted by a SIGTERM,
+    then the one that completes, as a restarted pod on the same node.
+    """
+    node = flatcar_node(mismatched(banner), HGX_H100)
+    with node_host(node, keyring=flatcar_signing_key.public_keyring) as host:
+        yield node, host
+
+
+def _build_env(server: FlatcarReleaseServer) -> dict[str, str]:
+    return {"FLATCAR_RELEASE_BASE_URL": server.base_url, "FLATCAR_KEYRING": KEYRING}
+
+
+def _processes_under(directory: Path) -> list[str]:
+    """Command lines of live processes that name a path under directory (a compiler's)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if str(directory) in cmdline or "/run/nvidia/cache/packages" in cmdline:
+            found.append(f"{entry.name}: {cmdline[:200]}")
+    return found
+
+
+def test_a_sigterm_in_the_middle_of_a_runtime_build_ends_within_the_grace_period(
+    precompiled: str,
+    rebuilt_node: tuple[Node, NodeHost],
+    flatcar_release_server: FlatcarReleaseServer,
+) -> None:
+    """The kubelet's SIGTERM while make runs: out in 30 s, nothing half-built or installed."""
+    node, host = rebuilt_node
+    env = _build_env(flatcar_release_server)
+    with driver_pod(precompiled, node, env, network="host", host=host) as pod:
+        pod.wait_for("Building kernel modules:", timeout=STARTUP_PROBE_SECONDS)
+        time.sleep(2)  # make and its compilers are running
+        started = time.monotonic()
+        code = pod.stop()
+        elapsed = time.monotonic() - started
+        after = pod.output.split("Building kernel modules:", 1)[1]
+    assert code == 0, pod.output
+    assert elapsed < GRACE_SECONDS, f"{elapsed:.1f} s: the kubelet would have killed it"
+    assert "Caught signal" in after
+    cache = pod.run_nvidia / "cache"
+    assert not list(cache.rglob("metadata.json")), "no package from an interrupted build"
+    assert not list(cache.rglob(".build.*")), "the build directory is removed"
+    assert not _processes_under(cache), "no compiler left running"
+    assert not pod.driver_root_mounted()
+    assert not (pod.run_nvidia / "nvidia-driver.pid").exists()
+    assert (pod.run_nvidia / "validations/.driver-daemons-status").read_text() == "NotReady\n"
+    assert not (pod.run_nvidia / "nvidia-driver.state").exists()
+
+
 def test_a_mismatched_kernel_builds_at_runtime_then_installs(
     precompiled: str,
-    banner: str,
+    rebuilt_node: tuple[Node, NodeHost],
     flatcar_release_server: FlatcarReleaseServer,
-    flatcar_signing_key: SigningKey,
 ) -> None:
-    """A node whose kernel was built at another time: same release string, other banner.
+    """A new pod on the node the last test left: the build runs to the end this time.
 
     The build fetches the release's kernel tree from the loopback release server, which only
     host networking reaches (a node reaches Flatcar's servers over its pod network). The
     module type is left to auto (proprietary for 535): on this machine the open modules built
     no faster (about 6.5 and 7 minutes from container start, under the same load).
     """
-    node = flatcar_node(mismatched(banner), HGX_H100)
-    env = {
-        "FLATCAR_RELEASE_BASE_URL": flatcar_release_server.base_url,
-        "FLATCAR_KEYRING": KEYRING,
-    }
-    keyring = flatcar_signing_key.public_keyring
-    with driver_pod(precompiled, node, env, network="host", keyring=keyring) as pod:
-        pod.wait_for(READY_LINE, timeout=RUNTIME_BUILD_SECONDS)
+    node, host = rebuilt_node
+    env = _build_env(flatcar_release_server)
+    with driver_pod(precompiled, node, env, network="host", host=host) as pod:
+        pod.wait_for(READY_LINE, timeout=STARTUP_PROBE_SECONDS)
         log = pod.output
         assert "Checking NVIDIA driver packages..." in log
         assert "kernel interface matches." not in log
@@ -237,3 +297,72 @@ def test_a_mismatched_kernel_builds_at_runtime_then_installs(
         assert pod.driver_root_mounted()
         assert pod.probe().returncode == 0
         _assert_stops_cleanly(pod, _daemon_pids(pod))
+
+
+# --- HGX, DGX and GB200 nodes; restarts ----------------------------------------------------------
+
+
+def test_a_gb200_tray_starts_fm_and_nvlsm_and_without_mofed_reaches_done(
+    precompiled: str, banner: str
+) -> None:
+    """NVLink5 with GPUDirect RDMA on Flatcar: no MOFED, so DMA-BUF, and the fabric runs.
+
+    The NVIDIADriver resource's spec.args come after init, as the Operator renders them.
+    """
+    node = flatcar_node(banner, GB200_TRAY)
+    env = {"GPU_DIRECT_RDMA_ENABLED": "true"}
+    args = ("--accept-license", "--max-threads", "2")
+    with driver_pod(precompiled, node, env, args=args) as pod:
+        pod.wait_for(READY_LINE)
+        log = pod.output
+        assert "Ignoring --accept-license" in log
+        assert "Using the open kernel modules (auto: " in log  # Grace-Blackwell needs open
+        assert "Detected NVLink5+ system (management ports: mlx5_0, mlx5_1)" in log
+        assert "Starting NVIDIA fabric manager daemon for NVLink5+..." in log
+        # The image's own start script started NVLSM and the fabric manager from their paths.
+        daemons = _daemon_pids(pod)
+        assert {"nvlsm", "fabricmanager"} <= set(daemons)
+        exe = {name: str(Path(f"/proc/{pid}/exe").readlink()) for name, pid in daemons.items()}
+        assert exe["nvlsm"] == "/opt/nvidia/nvlsm/sbin/nvlsm"
+        assert exe["fabricmanager"] == "/usr/bin/nv-fabricmanager"
+        nvlsm = Path(f"/proc/{daemons['nvlsm']}/cmdline").read_bytes().split(b"\0")
+        assert b"/sim/usr/share/nvidia/nvlsm/nvlsm.conf" in nvlsm
+        # RDMA: no MOFED tree, so no nvidia-peermem, one line, and the install goes on.
+        assert (
+            "GPUDirect RDMA is enabled, but /run/mellanox/drivers/usr/src/ofa_kernel is absent"
+            in log
+        )
+        assert "use DMA-BUF instead" in log
+        assert not [call for call in pod.calls("insmod") if "nvidia-peermem" in call]
+        assert pod.probe().returncode == 0
+        _assert_stops_cleanly(pod, daemons)
+
+
+def test_a_pod_killed_with_sigkill_is_followed_by_one_that_serves_the_node(
+    precompiled: str, banner: str
+) -> None:
+    """No cleanup ran: modules loaded, driver root mounted, stale pid file; the next pod copes.
+
+    Every module is still loaded and the digest is the same, so it takes the fast path.
+    """
+    node = flatcar_node(banner, L40S_SERVER)
+    with node_host(node) as host:
+        with driver_pod(precompiled, node, host=host) as first:
+            first.wait_for(READY_LINE)
+            killed = _daemon_pids(first)
+            first.kill()
+            assert first.driver_root_mounted(), "SIGKILL: nothing unmounted the driver root"
+            assert (first.run_nvidia / "nvidia-driver.pid").exists()
+        with driver_pod(precompiled, node, host=host) as second:
+            second.wait_for(READY_LINE)
+            log = second.output
+            assert "performing userspace-only install" in log
+            assert "Unmounting NVIDIA driver rootfs..." in log  # what the killed pod left
+            assert "Userspace-only install complete" in log
+            assert second.driver_root_mounted()
+            assert second.probe().returncode == 0
+            assert not second.calls("insmod"), "modules stay as they are on the fast path"
+            daemons = _daemon_pids(second)
+            _assert_stops_cleanly(second, daemons)
+    for name, pid in killed.items():
+        assert process_gone(pid), f"the killed pod's {name} (pid {pid}) still runs"

@@ -66,7 +66,20 @@ pinned = {pinned}
 
 [drivers."{driver}"]
 sha256 = {{ amd64 = "{sha256}" }}
+
+[drivers."{driver}".redist]
+{redist}
 """
+
+
+def _redist_table(downloads: DriverDownloads) -> str:
+    """The fixture archives' digests, as versions.toml records NVIDIA's."""
+    lines = []
+    for item in downloads.redist_sha256.split(","):
+        key, digest = item.split("=", 1)
+        component = key.split(".", 1)[0]
+        lines.append(f'{component} = {{ version = "recorded", amd64 = "{digest}" }}')
+    return "\n".join(lines)
 
 
 def _feed(*releases: str) -> bytes:
@@ -151,7 +164,7 @@ def publisher(  # noqa: PLR0917 - pytest passes fixtures by name
     scratch = tmp_path_factory.mktemp("publish")
     versions = scratch / "versions.toml"
     versions.write_text(VERSIONS.format(driver=DRIVER, sha256=driver_downloads.runfile_sha256,
-                                        pinned="[]"))  # fmt: skip
+                                        pinned="[]", redist=_redist_table(driver_downloads)))  # fmt: skip
     tree = _copy_tree(scratch / "tree")
     (scratch / "registry").mkdir()
     with FaultyHTTPServer({}) as feed:

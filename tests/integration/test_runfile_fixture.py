@@ -40,6 +40,10 @@ SYMLINK_TYPES = {
     "UTILITY_LIB_SYMLINK",
     "GBM_BACKEND_LIB_SYMLINK",
     "UTILITY_BIN_SYMLINK",
+    "NVCUVID_LIB_SYMLINK",
+    "ENCODEAPI_LIB_SYMLINK",
+    "VDPAU_SYMLINK",
+    "OPENGL_SYMLINK",
 }
 
 
@@ -283,7 +287,9 @@ def test_every_library_soname_has_a_symlink_entry(extracted: Extracted) -> None:
     links = {entry.path for entry in manifest_entries(extracted.tree) if entry.mode == "0000"}
     for library in extracted.tree.glob(f"lib*.so.{extracted.version}"):
         soname = elf_soname(library)
-        assert soname is not None, library
+        if soname is None:
+            assert library.name.startswith("libnvidia-vulkan-producer."), library  # by full name
+            continue
         assert soname in links or soname == library.name, library.name
 
 

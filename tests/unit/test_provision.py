@@ -237,6 +237,7 @@ def test_every_archive_lands_where_nvidia_s_packages_put_it(
     assert (root / "opt/nvidia/nvlsm/lib/libgrpc_mgr.so").is_file()
     assert (root / "usr/share/nvidia/nvlsm/nvlsm.conf").read_text() == "conf\n"
     assert (root / "usr/share/nvidia/nvlsm").is_symlink()
+    assert (root / "etc/ld.so.conf.d/nvidia-nvlsm.conf").read_text() == "/opt/nvidia/nvlsm/lib\n"
     assert not (root / "usr/bin/nvlsm").exists()
     assert (root / "usr/bin/nvidia-imex").is_file()
     assert (root / "usr/bin/nvidia-imex-ctl").is_file()

@@ -373,8 +373,15 @@ def _install_member(
     _replace(final, write)
 
 
+NVLSM_LD_CONF = "etc/ld.so.conf.d/nvidia-nvlsm.conf"
+
+
 def link_nvlsm_config(root: Path) -> None:
-    """/usr/share/nvidia/nvlsm -> NVLSM's own share/nvidia/nvlsm, where init points NVLSM."""
+    """/usr/share/nvidia/nvlsm -> NVLSM's own share/nvidia/nvlsm, where init points NVLSM.
+
+    NVLSM's own libraries (libgrpc_mgr.so) are in /opt/nvidia/nvlsm/lib: the linker cache
+    gets that directory too, whether or not the binary carries a run path to it.
+    """
     source = root / NVLSM_HOME / "share/nvidia/nvlsm"
     if not source.is_dir():
         raise DriverError(
@@ -388,3 +395,6 @@ def link_nvlsm_config(root: Path) -> None:
         _replace(final, lambda staged: staged.symlink_to(target))
     else:
         raise DriverError(f"{final} exists and is not NVLSM's link: refusing to replace it")
+    conf = PurePosixPath(NVLSM_LD_CONF)
+    ld_conf = _parents_without_links(root, conf) / conf.name
+    _replace(ld_conf, lambda staged: staged.write_text(f"/{NVLSM_HOME}/lib\n"))

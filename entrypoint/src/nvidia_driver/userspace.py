@@ -315,6 +315,7 @@ GRAPHICS_LIBRARIES = frozenset({
     "libnvidia-eglcore", "libnvidia-glsi", "libnvidia-glcore", "libnvidia-tls",
     "libnvidia-glvkspirv", "libnvidia-rtcore", "libnvoptix", "libnvidia-fbc", "libnvidia-cbl",
     "libnvidia-present",  # Vulkan's presentation layer (580+)
+    "libnvidia-vulkan-producer",  # Vulkan swapchains through EGL (up to 5xx)
 })  # fmt: skip
 GRAPHICS_FILES = frozenset(
     {"nvidia_icd.json", "nvidia_layers.json", "10_nvidia.json", "nvoptix.bin"}
