@@ -235,6 +235,11 @@ def build(  # noqa: PLR0917 - invoke maps each option to a parameter
         request = _request(c, options)
         if request.multi_arch and not push:
             raise Exit("invoke build: a multi-arch build is pushed as it is built: add --push")
+        request.redist_spec()  # refuses a missing fabric manager or NSCQ digest before Docker
+        if skipped := request.unrecorded_redist():
+            _print(f"invoke build: versions.toml records no SHA-256 for {', '.join(skipped)} "
+                   f"of driver {request.driver.version}: the image is built without them "
+                   "(B200/GB200 need NVLSM; record them or pass --redist-sha256)\n")  # fmt: skip
         docker = connect_docker(docker_host, request.multi_arch)
         built = images.build_images(request, docker, _print)
         images.report(built)

@@ -225,6 +225,9 @@ def _build_env(server: FlatcarReleaseServer) -> dict[str, str]:
     return {"FLATCAR_RELEASE_BASE_URL": server.base_url, "FLATCAR_KEYRING": KEYRING}
 
 
+BUILD_PATHS = ("/run/nvidia/cache/packages", "/var/cache/nvidia-driver")
+
+
 def _processes_under(directory: Path) -> list[str]:
     """Command lines of live processes that name a path under directory (a compiler's)."""
     found = []
@@ -235,7 +238,9 @@ def _processes_under(directory: Path) -> list[str]:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if str(directory) in cmdline or "/run/nvidia/cache/packages" in cmdline:
+        # The compile runs in the work directory (NVIDIA_DRIVER_WORK_DIR), its package lands
+        # in the cache.
+        if any(path in cmdline for path in (str(directory), *BUILD_PATHS)):
             found.append(f"{entry.name}: {cmdline[:200]}")
     return found
 

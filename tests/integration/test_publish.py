@@ -164,7 +164,8 @@ def publisher(  # noqa: PLR0917 - pytest passes fixtures by name
     scratch = tmp_path_factory.mktemp("publish")
     versions = scratch / "versions.toml"
     versions.write_text(VERSIONS.format(driver=DRIVER, sha256=driver_downloads.runfile_sha256,
-                                        pinned="[]", redist=_redist_table(driver_downloads)))  # fmt: skip
+                                        pinned="[]",
+                                        redist=_redist_table(driver_downloads)))  # fmt: skip
     tree = _copy_tree(scratch / "tree")
     (scratch / "registry").mkdir()
     with FaultyHTTPServer({}) as feed:

@@ -532,9 +532,12 @@ def test_a_gb200_node_without_nvlsm_fails_in_one_line(host: SimulatedHost) -> No
     result = host.run("init")
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == (
-        "ERROR: nvidia-fabricmanager-start.sh failed (exit 1): "
-        '"/opt/nvidia/nvlsm/sbin/nvlsm" does not exist'
+        "ERROR: this is an NVLink5 node (ports mlx5_0) and this image has no NVLSM "
+        "(/opt/nvidia/nvlsm/sbin/nvlsm), without which the fabric manager cannot start: use an "
+        "image built with NVLSM (record its SHA-256 in versions.toml or pass invoke build "
+        "--redist-sha256 nvlsm.<arch>=<sha256>)"
     )
+    assert not host.calls("nvidia-fabricmanager-start.sh")
 
 
 def test_rdma_without_mofed_skips_peermem_with_its_line_and_reaches_done(

@@ -6,11 +6,13 @@ import hashlib
 import io
 import json
 import tarfile
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from fetch_server import ReleaseServer
 
 from nvidia_driver import provision, redist
 from nvidia_driver.errors import DriverError
@@ -98,6 +100,53 @@ def test_a_missing_driver_is_reported_with_its_url(tmp_path: Path) -> None:
     with pytest.raises(DriverError, match=rf"cannot download .*NVIDIA-Linux-aarch64-{VERSION}"):
         provision.install_driver(base_url=_runfile_server(tmp_path, b"x"), version=VERSION,
                                  arch="arm64", sha256_spec="0" * 64, root=tmp_path)  # fmt: skip
+
+
+# --- bounded downloads (download.py's rules, as for the entrypoint) ---------------------------
+
+
+RUN_PATH = f"{VERSION}/NVIDIA-Linux-x86_64-{VERSION}.run"
+
+
+@pytest.fixture
+def tesla(tmp_path: Path) -> Iterator[ReleaseServer]:
+    (tmp_path / "tesla" / VERSION).mkdir(parents=True)
+    (tmp_path / "tesla" / RUN_PATH).write_bytes(b"#!/bin/sh\n" * 64)
+    with ReleaseServer(tmp_path / "tesla") as server:
+        yield server
+
+
+def test_a_redirect_off_nvidia_s_hosts_is_refused(tesla: ReleaseServer, tmp_path: Path) -> None:
+    tesla.redirects[f"/{RUN_PATH}"] = "http://mirror.example.org/file.run"
+    refused = (r"refusing the redirect of .* to http://mirror\.example\.org/file\.run: "
+               r"mirror\.example\.org is not among the allowed hosts "
+               r"\(127\.0\.0\.1, download\.nvidia\.com, \*\.download\.nvidia\.com\)")  # fmt: skip
+    with pytest.raises(DriverError, match=refused):
+        provision.download(tesla.url(RUN_PATH), tmp_path / "file.run")
+    assert not (tmp_path / "file.run").exists()
+
+
+def test_a_trickling_server_is_dropped_at_the_deadline(
+    tesla: ReleaseServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The image build must not hang on a server that sends a byte now and then."""
+    monkeypatch.setenv("NVIDIA_DRIVER_DOWNLOAD_DEADLINE", "0.5")
+    tesla.trickled[f"/{RUN_PATH}"] = (1, 0.1)
+    started = time.monotonic()
+    with pytest.raises(DriverError, match=r"did not finish within 0\.5 s"):
+        provision.download(tesla.url(RUN_PATH), tmp_path / "file.run")
+    assert time.monotonic() - started < 3
+
+
+def test_a_missing_archive_names_the_driver_not_flatcar(
+    tesla: ReleaseServer, tmp_path: Path
+) -> None:
+    with pytest.raises(DriverError) as raised:
+        provision.download(tesla.url("redistrib_1.2.3.json"), tmp_path / "x")
+    assert str(raised.value).endswith(
+        "does not exist (HTTP 404): no such NVIDIA driver release or archive; check the driver "
+        "version and base URL"
+    )
 
 
 # --- redist archives ---------------------------------------------------------------------------
@@ -285,7 +334,7 @@ def test_a_tampered_archive_is_refused(tmp_path: Path) -> None:
     redist = _redist(tmp_path)
     archive = redist.base / f"fabricmanager/linux-x86_64/{FM_TOP}.tar.xz"
     archive.write_bytes(archive.read_bytes() + b"\0")
-    with pytest.raises(DriverError, match="has SHA-256"):
+    with pytest.raises(DriverError, match=r"expected SHA-256 .*, got "):
         _install(redist, tmp_path / "root")
     assert not (tmp_path / "root").exists()
 
@@ -303,12 +352,29 @@ def test_an_archive_is_checked_against_the_repository_not_only_the_manifest(
     assert not (tmp_path / "root").exists(), "nothing is installed before every verdict"
 
 
-def test_an_archive_without_a_recorded_digest_is_not_installed(tmp_path: Path) -> None:
+def test_an_optional_archive_without_a_recorded_digest_is_left_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """versions.toml records no IMEX digest yet: the image is built without it, never unchecked."""
     redist = _redist(tmp_path)
     spec = ",".join(f"{k}={v}" for k, v in redist.recorded.items() if not k.startswith("imex"))
-    with pytest.raises(DriverError, match=r'no SHA-256 recorded for imex-linux-x86_64-580\.178'
-                       r'\.04-archive\.tar\.xz .*versions\.toml \[drivers\."580\.178\.04"\.redist\]'
-                       r" as imex = "):  # fmt: skip
+    root = tmp_path / "root"
+    assert _install(redist, root, spec) == ["fabricmanager", "libnvidia_nscq", "nvlsm", "libnvsdm"]
+    assert not (root / "usr/bin/nvidia-imex").exists()
+    out = capsys.readouterr().out
+    assert (
+        f"Skipping IMEX (multi-node NVLink memory export) {VERSION}: no SHA-256 recorded for "
+        f"imex-linux-x86_64-{VERSION}-archive.tar.xz" in out
+    )
+    assert f'versions.toml [drivers."{VERSION}".redist] as imex = ' in out
+
+
+def test_a_fabric_manager_without_a_recorded_digest_is_not_installed(tmp_path: Path) -> None:
+    redist = _redist(tmp_path)
+    spec = ",".join(f"{k}={v}" for k, v in redist.recorded.items() if not k.startswith("fabric"))
+    with pytest.raises(DriverError, match=r"no SHA-256 recorded for fabricmanager-linux-x86_64-"
+                       r'580\.178\.04-archive\.tar\.xz .*versions\.toml \[drivers\."580\.178'
+                       r'\.04"\.redist\] as fabricmanager = '):  # fmt: skip
         _install(redist, tmp_path / "root", spec)
     assert not (tmp_path / "root").exists()
 

@@ -33,12 +33,19 @@ KERNEL_IMAGE = "610.57.04-flatcar4593.2.5"  # the first tag of the 6.12.102 imag
 LTS_IMAGE = "610.57.04-flatcar4081.3.10"
 
 
+# The archives every image needs, recorded (versions.toml's [drivers."<version>".redist]).
+REDIST = {
+    component: {"version": "610.57.04", "amd64": "12" * 32, "arm64": "34" * 32}
+    for component in ("fabricmanager", "libnvidia_nscq")
+}
+
+
 def _versions(arches: tuple[str, ...] = ("amd64", "arm64"), sums: bool = True,
               channels: tuple[str, ...] = ("stable", "lts")) -> Versions:  # fmt: skip
     checksums = dict.fromkeys(arches, SUM if sums else "TODO")
     return parse_versions({
         "images": {"channels": list(channels), "arches": list(arches)},
-        "drivers": {"610.57.04": {"sha256": checksums}},
+        "drivers": {"610.57.04": {"sha256": checksums, "redist": REDIST}},
     })  # fmt: skip
 
 
@@ -386,13 +393,22 @@ def c() -> MockContext:
     })  # fmt: skip
 
 
+def _redist_lines(arches: tuple[str, ...]) -> str:
+    sums = ", ".join(f'{arch} = "{SUM}"' for arch in arches)
+    return "".join(
+        f'{component} = {{ version = "610.57.04", {sums} }}\n'
+        for component in ("fabricmanager", "libnvidia_nscq")
+    )
+
+
 def _files(tmp_path: Path, arches: tuple[str, ...], feed: dict[str, Any] | None = None,
            pinned: tuple[str, ...] = ()) -> tuple[str, str]:  # fmt: skip
     versions = tmp_path / "versions.toml"
     sums = ", ".join(f'{arch} = "{SUM}"' for arch in arches)
     versions.write_text(f'[images]\nchannels = ["stable"]\narches = {list(arches)!r}\n'
                         f'pinned = {list(pinned)!r}\n'
-                        f'[drivers."610.57.04"]\nsha256 = {{ {sums} }}\n')  # fmt: skip
+                        f'[drivers."610.57.04"]\nsha256 = {{ {sums} }}\n'
+                        f'[drivers."610.57.04".redist]\n{_redist_lines(arches)}')  # fmt: skip
     releases = tmp_path / "releases.json"
     releases.write_text(json.dumps(feed or feed_from_tsv()))
     return str(versions), releases.as_uri()

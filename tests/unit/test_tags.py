@@ -23,7 +23,7 @@ from gdc.tags import (
     reference,
     repository,
 )
-from gdc.versions import Driver
+from gdc.versions import Driver, RedistDigests
 from nvidia_driver.flatcar import FlatcarVersion, Release
 
 SUM = "cd" * 32
@@ -101,6 +101,13 @@ def test_repository_joins_like_driver_repository_and_image() -> None:
 # --- build jobs --------------------------------------------------------------------------------
 
 
+# The archives every image needs (the fabric manager and NSCQ), recorded for both arches.
+REDIST = tuple(
+    RedistDigests(component, "580.178.04", {"amd64": "12" * 32, "arm64": "34" * 32})
+    for component in ("fabricmanager", "libnvidia_nscq")
+)
+
+
 def _request(
     variant: Variant = Variant.PRECOMPILED, arches: tuple[str, ...] = ("amd64",)
 ) -> Request:
@@ -113,7 +120,7 @@ def _request(
     )
     return Request(
         variant=variant,
-        driver=Driver("580.178.04", {"amd64": SUM, "arm64": "ef" * 32}),
+        driver=Driver("580.178.04", {"amd64": SUM, "arm64": "ef" * 32}, REDIST),
         flatcar=release,
         aliases=("4593.2.5", "4757.1.0"),
         arches=arches,

@@ -35,6 +35,11 @@ class Sources:
     keyring: Path | None = None  # FLATCAR_KEYRING for a mirror's (or a test's) signatures
 
 
+# The redist archives every image needs (nvidia_driver/redist.py marks them required): the
+# fabric manager (NVSwitch systems) and NSCQ (DCGM's NVSwitch telemetry, a toolkit library).
+REQUIRED_REDIST = ("fabricmanager", "libnvidia_nscq")
+
+
 @dataclass(frozen=True)
 class Request:
     variant: Variant
@@ -87,27 +92,44 @@ class Request:
     def redist_spec(self) -> str:
         """The REDIST_SHA256 build argument: ``component.arch=HEX`` for the arches built.
 
-        versions.toml's record, with --redist-sha256 given over it; a component recorded as
-        TODO and not given is refused here, before any build.
+        versions.toml's record, with --redist-sha256 given over it. The fabric manager and
+        NSCQ must be recorded or given: without them the image is refused here, before any
+        build. An optional archive recorded as "TODO" (NVLSM, IMEX, NVSDM, whose digests no
+        public source lists yet) is left out: the image is built without it, as
+        :meth:`unrecorded_redist` says, and never with an archive nobody recorded.
         """
-        given = dict(
-            item.strip().split("=", 1) for item in self.redist_sha256.split(",") if "=" in item
-        )
+        given = self._given_redist()
         sums: dict[str, str] = {}
         for arch in self.arches:
-            for key, recorded in self.driver.redist_checksums(arch).items():
-                if key in given:
-                    continue
-                if recorded is None:
-                    component = key.split(".", 1)[0]
+            recorded = self.driver.redist_checksums(arch)
+            for component in REQUIRED_REDIST:
+                key = f"{component}.{arch}"
+                if key not in given and recorded.get(key) is None:
                     raise VersionsError(
                         f"no SHA-256 recorded for the {component} archive of driver "
                         f"{self.driver.version} on {arch}: copy it from NVIDIA's redistrib_"
-                        f"{self.driver.version}.json into versions.toml, or pass --redist-sha256"
+                        f"{self.driver.version}.json into versions.toml [drivers."
+                        f'"{self.driver.version}".redist], or pass --redist-sha256 '
+                        f"{component}.{arch}=<sha256>"
                     )
-                sums[key] = recorded
+            sums.update({key: value for key, value in recorded.items() if value is not None})
         sums.update({key: value for key, value in given.items() if key.endswith(self.arches)})
         return ",".join(f"{key}={checksum}" for key, checksum in sorted(sums.items()))
+
+    def unrecorded_redist(self) -> list[str]:
+        """``component.arch`` of each optional archive the image is built without (TODO)."""
+        given = self._given_redist()
+        return sorted(
+            key
+            for arch in self.arches
+            for key, recorded in self.driver.redist_checksums(arch).items()
+            if recorded is None and key not in given
+        )
+
+    def _given_redist(self) -> dict[str, str]:
+        return dict(
+            item.strip().split("=", 1) for item in self.redist_sha256.split(",") if "=" in item
+        )
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,13 @@ from nvidia_driver.config import DriverConfig
 from nvidia_driver.errors import DriverError
 from nvidia_driver.host import is_loaded, nvlink5_ports, nvswitch_devices
 from nvidia_driver.log import say
-from nvidia_driver.paths import FABRICMANAGER_CONFIG, IMEX_CONFIG, NVLSM_CONFIG, Paths
+from nvidia_driver.paths import (
+    FABRICMANAGER_CONFIG,
+    IMEX_CONFIG,
+    NVLSM_BINARY,
+    NVLSM_CONFIG,
+    Paths,
+)
 
 STOP_TIMEOUT_SECONDS = 5.0
 NVLINK5_MODULES = ("mlx5_core", "ib_umad")
@@ -187,6 +193,15 @@ class DaemonManager:
         ports = nvlink5_ports(self.paths)
         if ports:
             say(f"Detected NVLink5+ system (management ports: {', '.join(ports)})")
+            if not self.paths(NVLSM_BINARY).exists():
+                # The start script would abort on it; an image built without NVLSM's recorded
+                # digest leaves it out (redist.py), so say which image this is and what to do.
+                raise DriverError(
+                    f"this is an NVLink5 node (ports {', '.join(ports)}) and this image has no "
+                    f"NVLSM ({NVLSM_BINARY}), without which the fabric manager cannot start: "
+                    "use an image built with NVLSM (record its SHA-256 in versions.toml or pass "
+                    "invoke build --redist-sha256 nvlsm.<arch>=<sha256>)"
+                )
             _wait_for_modules(self.paths, NVLINK5_MODULES, self.module_wait_seconds, self.sleep)
             configure_fabricmanager(self.paths, self.config.fabricmanager_overrides)
             say("Starting NVIDIA fabric manager daemon for NVLink5+...")

@@ -60,6 +60,8 @@ DEFAULT_RATE_WINDOW = 60.0
 # like any other, so a redirect between them is harmless.
 DEFAULT_REDIRECT_HOSTS = ("*.release.flatcar-linux.net", "flatcar.org", "*.flatcar.org")
 MAX_REDIRECTS = 5
+# What a missing file (HTTP 404/410, no such file) most likely means, for the one-line error.
+FLATCAR_MISSING = "no such Flatcar release or artifact; check the Flatcar version and channel"
 
 _HOST_PATTERN = re.compile(r"(\*\.)?[a-z0-9]([a-z0-9.-]*[a-z0-9])?")
 _SIZE = re.compile(r"([0-9]+)([kKmM]?)")
@@ -221,6 +223,7 @@ class Downloader:
     backoff: Backoff = field(default_factory=Backoff)
     sleep: Callable[[float], None] = time.sleep
     clock: Callable[[], float] = time.monotonic
+    missing: str = FLATCAR_MISSING
 
     def open(self, url: str) -> Opened:
         """``url``'s response, its opening retried; the caller reads and closes it."""
@@ -284,10 +287,10 @@ class Downloader:
             response = opener.open(request, timeout=min(self.limits.timeout, remaining))
         except urllib.error.HTTPError as exc:
             exc.close()  # it holds the error page's connection open
-            raise _http_failure(url, exc.code, exc.reason) from None
+            raise _http_failure(url, exc.code, exc.reason, self.missing) from None
         except urllib.error.URLError as exc:
             if isinstance(exc.reason, FileNotFoundError):  # file:// URLs
-                raise not_found(url, "no such file") from None
+                raise not_found(url, "no such file", self.missing) from None
             raise TransientError(f"cannot reach {url}: {exc.reason}") from exc
         except (OSError, http.client.HTTPException) as exc:
             raise TransientError(f"cannot reach {url}: {exc}") from exc
@@ -338,19 +341,16 @@ def _connection_of(body: _Body) -> socket.socket | None:
         return None
 
 
-def _http_failure(url: str, code: int, reason: str) -> Exception:
+def _http_failure(url: str, code: int, reason: str, missing: str) -> Exception:
     if code in NOT_FOUND:
-        return not_found(url, f"HTTP {code}")
+        return not_found(url, f"HTTP {code}", missing)
     if code in RETRYABLE or code >= HTTPStatus.INTERNAL_SERVER_ERROR:
         return TransientError(f"{url} answered HTTP {code} {reason}")
     return DriverError(f"{url} answered HTTP {code} {reason}; check the URL and any proxy")
 
 
-def not_found(url: str, why: str) -> DriverError:
-    return DriverError(
-        f"{url} does not exist ({why}): no such Flatcar release or artifact; "
-        "check the Flatcar version and channel"
-    )
+def not_found(url: str, why: str, missing: str = FLATCAR_MISSING) -> DriverError:
+    return DriverError(f"{url} does not exist ({why}): {missing}")
 
 
 def _past_deadline(url: str, limits: DownloadLimits) -> str:

@@ -22,20 +22,20 @@ each verified against the manifest's SHA-256 and the one recorded in the reposit
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from nvidia_driver import redist
 from nvidia_driver.commands import Commands
+from nvidia_driver.download import REDIRECT_HOSTS_ENV, Downloader, DownloadLimits, Opened
 from nvidia_driver.driverroot import verify_root
 from nvidia_driver.errors import DriverError
 from nvidia_driver.log import say
@@ -43,11 +43,9 @@ from nvidia_driver.log import say
 RUN_ARCH = {"amd64": "x86_64", "arm64": "aarch64"}
 TRIPLET = redist.TRIPLET
 CHUNK = 1 << 20
-ATTEMPTS = 4
-FIRST_DELAY_SECONDS = 2.0
-TIMEOUT_SECONDS = 120
 SHA256_HEX_LENGTH = 64
-USER_AGENT = "gpu-driver-container image build"
+# redistrib_<V>.json is a few kB (about twenty components); far past that it is not one.
+MAX_MANIFEST_BYTES = 4 << 20
 
 # What each archive must have installed: the paths init and its start scripts run or read.
 REQUIRED_FILES = {
@@ -101,24 +99,42 @@ def redist_manifest_url(base_url: str, version: str) -> str:
 
 # --- downloads ---------------------------------------------------------------------------------
 
+# NVIDIA's download hosts (us.download.nvidia.com, developer.download.nvidia.com): a redirect
+# among them is followed, any other refused (NVIDIA_DRIVER_REDIRECT_HOSTS overrides the list).
+NVIDIA_REDIRECT_HOSTS = ("download.nvidia.com", "*.download.nvidia.com")
+NVIDIA_MISSING = "no such NVIDIA driver release or archive; check the driver version and base URL"
 
-def download(url: str, destination: Path, sha256: str | None = None) -> str:
-    """Fetch url into destination (retrying network failures); return and check its SHA-256."""
-    delay = FIRST_DELAY_SECONDS
-    for attempt in range(1, ATTEMPTS + 1):
-        try:
-            digest = _download_once(url, destination)
-            break
-        except urllib.error.HTTPError as exc:
-            if exc.code < 500 or attempt == ATTEMPTS:  # noqa: PLR2004 - server errors retry
-                raise DriverError(f"cannot download {url}: HTTP {exc.code} {exc.reason}") from None
-        except (urllib.error.URLError, OSError) as exc:
-            missing = isinstance(getattr(exc, "reason", exc), FileNotFoundError)
-            if missing or attempt == ATTEMPTS:  # a missing file stays missing
-                raise DriverError(f"cannot download {url}: {exc}") from None
-        say(f"Retrying {url} in {delay:.0f}s (attempt {attempt} of {ATTEMPTS} failed)")
-        time.sleep(delay)
-        delay *= 2
+
+def downloader(env: Mapping[str, str] | None = None) -> Downloader:
+    """The entrypoint's bounded downloads (download.py): deadline, minimum rate, redirects."""
+    env = os.environ if env is None else env
+    limits = DownloadLimits.from_env(env)
+    if not env.get(REDIRECT_HOSTS_ENV, "").strip():
+        limits = dataclasses.replace(limits, redirect_hosts=NVIDIA_REDIRECT_HOSTS)
+    return Downloader(limits, missing=NVIDIA_MISSING)
+
+
+def download(
+    url: str, destination: Path, sha256: str | None = None, via: Downloader | None = None
+) -> str:
+    """Fetch url into destination within the download limits; return and check its SHA-256."""
+
+    def write(opened: Opened) -> str:
+        digest = hashlib.sha256()
+        size = 0
+        with destination.open("wb") as out:
+            while chunk := opened.read(CHUNK):
+                digest.update(chunk)
+                out.write(chunk)
+                size += len(chunk)
+        opened.check_complete(size)
+        return digest.hexdigest()
+
+    try:
+        digest = (via or downloader()).transfer(url, write)
+    except DriverError as exc:
+        destination.unlink(missing_ok=True)
+        raise DriverError(f"cannot download {url}: {exc}") from None
     if sha256 is not None and digest != sha256:
         destination.unlink(missing_ok=True)
         raise DriverError(
@@ -128,27 +144,14 @@ def download(url: str, destination: Path, sha256: str | None = None) -> str:
     return digest
 
 
-def _download_once(url: str, destination: Path) -> str:
-    if not url.startswith(("https://", "http://", "file://")):
-        raise DriverError(f"refusing to download {url!r}: not an http(s) or file URL")
-    digest = hashlib.sha256()
-    request = urllib.request.Request(url, headers={"User-Agent": USER_AGENT})  # noqa: S310
-    with (
-        urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as response,  # noqa: S310
-        destination.open("wb") as out,
-    ):
-        for chunk in iter(lambda: response.read(CHUNK), b""):
-            digest.update(chunk)
-            out.write(chunk)
-    return digest.hexdigest()
-
-
-def _read_json(url: str, scratch: Path) -> Any:
-    path = scratch / PurePosixPath(url).name
-    download(url, path)
+def _read_json(url: str) -> Any:
     try:
-        return json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        body = downloader().get_small(url, MAX_MANIFEST_BYTES, "a redistrib manifest")
+    except DriverError as exc:
+        raise DriverError(f"cannot download {url}: {exc}") from None
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise DriverError(f"{url} is not a JSON manifest: {exc}") from None
 
 
@@ -197,15 +200,18 @@ def install_redist(
         scratch = Path(scratch_name)
         manifest_url = redist_manifest_url(base_url, version)
         say(f"Reading {manifest_url}")
-        manifest = _read_json(manifest_url, scratch)
+        manifest = _read_json(manifest_url)
         if not isinstance(manifest, Mapping):
             raise DriverError(f"{manifest_url} is not a redistrib manifest (not an object)")
-        archives = redist.listed_archives(manifest, _arch(arch), version)
-        # Every digest is known before anything is downloaded.
-        expected = {
-            archive.component.key: redist.expected_digest(archive, arch, recorded, version)
-            for archive in archives
-        }
+        listed = redist.listed_archives(manifest, _arch(arch), version)
+        # Every digest is known before anything is downloaded; unrecorded optional ones are
+        # left out (expected_digest says so).
+        expected: dict[str, str] = {}
+        for archive in listed:
+            digest = redist.expected_digest(archive, arch, recorded, version)
+            if digest is not None:
+                expected[archive.component.key] = digest
+        archives = [archive for archive in listed if archive.component.key in expected]
         for archive in archives:
             url = f"{base_url.rstrip('/')}/{archive.relative_path}"
             say(f"Downloading {archive.component.title} {archive.version}: {url}")

@@ -202,18 +202,32 @@ def listed_archives(manifest: Mapping[str, Any], arch: str, version: str) -> lis
     return archives
 
 
-def expected_digest(archive: Archive, arch: str, recorded: Mapping[str, str], driver: str) -> str:
-    """The repository's SHA-256 for archive; one line saying where to record it if none."""
+def expected_digest(
+    archive: Archive, arch: str, recorded: Mapping[str, str], driver: str
+) -> str | None:
+    """The repository's SHA-256 for archive; None for an optional archive without a record.
+
+    A required archive (fabric manager, NSCQ) without a record stops the build in one line
+    saying where to record it; an optional one is left out, with one line saying so. An
+    archive nobody recorded is never installed on the manifest's word alone.
+    """
     key = f"{archive.component.key}.{arch}"
     digest = recorded.get(key)
-    if digest is None:
+    where = (
+        f'versions.toml [drivers."{driver}".redist] as {archive.component.key} = '
+        f'{{ version = "{archive.version}", {arch} = "<sha256>" }}'
+    )
+    if digest is None and archive.component.required:
         raise DriverError(
             f"no SHA-256 recorded for {archive.file_name} ({archive.component.title} "
             f"{archive.version}): copy its sha256 from NVIDIA's redistrib_{driver}.json into "
-            f'versions.toml [drivers."{driver}".redist] as {archive.component.key} = '
-            f'{{ version = "{archive.version}", {arch} = "<sha256>" }}, or pass '
-            "--redist-sha256 to invoke build; nothing was installed"
+            f"{where}, or pass --redist-sha256 to invoke build; nothing was installed"
         )
+    if digest is None:
+        say(f"Skipping {archive.component.title} {archive.version}: no SHA-256 recorded for "
+            f"{archive.file_name} ({archive.component.missing}); record it in {where} and "
+            "rebuild")  # fmt: skip
+        return None
     if digest != archive.sha256:
         raise DriverError(
             f"redistrib_{driver}.json lists SHA-256 {archive.sha256} for {archive.file_name}, "
