@@ -38,7 +38,7 @@ from fixtures.gpg import SigningKey, generate_signing_key
 from fixtures.kernel import kernel_tree
 from fixtures.release_server import (
     CONTAINER_TARBALL,
-    TEST_RELEASE,
+    HOST_GCC_RELEASE,
     FlatcarReleaseServer,
     ReleaseArtifacts,
     Signatures,
@@ -126,7 +126,7 @@ def build_command(
         "TARGETARCH": "amd64",
     }
     argv = [sys.executable, "-m", "nvidia_driver", "build", "--flatcar-version",
-            TEST_RELEASE.version, "--module-type", "open"]  # fmt: skip
+            HOST_GCC_RELEASE.version, "--module-type", "open"]  # fmt: skip
 
     def run() -> None:
         subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)
@@ -243,7 +243,7 @@ def main() -> int:
         "like the work directory of a node's driver container)",
     )
     args = parser.parse_args()
-    artifacts = build_release_artifacts(TEST_RELEASE, kernel_tree(TEST_RELEASE.kernel))
+    artifacts = build_release_artifacts(HOST_GCC_RELEASE, kernel_tree(HOST_GCC_RELEASE.kernel))
     builds: tuple[float, float, float, float] | None = None
     streams: tuple[StreamTimes, StreamTimes] | None = None
     with (

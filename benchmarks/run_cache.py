@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fixtures.gpg import generate_signing_key
 from fixtures.kernel import KernelTree, kernel_tree
-from fixtures.release_server import TEST_RELEASE, build_release_artifacts, sign_release
+from fixtures.release_server import HOST_GCC_RELEASE, build_release_artifacts, sign_release
 from release_build import DRIVER, ServerProcess, driver_root
 
 from nvidia_driver.commands import Commands
@@ -83,7 +83,7 @@ def simulated_node(scratch: Path, tree: KernelTree, *, with_host_tree: bool) -> 
     (root / "proc/version").write_text(banner + "\n")
     (root / "proc/sys/kernel/osrelease").write_text(tree.kernel.release + "\n")
     (root / "host-etc").mkdir()
-    (root / "host-etc/os-release").write_text(TEST_RELEASE.os_release())
+    (root / "host-etc/os-release").write_text(HOST_GCC_RELEASE.os_release())
     host = root / "proc/1/root"
     if with_host_tree:  # hard links: the node's /usr/lib/modules and /usr/lib64, no copy
         host.parent.mkdir(parents=True, exist_ok=True)
@@ -148,7 +148,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=["host", "tarball"], help="measure one case only")
     args = parser.parse_args()
-    tree = kernel_tree(TEST_RELEASE.kernel)
+    tree = kernel_tree(HOST_GCC_RELEASE.kernel)
     results: list[tuple[str, Figures]] = []
     with tempfile.TemporaryDirectory(prefix="gdc-bench-run-") as name:
         scratch = Path(name)
@@ -160,7 +160,7 @@ def main() -> int:
         if args.only != "host":
             case = scratch / "tarball"
             case.mkdir()
-            artifacts = build_release_artifacts(TEST_RELEASE, tree)
+            artifacts = build_release_artifacts(HOST_GCC_RELEASE, tree)
             key = generate_signing_key(case / "key")
             server = ServerProcess(artifacts, sign_release(artifacts, key, case / "sigs"), key)
             try:

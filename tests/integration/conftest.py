@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from fixtures.debian import ensure_debian_sources, ensure_packages
@@ -11,14 +12,19 @@ from fixtures.docker_env import (
     DockerDaemon,
     Registry,
     base_image,
+    copy_from_image,
     local_registry,
     start_dockerd,
     stop_dockerd,
 )
 from fixtures.driver_server import DriverDownloads, serve_driver_downloads
 from fixtures.gpg import SigningKey, generate_signing_key
+from fixtures.hello import HELLO_REVISION, write_hello_sources
+from fixtures.image_node import kbuild_module_in_image
 from fixtures.images import DRIVER, HOST_PACKAGES, Invoke, make_invoke
 from fixtures.kernel import KernelTree, kernel_tree
+from fixtures.kernel_headers import build_kbuild_module, depends, kernel_headers, resolve
+from fixtures.qemu import BootResult, boot_and_insmod
 from fixtures.release_server import (
     TEST_RELEASE,
     FlatcarReleaseServer,
@@ -27,6 +33,8 @@ from fixtures.release_server import (
     sign_release,
 )
 from fixtures.runfile import build_run_fixture
+
+from nvidia_driver.packages import Package, load_package
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -38,7 +46,7 @@ def debian_host_packages() -> None:
 
 @pytest.fixture(scope="session")
 def flatcar_kernel_tree() -> KernelTree:
-    """Debian's 6.12.95+deb12-cloud-amd64 as a Flatcar-shaped, cached kernel tree."""
+    """The test release's kernel (trixie's 6.12.117, gcc 14) as a Flatcar-shaped, cached tree."""
     return kernel_tree(TEST_RELEASE.kernel)
 
 
@@ -148,3 +156,74 @@ def precompiled_image(
 ) -> subprocess.CompletedProcess[str]:
     """``invoke build --variant precompiled`` (on the session's build image), once per session."""
     return invoke.run("build", "precompiled")
+
+
+# --- the precompiled image's packages, insmod-ed into the release's kernel under QEMU -------
+
+
+@pytest.fixture(scope="session")
+def precompiled_packages(
+    invoke: Invoke,
+    precompiled_image: subprocess.CompletedProcess[str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Path:
+    """The precompiled image's /opt/nvidia/precompiled, copied out: <type>/<package>/."""
+    destination = tmp_path_factory.mktemp("precompiled") / "precompiled"
+    return copy_from_image(invoke.precompiled_reference, "/opt/nvidia/precompiled", destination)
+
+
+@pytest.fixture(scope="session")
+def precompiled_open_package(precompiled_packages: Path) -> Package:
+    """The open modules the image build compiled (build image, gcc-14, container tarball)."""
+    [metadata] = (precompiled_packages / "open").glob("*/metadata.json")
+    package = load_package(metadata.parent)
+    assert package is not None, metadata
+    return package
+
+
+@pytest.fixture(scope="session")
+def hello_for_release_kernel(
+    invoke: Invoke,
+    build_image: subprocess.CompletedProcess[str],
+    flatcar_kernel_tree: KernelTree,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Path:
+    """The hello module built against the release kernel's tree, in the build image (its kbuild
+    tools need trixie's glibc, newer than this machine's) with the kernel's gcc-14."""
+    sources = write_hello_sources(tmp_path_factory.mktemp("hello") / "gdc-hello")
+    [module] = kbuild_module_in_image(
+        invoke.build_reference, flatcar_kernel_tree.build_dir, sources, "gcc-14"
+    )
+    return module
+
+
+@pytest.fixture(scope="session")
+def other_kernel_release() -> str:
+    """Bookworm's stock cloud kernel (6.1): a kernel the 6.12 builds must not load into."""
+    meta = resolve("linux-headers-cloud-amd64", suite="bookworm")
+    (headers,) = [name for name in depends(meta) if name.startswith("linux-headers-")]
+    return headers.removeprefix("linux-headers-")
+
+
+@pytest.fixture(scope="session")
+def hello_for_other_kernel(other_kernel_release: str) -> Path:
+    """The hello module built on this machine (gcc-12) against bookworm's 6.1 headers."""
+    built = build_kbuild_module(
+        kernel_headers(other_kernel_release),
+        f"gdc-hello-r{HELLO_REVISION}",
+        write_hello_sources,
+    )
+    return built / "gdc_hello.ko"
+
+
+@pytest.fixture(scope="session")
+def release_kernel_boot(
+    precompiled_open_package: Package, hello_for_other_kernel: Path, hello_for_release_kernel: Path
+) -> BootResult:
+    """One TCG boot of the release's kernel for three modules (a boot costs tens of seconds):
+    the image's open nvidia.ko, and the harness's two controls."""
+    # The wrong build goes first: were the good hello loaded before it, the kernel would
+    # refuse the second gdc_hello as a duplicate (EEXIST), not for its format.
+    nvidia = precompiled_open_package.path / "nvidia.ko"
+    modules = [nvidia, hello_for_other_kernel, hello_for_release_kernel]
+    return boot_and_insmod(modules, TEST_RELEASE.kernel.release)

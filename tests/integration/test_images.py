@@ -2,7 +2,13 @@
 
 NVIDIA's and Flatcar's sites are stood in for on 127.0.0.1 (see fixtures/images.py). The images
 are built once per session by the ``build_image`` and ``precompiled_image`` fixtures
-(conftest.py), which test_operator_daemonset.py shares.
+(conftest.py), which test_operator_daemonset.py, test_qemu_harness.py and test_publish.py share.
+
+The precompiled image's build is also the project's ``nvidia-driver build --flatcar-version``
+for a gcc-14 release (Flatcar 4230.1.0 to 4593) end to end: the release's container tarball
+streamed and verified, the build image's own gcc-14, the pci_resize_resource patch for a kernel
+past 6.12.97. Its open nvidia.ko is insmod-ed into that kernel under QEMU (the session's boot,
+conftest.py): it must reach "NVRM: No NVIDIA GPU found".
 """
 
 from __future__ import annotations
@@ -10,13 +16,21 @@ from __future__ import annotations
 import json
 import subprocess
 import urllib.request
+from pathlib import Path
 
 import pytest
 from fixtures.docker_env import Registry, docker_env, remove_images
 from fixtures.images import DRIVER, FLATCAR, KERNEL_TAG, PREFIX, Invoke
+from fixtures.qemu import BootResult
 from fixtures.release_server import TEST_RELEASE
 
+from nvidia_driver.packages import Package, load_package
+
 pytestmark = pytest.mark.integration
+
+PATCH = "pci-resize-resource-exclude-bars"
+NO_GPU = "NVRM: No NVIDIA GPU found"
+BROKEN_BUILD = ("Invalid module format", "Unknown symbol")
 
 MANIFEST_TYPES = (
     "application/vnd.docker.distribution.manifest.v2+json, "
@@ -58,14 +72,15 @@ def test_the_build_image_carries_driver_fabric_manager_and_entrypoint(
     assert config["Labels"]["gpu-driver-container.flatcar-version"] == FLATCAR
     listing = _in_image(reference, (
         "nvidia-driver --help >/dev/null && echo entrypoint-ok; "
-        "for t in nvidia-smi nv-fabricmanager nvidia-fabricmanager-start.sh gcc-13 gcc-14; "
+        "for t in nvidia-smi nv-fabricmanager nvidia-fabricmanager-start.sh gcc-13 gcc-14 gcc-15; "
         "do command -v $t; done; "
         "ls /usr/share/nvidia/nvswitch/ /usr/src/nvidia-" + DRIVER + "/; "
         "ls /var/lib/apt/lists | wc -l; ls /tmp | wc -l"
     ))  # fmt: skip
     assert "entrypoint-ok" in listing
     for path in ("/usr/bin/nvidia-smi", "/usr/bin/nv-fabricmanager", "fabricmanager.cfg",
-                 "dgxh100_hgxh100_topology", "kernel-open", "/usr/bin/gcc-14"):  # fmt: skip
+                 "dgxh100_hgxh100_topology", "kernel-open", "/usr/bin/gcc-13", "/usr/bin/gcc-14",
+                 "/usr/bin/gcc-15"):  # fmt: skip
         assert path in listing, listing
     assert listing.split()[-2:] == ["0", "0"]  # no apt lists, no .run left behind
 
@@ -86,6 +101,47 @@ def test_the_precompiled_image_is_one_layer_on_the_build_image(
     metadata = _in_image(by_kernel, "cat /opt/nvidia/precompiled/open/*/metadata.json")
     assert json.loads(metadata)["kernel_release"] == TEST_RELEASE.kernel.release
     assert json.loads(metadata)["flatcar_version"] == FLATCAR
+
+
+def _comment(module: Path) -> str:
+    """The .comment section: the compiler versions that made the object."""
+    return subprocess.run(["readelf", "-p", ".comment", str(module)], capture_output=True,
+                          text=True, check=True).stdout  # fmt: skip
+
+
+def test_the_image_build_compiled_with_its_own_gcc14_and_the_patch(
+    invoke: Invoke, precompiled_packages: Path
+) -> None:
+    """Both packages were compiled by the build image's own gcc-14 (forky's, not the developer
+    container's trixie gcc-14: no ~480 MB download and GBs unpacked for a gcc-14 kernel), with
+    the pci_resize_resource patch. (The packages are checked, not the build's log: a Docker
+    cache hit replays no log.)"""
+    [image_gcc] = _in_image(invoke.build_reference, "gcc-14 --version | head -n 1").splitlines()
+    for module_type in ("open", "proprietary"):
+        [metadata] = (precompiled_packages / module_type).glob("*/metadata.json")
+        package = load_package(metadata.parent)
+        assert package is not None
+        assert package.metadata.compiler == image_gcc, package.metadata
+        assert package.metadata.patches == [PATCH]
+        assert package.metadata.kernel_release == TEST_RELEASE.kernel.release
+        assert package.metadata.flatcar_version == FLATCAR
+
+
+def test_the_image_built_open_modules_load_into_the_release_kernel(
+    precompiled_open_package: Package, release_kernel_boot: BootResult
+) -> None:
+    boot = release_kernel_boot
+    nvidia = precompiled_open_package.path / "nvidia.ko"
+    assert "GCC: (Debian 14." in _comment(nvidia)
+    load = boot.load(nvidia)
+    assert NO_GPU in load.kernel_log, boot.console
+    assert load.errno_name == "ENODEV"
+    assert not any(error in boot.console for error in BROKEN_BUILD)
+    # The package's banner is exactly the /proc/version of the kernel that booted, and no other.
+    banner = precompiled_open_package.metadata.banner
+    assert banner == boot.proc_version
+    assert precompiled_open_package.matches(boot.proc_version)
+    assert not precompiled_open_package.matches(boot.proc_version.replace(" SMP ", " SMP  "))
 
 
 def test_push_then_pull_back_from_the_registry(

@@ -1,8 +1,8 @@
 """``invoke publish`` end to end: a releases feed, Debian's registry and real builds, all local.
 
 The feed is the real one's shape, made from the recent-releases table (tests/shared), with the
-signed test release on top as the current stable release (Debian's 6.12.95 kernel, which the
-loopback release server carries). The versions file covers the stable channel, amd64 and the
+signed test release on top as the current stable release (Debian trixie's 6.12.117 kernel, which
+the loopback release server carries). The versions file covers the stable channel, amd64 and the
 fixture driver, so the matrix is one build image and one precompiled image per kernel; the
 images the session built before (fixtures/images.py) make the first run cheap: publish runs
 from a copy of the tree (so a test can change an entrypoint file) that reports this checkout's
