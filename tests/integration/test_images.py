@@ -72,7 +72,8 @@ def test_the_build_image_carries_driver_fabric_manager_and_entrypoint(
     assert config["Labels"]["gpu-driver-container.flatcar-version"] == FLATCAR
     listing = _in_image(reference, (
         "nvidia-driver --help >/dev/null && echo entrypoint-ok; "
-        "for t in nvidia-smi nv-fabricmanager nvidia-fabricmanager-start.sh gcc-13 gcc-14 gcc-15; "
+        "for t in nvidia-smi nv-fabricmanager nvidia-fabricmanager-start.sh gcc-13 gcc-14 gcc-15 "
+        "pahole; "
         "do command -v $t; done; "
         "ls /usr/share/nvidia/nvswitch/ /usr/src/nvidia-" + DRIVER + "/; "
         "ls /var/lib/apt/lists | wc -l; ls /tmp | wc -l"
@@ -80,7 +81,7 @@ def test_the_build_image_carries_driver_fabric_manager_and_entrypoint(
     assert "entrypoint-ok" in listing
     for path in ("/usr/bin/nvidia-smi", "/usr/bin/nv-fabricmanager", "fabricmanager.cfg",
                  "dgxh100_hgxh100_topology", "kernel-open", "/usr/bin/gcc-13", "/usr/bin/gcc-14",
-                 "/usr/bin/gcc-15"):  # fmt: skip
+                 "/usr/bin/gcc-15", "/usr/bin/pahole"):  # fmt: skip
         assert path in listing, listing
     assert listing.split()[-2:] == ["0", "0"]  # no apt lists, no .run left behind
 
@@ -114,15 +115,17 @@ def test_the_image_build_compiled_with_its_own_gcc14_and_the_patch(
 ) -> None:
     """Both packages were compiled by the build image's own gcc-14 (forky's, not the developer
     container's trixie gcc-14: no ~480 MB download and GBs unpacked for a gcc-14 kernel), with
-    the pci_resize_resource patch. (The packages are checked, not the build's log: a Docker
-    cache hit replays no log.)"""
+    the pci_resize_resource patch on the open ones. (The packages are checked, not the build's
+    log: a Docker cache hit replays no log.)"""
     [image_gcc] = _in_image(invoke.build_reference, "gcc-14 --version | head -n 1").splitlines()
     for module_type in ("open", "proprietary"):
         [metadata] = (precompiled_packages / module_type).glob("*/metadata.json")
         package = load_package(metadata.parent)
         assert package is not None
         assert package.metadata.compiler == image_gcc, package.metadata
-        assert package.metadata.patches == [PATCH]
+        # The patch is for kernel-open only: kernel/ has no call to pci_resize_resource
+        # (patches/index.json).
+        assert package.metadata.patches == ([PATCH] if module_type == "open" else [])
         assert package.metadata.kernel_release == TEST_RELEASE.kernel.release
         assert package.metadata.flatcar_version == FLATCAR
 
