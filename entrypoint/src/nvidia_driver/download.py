@@ -33,6 +33,7 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
+from pathlib import Path
 from typing import IO, Protocol, TypeVar
 
 from nvidia_driver.errors import DriverError
@@ -136,6 +137,14 @@ def abort_downloads() -> None:
         opened.abort()
 
 
+class Digest(Protocol):
+    """What save_to feeds: a hashlib object."""
+
+    def update(self, data: bytes, /) -> None: ...
+
+    def hexdigest(self) -> str: ...
+
+
 class _Body(Protocol):
     def read1(self, size: int, /) -> bytes: ...
 
@@ -171,6 +180,20 @@ class Opened:
             raise TransientError(
                 f"download of {self.url} was truncated: got {size} of {self.length} bytes"
             )
+
+    def save_to(self, destination: Path, digest: Digest, *, sync: bool = False) -> str:
+        """Write the whole body to destination (fsynced if sync), feeding digest; its hex."""
+        size = 0
+        with destination.open("wb") as file:
+            while chunk := self.read(CHUNK):
+                digest.update(chunk)
+                file.write(chunk)
+                size += len(chunk)
+            self.check_complete(size)
+            if sync:
+                file.flush()
+                os.fsync(file.fileno())
+        return digest.hexdigest()
 
     def abort(self) -> None:
         if self._connection is not None:

@@ -257,17 +257,7 @@ class Fetcher:
         """Download ``url`` into ``destination`` (synced to disk); return its SHA512."""
 
         def write(opened: Opened) -> str:
-            digest = hashlib.sha512()
-            size = 0
-            with destination.open("wb") as file:
-                while chunk := opened.read(CHUNK):
-                    digest.update(chunk)
-                    file.write(chunk)
-                    size += len(chunk)
-                opened.check_complete(size)
-                file.flush()
-                os.fsync(file.fileno())
-            return digest.hexdigest()
+            return opened.save_to(destination, hashlib.sha512(), sync=True)
 
         return self.downloader.transfer(url, write)
 

@@ -42,7 +42,6 @@ from nvidia_driver.log import say
 
 RUN_ARCH = {"amd64": "x86_64", "arm64": "aarch64"}
 TRIPLET = redist.TRIPLET
-CHUNK = 1 << 20
 SHA256_HEX_LENGTH = 64
 # redistrib_<V>.json is a few kB (about twenty components); far past that it is not one.
 MAX_MANIFEST_BYTES = 4 << 20
@@ -120,15 +119,7 @@ def download(
     """Fetch url into destination within the download limits; return and check its SHA-256."""
 
     def write(opened: Opened) -> str:
-        digest = hashlib.sha256()
-        size = 0
-        with destination.open("wb") as out:
-            while chunk := opened.read(CHUNK):
-                digest.update(chunk)
-                out.write(chunk)
-                size += len(chunk)
-        opened.check_complete(size)
-        return digest.hexdigest()
+        return opened.save_to(destination, hashlib.sha256())
 
     try:
         digest = (via or downloader()).transfer(url, write)
@@ -279,24 +270,17 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        if args.step == "driver":
-            install_driver(
-                base_url=args.base_url,
-                version=args.version,
-                arch=args.arch,
-                sha256_spec=args.sha256,
-                root=args.root,
-            )
-        elif args.step == "redist":
-            install_redist(
-                base_url=args.base_url,
-                version=args.version,
-                arch=args.arch,
-                sha256_spec=args.sha256,
-                root=args.root,
-            )
-        else:
+        if args.step == "verify":
             verify(version=args.version, arch=args.arch, root=args.root)
+        else:
+            install = install_driver if args.step == "driver" else install_redist
+            install(
+                base_url=args.base_url,
+                version=args.version,
+                arch=args.arch,
+                sha256_spec=args.sha256,
+                root=args.root,
+            )
     except DriverError as exc:
         print(f"ERROR: {exc}", file=sys.stderr, flush=True)
         return 1
