@@ -7,17 +7,9 @@ import time
 from pathlib import Path
 
 import pytest
+from simhost import process_alive
 
 from nvidia_driver.commands import Commands, lines
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 def test_leaving_a_stream_early_kills_the_whole_process_group(tmp_path: Path) -> None:
@@ -36,9 +28,9 @@ def test_leaving_a_stream_early_kills_the_whole_process_group(tmp_path: Path) ->
         build()
     [child] = children
     deadline = time.monotonic() + 5
-    while _alive(child) and time.monotonic() < deadline:
+    while process_alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(child)
+    assert not process_alive(child)
 
 
 def test_a_spawned_daemon_runs_detached_with_its_output_in_a_log(tmp_path: Path) -> None:
