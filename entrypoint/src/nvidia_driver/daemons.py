@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from nvidia_driver.atomic import write_atomically
 from nvidia_driver.commands import Commands
 from nvidia_driver.config import DriverConfig
 from nvidia_driver.errors import DriverError
@@ -105,13 +106,6 @@ def config_value(path: Path, key: str) -> str | None:
     return None
 
 
-def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}")
-    temporary.write_text(text)
-    temporary.replace(path)
-
-
 def configure_fabricmanager(paths: Paths, overrides: dict[str, str]) -> None:
     """Apply NVFM_CONFIG_<FIELD>=value to fabricmanager.cfg: rewrite the field or append it."""
     if not overrides:
@@ -120,7 +114,7 @@ def configure_fabricmanager(paths: Paths, overrides: dict[str, str]) -> None:
     text = config.read_text() if config.is_file() else ""
     for key, value in overrides.items():
         say(f"Setting fabric manager option {key}={value}")
-    _write(config, config_with(text, overrides))
+    write_atomically(config, config_with(text, overrides))
 
 
 def imex_domain(paths: Paths) -> list[str]:
@@ -179,14 +173,15 @@ class DaemonManager:
             return
         say(f"Starting NVIDIA IMEX daemon for a domain of {len(domain)} node(s)...")
         nodes = self.paths(IMEX_NODES)
-        _write(nodes, "\n".join(domain) + "\n")
+        write_atomically(nodes, "\n".join(domain) + "\n")
         image_config = self.paths(IMEX_CONFIG)
         text = image_config.read_text() if image_config.is_file() else ""
         # In the foreground, so that init knows its pid and stops it with the others.
         config = self.paths(IMEX_RUN_CONFIG)
-        _write(config, config_with(text, {"DAEMONIZE": "0", "IMEX_NODE_CONFIG_FILE": str(nodes)}))
+        settings = {"DAEMONIZE": "0", "IMEX_NODE_CONFIG_FILE": str(nodes)}
+        write_atomically(config, config_with(text, settings))
         pid = self.commands.spawn("nvidia-imex", "-c", config, log=self.paths(IMEX_LOG))
-        _write(self.paths(IMEX.pid_file), f"{pid}\n")
+        write_atomically(self.paths(IMEX.pid_file), f"{pid}\n")
 
     def start_fabricmanager(self) -> None:
         # Both proc entries appear only once nvidia.ko is loaded, so they are read now.
