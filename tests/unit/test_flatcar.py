@@ -22,7 +22,6 @@ from nvidia_driver.flatcar import (
     normalise_arch,
     parse_releases,
     parse_shell_assignments,
-    parse_version_txt,
     release_server_from_env,
     releases_url_from_env,
 )
@@ -115,22 +114,6 @@ def test_lts_arm64_developer_container_urls() -> None:
     )
 
 
-def test_every_artifact_of_a_release() -> None:
-    urls = ReleaseServer().artifact_urls("4757.1.0", "x86_64")
-    base = "https://beta.release.flatcar-linux.net/amd64-usr/4757.1.0/"
-    assert [artifact.name for artifact in urls] == [
-        "version.txt",
-        "flatcar-container.tar.gz",
-        "flatcar_production_image.vmlinuz",
-        "flatcar_production_image_kernel_config.txt",
-        "flatcar_developer_container.bin.bz2",
-    ]
-    for artifact in urls:
-        assert artifact.url == base + artifact.name
-        assert artifact.digests_url == artifact.url + ".DIGESTS"
-        assert artifact.signature_url == artifact.url + ".sig"
-
-
 def test_mirror_template_keeps_the_channel_split() -> None:
     server = ReleaseServer("http://127.0.0.1:8080/flatcar/{channel}/")
     assert server.artifact_url("4790.0.0", "amd64", "version.txt") == (
@@ -183,36 +166,10 @@ FLATCAR_SDK_VERSION=4593.0.0
 """
 
 
-def test_version_txt_with_quoted_values() -> None:
-    info = parse_version_txt(VERSION_TXT_4593_2_5)
-    assert info.version == "4593.2.5"
-    assert info.version_id == "4593.2.5"
-    assert info.build_id == "2026-08-11-2350"
-    assert info.sdk_version == "4593.0.0"
-    assert info.channel == Channel.STABLE
-
-
-def test_version_txt_of_a_nightly() -> None:
-    text = (
-        "FLATCAR_VERSION=4803.0.0+nightly-20260822-2100\nFLATCAR_VERSION_ID='4803.0.0'\n"
-        "FLATCAR_BUILD_ID=nightly-20260822-2100\nFLATCAR_SDK_VERSION=4790.0.0\n"
-    )
-    info = parse_version_txt(text)
-    assert info.version == "4803.0.0+nightly-20260822-2100"
-    assert info.channel == Channel.ALPHA
-
-
 def test_shell_assignments_keep_every_key() -> None:
     values = parse_shell_assignments(VERSION_TXT_4593_2_5 + "\n# comment\n")
     assert values["FLATCAR_BRANCH"] == "2"
     assert len(values) == 7
-
-
-def test_version_txt_missing_keys() -> None:
-    with pytest.raises(
-        DriverError, match=r"version\.txt lacks FLATCAR_BUILD_ID, FLATCAR_SDK_VERSION"
-    ):
-        parse_version_txt("FLATCAR_VERSION=4593.2.5\nFLATCAR_VERSION_ID=4593.2.5\n")
 
 
 @pytest.mark.parametrize(
@@ -220,7 +177,7 @@ def test_version_txt_missing_keys() -> None:
 )
 def test_version_txt_that_is_not_one(line: str) -> None:
     with pytest.raises(DriverError, match=r"version\.txt line 2: "):
-        parse_version_txt(f"FLATCAR_BUILD=4593\n{line}\n")
+        parse_shell_assignments(f"FLATCAR_BUILD=4593\n{line}\n")
 
 
 # --- releases.json -------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import os
 import re
 import shlex
 import string
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -49,14 +49,11 @@ _BOARD_BY_ARCH = {
 class Artifact(StrEnum):
     """Files of one release on the release server that the build tooling uses."""
 
-    VERSION_TXT = "version.txt"
     CONTAINER_TARBALL = "flatcar-container.tar.gz"
     KERNEL_IMAGE = "flatcar_production_image.vmlinuz"
-    KERNEL_CONFIG = "flatcar_production_image_kernel_config.txt"
     DEVELOPER_CONTAINER = "flatcar_developer_container.bin.bz2"
 
 
-ARTIFACTS = tuple(Artifact)
 DIGESTS_SUFFIX = ".DIGESTS"
 SIGNATURE_SUFFIX = ".sig"
 
@@ -114,14 +111,6 @@ def board_of(arch: str) -> str:
         ) from None
 
 
-@dataclass(frozen=True)
-class ArtifactUrls:
-    name: str
-    url: str
-    digests_url: str
-    signature_url: str
-
-
 def _is_channel_template(template: str) -> bool:
     """True if ``template`` has {channel} fields, plain ones, and no other field."""
     try:
@@ -168,20 +157,6 @@ class ReleaseServer:
     def signature_url(self, version: str, arch: str, name: str) -> str:
         return self.artifact_url(version, arch, name) + SIGNATURE_SUFFIX
 
-    def artifact_urls(
-        self, version: str, arch: str, names: Iterable[str] = ARTIFACTS
-    ) -> tuple[ArtifactUrls, ...]:
-        """Every artifact of a release with its DIGESTS and detached signature."""
-        return tuple(
-            ArtifactUrls(
-                name=name,
-                url=self.artifact_url(version, arch, name),
-                digests_url=self.digests_url(version, arch, name),
-                signature_url=self.signature_url(version, arch, name),
-            )
-            for name in names
-        )
-
 
 def release_server_from_env(env: Mapping[str, str]) -> ReleaseServer:
     return ReleaseServer(env.get(RELEASE_BASE_URL_ENV) or DEFAULT_RELEASE_BASE_URL)
@@ -213,37 +188,6 @@ def parse_shell_assignments(text: str, *, source: str = "version.txt") -> dict[s
         key, value = words[0].split("=", 1)
         values[key] = value
     return values
-
-
-@dataclass(frozen=True)
-class VersionTxt:
-    """The release's version.txt: FLATCAR_VERSION is a build id for nightlies, VERSION_ID not."""
-
-    version: str
-    version_id: str
-    build_id: str
-    sdk_version: str
-
-    @property
-    def channel(self) -> Channel:
-        return channel_of(self.version_id)
-
-
-def parse_version_txt(text: str) -> VersionTxt:
-    values = parse_shell_assignments(text)
-    required = ("FLATCAR_VERSION", "FLATCAR_VERSION_ID", "FLATCAR_BUILD_ID", "FLATCAR_SDK_VERSION")
-    missing = [key for key in required if not values.get(key)]
-    if missing:
-        raise DriverError(
-            f"version.txt lacks {', '.join(missing)}: it is not a Flatcar release's version.txt; "
-            "check the release URL"
-        )
-    return VersionTxt(
-        version=values["FLATCAR_VERSION"],
-        version_id=values["FLATCAR_VERSION_ID"],
-        build_id=values["FLATCAR_BUILD_ID"],
-        sdk_version=values["FLATCAR_SDK_VERSION"],
-    )
 
 
 # --- /usr/share/flatcar/release: what a release's own files say they are ----------------------
