@@ -35,7 +35,7 @@ from fixtures.release_server import HOST_GCC_RELEASE, build_release_artifacts, s
 from release_build import DRIVER, ServerProcess, driver_root
 
 from nvidia_driver.commands import Commands
-from nvidia_driver.vmlinuz import kernel_banner_from_file
+from nvidia_driver.formats.vmlinuz import kernel_banner_from_file
 
 PEAK_GOAL = 1.5
 SAMPLE_SECONDS = 0.05

@@ -32,7 +32,8 @@ from vmlinuz_images import vmlinux
 
 from nvidia_driver import kerneltree, limits
 from nvidia_driver.errors import DriverError
-from nvidia_driver.vmlinuz import kernel_banner, kernel_banner_from_file
+from nvidia_driver.formats import ext4, gpt, output
+from nvidia_driver.formats.vmlinuz import kernel_banner, kernel_banner_from_file
 
 MODULES = f"usr/lib/modules/{KERNEL}"
 needs_e2fsprogs = pytest.mark.skipif(
@@ -45,13 +46,13 @@ class Written:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.bytes = 0
-        original = kerneltree._write_all
+        original = output.write_all
 
         def counting(fd: int, data: bytes | memoryview, offset: int | None = None) -> None:
             self.bytes += len(data)
             original(fd, data, offset)
 
-        monkeypatch.setattr(kerneltree, "_write_all", counting)
+        monkeypatch.setattr(output, "write_all", counting)
 
 
 def zeros_gz(members: list[tuple[str, int]]) -> bytes:
@@ -163,7 +164,7 @@ def test_a_gpt_table_beyond_the_image_is_refused(tmp_path: Path) -> None:
         image.seek(SECTOR)
         image.write(header)
     with disk.open("rb") as image, pytest.raises(DriverError, match="lies beyond the image"):
-        kerneltree.read_gpt(image.fileno(), "disk.bin")
+        gpt.read_gpt(image.fileno(), "disk.bin")
 
 
 EXTENT_MAGIC, BLOCK = 0xF30A, 4096
@@ -188,7 +189,7 @@ def test_an_extent_tree_that_fans_out_is_refused(tmp_path: Path) -> None:
     image = tmp_path / "root.img"
     mkfs_ext4(image, tmp_path / "source", 8 << 20, ["-b", str(BLOCK), "-O", "^has_journal"])
     with image.open("r+b") as disk:
-        filesystem = kerneltree.Ext4(disk.fileno(), 0, image.stat().st_size, "root.img")
+        filesystem = ext4.Ext4(disk.fileno(), 0, image.stat().st_size, "root.img")
         resolved = filesystem.resolve("victim")
         assert resolved is not None
         number = resolved[1].number
@@ -202,7 +203,7 @@ def test_an_extent_tree_that_fans_out_is_refused(tmp_path: Path) -> None:
         disk.seek(inode_at + 0x28)  # i_block
         disk.write(_extent_node(4, 3, last - 2).ljust(60, b"\0"))
     with image.open("rb") as disk:
-        filesystem = kerneltree.Ext4(disk.fileno(), 0, image.stat().st_size, "root.img")
+        filesystem = ext4.Ext4(disk.fileno(), 0, image.stat().st_size, "root.img")
         with pytest.raises(DriverError, match=f"inode {number} maps more blocks than it has"):
             filesystem.extract(["victim"], tmp_path / "out")
 
@@ -216,7 +217,7 @@ def test_file_data_beyond_the_partition_size_is_refused(tmp_path: Path) -> None:
     image = tmp_path / "root.img"
     mkfs_ext4(image, tmp_path / "source", 8 << 20, ["-b", str(BLOCK), "-O", "^has_journal"])
     with image.open("r+b") as disk:
-        filesystem = kerneltree.Ext4(disk.fileno(), 0, image.stat().st_size, "root.img")
+        filesystem = ext4.Ext4(disk.fileno(), 0, image.stat().st_size, "root.img")
         resolved = filesystem.resolve("big")
         assert resolved is not None
         assert resolved[1].links == 3
@@ -225,7 +226,7 @@ def test_file_data_beyond_the_partition_size_is_refused(tmp_path: Path) -> None:
         disk.seek(inode_at + 0x1A)  # i_links_count
         disk.write(struct.pack("<H", 1))
     with image.open("rb") as disk:
-        filesystem = kerneltree.Ext4(disk.fileno(), 0, image.stat().st_size, "root.img")
+        filesystem = ext4.Ext4(disk.fileno(), 0, image.stat().st_size, "root.img")
         with pytest.raises(DriverError, match="its files hold more than its 8388608-byte"):
             filesystem.extract(["/"], tmp_path / "out")
 

@@ -40,10 +40,11 @@ from nvidia_driver import kerneltree
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
 from nvidia_driver.fetch import sha512_from_digests
+from nvidia_driver.formats import ext4, gpt
+from nvidia_driver.formats.vmlinuz import kernel_banner
 from nvidia_driver.host import parse_os_release
 from nvidia_driver.runfile import payload_offset, read_header, sniff_compression
 from nvidia_driver.userspace import parse_manifest
-from nvidia_driver.vmlinuz import kernel_banner
 
 MEMORY_BOUND = 64 << 20  # traced by tracemalloc, per example (the inputs are kilobytes)
 TIME_BOUND = 5.0  # seconds per example: ~100 times what one takes on this 2-core machine
@@ -201,7 +202,7 @@ def read_ext4(scratch: Path, image: bytes) -> None:
 
         def extract() -> None:
             with (directory / "root.img").open("rb") as file:
-                filesystem = kerneltree.Ext4(file.fileno(), 0, len(image), "root.img")
+                filesystem = ext4.Ext4(file.fileno(), 0, len(image), "root.img")
                 filesystem.extract(["/"], directory / "out")
 
         within_bounds(extract)
@@ -266,9 +267,11 @@ def test_gpt_reader_on_mutated_tables(
 
         def read() -> None:
             with (directory / "disk.bin").open("rb") as file:
-                partitions = kerneltree.read_gpt(file.fileno(), "disk.bin")
+                partitions = gpt.read_gpt(file.fileno(), "disk.bin")
                 partition = kerneltree.root_partition(partitions, size, "disk.bin")
-                kerneltree.Ext4(file.fileno(), partition.offset, partition.size, "disk.bin")
+                kerneltree.DeveloperContainerRoot(
+                    file.fileno(), partition.offset, partition.size, "disk.bin"
+                )
 
         within_bounds(read)
     finally:

@@ -37,6 +37,7 @@ from kerneltree_fixtures import (
 from nvidia_driver import kerneltree
 from nvidia_driver.build import Toolchain
 from nvidia_driver.errors import DriverError
+from nvidia_driver.formats import elf, gpt
 from nvidia_driver.paths import Paths
 
 needs_e2fsprogs = pytest.mark.skipif(
@@ -75,14 +76,14 @@ def leftovers(parent: Path) -> list[str]:
 
 
 def test_read_elf_finds_the_interpreter_and_needed_libraries(tmp_path: Path) -> None:
-    info = kerneltree.read_elf(Path("/bin/true"))
+    info = elf.read_elf(Path("/bin/true"))
     assert info is not None
     assert info.interpreter is not None
     assert Path(info.interpreter).name in machine_runtime()
     assert "libc.so.6" in info.needed
-    assert kerneltree.read_elf(write(tmp_path / "script", "#!/bin/sh\n")) is None
-    assert kerneltree.read_elf(write(tmp_path / "short", "\x7fEL")) is None
-    assert kerneltree.read_elf(tmp_path / "missing") is None
+    assert elf.read_elf(write(tmp_path / "script", "#!/bin/sh\n")) is None
+    assert elf.read_elf(write(tmp_path / "short", "\x7fEL")) is None
+    assert elf.read_elf(tmp_path / "missing") is None
 
 
 def test_install_runtime_copies_the_loader_and_the_closure_only(tmp_path: Path) -> None:
@@ -110,7 +111,7 @@ def test_relocated_tools_run_with_the_toolchain_roots_glibc(tmp_path: Path) -> N
     assert sorted(wrapped) == sorted(build / tool for tool in TOOLS)
     for tool in TOOLS:
         assert (build / tool).read_bytes().startswith(b"#!/bin/sh\n")
-        assert kerneltree.read_elf(build / f"{tool}.real") is not None
+        assert elf.read_elf(build / f"{tool}.real") is not None
     assert (build / "scripts/basic/fixdep").stat().st_mtime_ns == before
     assert (build / "scripts/checkpatch.pl").read_text() == "#!/usr/bin/perl\n"
     assert_runs_with(build, toolchain / "usr/lib64")
@@ -173,7 +174,7 @@ def test_host_tree_copies_the_hosts_tree_and_its_glibc(tmp_path: Path) -> None:
     assert_runs_with(tree.build_dir, destination / "usr/lib64")
     # The host's own tree is left as it was.
     host_fixdep = paths.host_kernel_tree(KERNEL) / "scripts/basic/fixdep"
-    assert kerneltree.read_elf(host_fixdep) is not None
+    assert elf.read_elf(host_fixdep) is not None
     assert leftovers(tmp_path / "cache") == ["tree"]
 
 
@@ -554,10 +555,12 @@ def test_ext4_reader_extracts_the_wanted_paths(
         pytest.skip("mkfs.ext4 older than 1.47 has no orphan_file")
     disk = _disk(tmp_path, options)
     with disk.open("rb") as image:
-        partitions = kerneltree.read_gpt(image.fileno(), disk.name)
+        partitions = gpt.read_gpt(image.fileno(), disk.name)
         partition = kerneltree.root_partition(partitions, disk.stat().st_size, disk.name)
         assert partition.offset == 2 << 20
-        filesystem = kerneltree.Ext4(image.fileno(), partition.offset, partition.size, disk.name)
+        filesystem = kerneltree.DeveloperContainerRoot(
+            image.fileno(), partition.offset, partition.size, disk.name
+        )
         done = filesystem.extract(WANTED, tmp_path / "root")
         many = filesystem.resolve("usr/share/test/many")
     assert many is not None
@@ -574,11 +577,11 @@ def test_ext4_extracts_the_whole_root_and_keeps_holes(tmp_path: Path) -> None:
     disk = _disk(tmp_path, [])
     with disk.open("rb") as image:
         partition = kerneltree.root_partition(
-            kerneltree.read_gpt(image.fileno(), "disk"), disk.stat().st_size, "disk"
+            gpt.read_gpt(image.fileno(), "disk"), disk.stat().st_size, "disk"
         )
-        kerneltree.Ext4(image.fileno(), partition.offset, partition.size, "disk").extract(
-            ["/"], tmp_path / "root"
-        )
+        kerneltree.DeveloperContainerRoot(
+            image.fileno(), partition.offset, partition.size, "disk"
+        ).extract(["/"], tmp_path / "root")
     assert (tmp_path / "root/etc/portage/make.conf").read_text() == "not wanted\n"
     sparse = tmp_path / "root/usr/share/test/sparse.bin"
     assert sparse.stat().st_blocks * 512 < sparse.stat().st_size
@@ -642,7 +645,7 @@ def test_developer_container_is_extracted_without_a_loop_device(
         f"/usr/lib/modules/{KERNEL}/build"
     )
     # The tree's tools run inside the chroot, with the container's own glibc: left as built.
-    assert kerneltree.read_elf(tree.build_dir / "scripts/basic/fixdep") is not None
+    assert elf.read_elf(tree.build_dir / "scripts/basic/fixdep") is not None
 
 
 @needs_e2fsprogs
@@ -676,7 +679,7 @@ def test_gpt_is_checked(tmp_path: Path) -> None:
         tmp_path / "disk.bin", [GptPartition(9, uuid.uuid4(), "OTHER", tmp_path / "partition.img")]
     )
     with disk.open("rb") as image:
-        partitions = kerneltree.read_gpt(image.fileno(), "disk")
+        partitions = gpt.read_gpt(image.fileno(), "disk")
     assert [(p.number, p.name, p.offset) for p in partitions] == [(9, "OTHER", 2 << 20)]
     with pytest.raises(DriverError, match="has no partition 9"):
         kerneltree.root_partition(partitions, disk.stat().st_size, "disk")
@@ -685,11 +688,11 @@ def test_gpt_is_checked(tmp_path: Path) -> None:
         image.seek(2 * 512 + 8 * 128 + 56)
         image.write("ROOX".encode("utf-16-le"))
     with disk.open("rb") as image, pytest.raises(DriverError, match="partition table's CRC"):
-        kerneltree.read_gpt(image.fileno(), "disk")
+        gpt.read_gpt(image.fileno(), "disk")
 
     write(tmp_path / "plain.bin", "\0" * 4096)
     with (tmp_path / "plain.bin").open("rb") as image, pytest.raises(DriverError, match="no GPT"):
-        kerneltree.read_gpt(image.fileno(), "plain.bin")
+        gpt.read_gpt(image.fileno(), "plain.bin")
 
 
 @needs_e2fsprogs
@@ -700,7 +703,7 @@ def test_partition_9_without_ext4_is_refused(tmp_path: Path) -> None:
         [GptPartition(9, LINUX_FILESYSTEM, "ROOT", tmp_path / "partition.img")],
     )
     with disk.open("rb") as image, pytest.raises(DriverError, match="holds no ext4 filesystem"):
-        kerneltree.Ext4(image.fileno(), 2 << 20, 1 << 20, "disk")
+        kerneltree.DeveloperContainerRoot(image.fileno(), 2 << 20, 1 << 20, "disk")
 
 
 def test_developer_container_tree_needs_a_kernel(tmp_path: Path) -> None:

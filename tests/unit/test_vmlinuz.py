@@ -25,7 +25,7 @@ from vmlinuz_images import (
 
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
-from nvidia_driver.vmlinuz import (
+from nvidia_driver.formats.vmlinuz import (
     banner_release,
     kernel_banner,
     kernel_banner_from_file,

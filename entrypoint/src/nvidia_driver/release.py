@@ -48,6 +48,7 @@ from nvidia_driver.flatcar import (
     check_release_file,
     release_server_from_env,
 )
+from nvidia_driver.formats.vmlinuz import kernel_banner_from_file
 from nvidia_driver.kerneltree import (
     CONTAINER_TARBALL,
     KernelTree,
@@ -57,7 +58,6 @@ from nvidia_driver.kerneltree import (
 )
 from nvidia_driver.log import say
 from nvidia_driver.verify import Trust
-from nvidia_driver.vmlinuz import kernel_banner_from_file
 
 __all__ = ["CACHE_ENV", "FIRST_CONTAINER_TREE", "ReleaseSources", "cache_dir"]
 
