@@ -48,9 +48,9 @@ from fixtures.release_server import (
 from fixtures.runfile import build_run_fixture
 
 from nvidia_driver.commands import Commands
-from nvidia_driver.fetch import Fetcher
 from nvidia_driver.kerneltree import extract_container_tree
-from nvidia_driver.verify import Trust
+from nvidia_driver.sources.fetch import Fetcher
+from nvidia_driver.sources.verify import Trust
 
 DRIVER = "535.261.03"
 RUNTIME_BUILD_GOAL = 1.15

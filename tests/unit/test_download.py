@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from fetch_server import ReleaseServer
 
-from nvidia_driver.download import (
+from nvidia_driver.errors import DriverError
+from nvidia_driver.sources.download import (
     DEFAULT_DEADLINE,
     DEFAULT_MIN_RATE,
     DEFAULT_REDIRECT_HOSTS,
@@ -20,7 +21,6 @@ from nvidia_driver.download import (
     abort_downloads,
     redirect_refusal,
 )
-from nvidia_driver.errors import DriverError
 
 FILE = "amd64-usr/4593.2.5/flatcar_production_image.vmlinuz.DIGESTS"
 CONTENT = b"# SHA512 HASH\n" + b"0" * 128 + b"  flatcar_production_image.vmlinuz\n"

@@ -23,15 +23,15 @@ from fetch_gpg import Signer
 from fetch_server import ReleaseServer, flatcar_digests
 
 from nvidia_driver.commands import Commands
-from nvidia_driver.download import Backoff, Downloader, DownloadLimits
 from nvidia_driver.errors import CaughtSignalError, DriverError
-from nvidia_driver.fetch import Fetcher, sha512_from_digests
 from nvidia_driver.kerneltree import extract_container_tree
 from nvidia_driver.lifecycle import signals_raise
-from nvidia_driver.openpgp import dearmor, signature_problem
-from nvidia_driver.signingkey import FLATCAR_KEY_URL, FLATCAR_PRIMARY
-from nvidia_driver.signingkey import SHIPPED_KEY as FLATCAR_IMAGE_SIGNING_KEY
-from nvidia_driver.verify import Trust
+from nvidia_driver.sources.download import Backoff, Downloader, DownloadLimits
+from nvidia_driver.sources.fetch import Fetcher, sha512_from_digests
+from nvidia_driver.sources.openpgp import dearmor, signature_problem
+from nvidia_driver.sources.signingkey import FLATCAR_KEY_URL, FLATCAR_PRIMARY
+from nvidia_driver.sources.signingkey import SHIPPED_KEY as FLATCAR_IMAGE_SIGNING_KEY
+from nvidia_driver.sources.verify import Trust
 
 RELEASE = "amd64-usr/4593.2.5"
 ARTIFACT = f"{RELEASE}/flatcar_production_image.vmlinuz"

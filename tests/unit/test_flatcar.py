@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from nvidia_driver.errors import DriverError
-from nvidia_driver.flatcar import (
+from nvidia_driver.sources.flatcar import (
     DEFAULT_RELEASE_BASE_URL,
     DEFAULT_RELEASES_URL,
     Artifact,

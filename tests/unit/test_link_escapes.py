@@ -39,12 +39,12 @@ from simhost import SimulatedHost
 from nvidia_driver import kerneltree
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
-from nvidia_driver.flatcar import ReleaseServer as FlatcarServer
 from nvidia_driver.formats import elf
 from nvidia_driver.links import escaping_links, resolve_within, tree_links
 from nvidia_driver.paths import Paths
 from nvidia_driver.release import ReleaseSources
-from nvidia_driver.verify import Trust
+from nvidia_driver.sources.flatcar import ReleaseServer as FlatcarServer
+from nvidia_driver.sources.verify import Trust
 
 VERSION = "4230.2.4"
 ARCHIVE = f"stable/amd64-usr/{VERSION}/flatcar-container.tar.gz"

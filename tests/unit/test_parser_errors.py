@@ -19,12 +19,12 @@ from nvidia_driver.build import kernel_gcc_major
 from nvidia_driver.config import DriverConfig
 from nvidia_driver.daemons import PERSISTENCED, read_pid
 from nvidia_driver.errors import DriverError
-from nvidia_driver.flatcar import FlatcarVersion
 from nvidia_driver.formats.vmlinuz import kernel_banner
 from nvidia_driver.host import module_refcounts
 from nvidia_driver.patches import parse_kernel_release
 from nvidia_driver.paths import Paths
 from nvidia_driver.runfile import read_header
+from nvidia_driver.sources.flatcar import FlatcarVersion
 from nvidia_driver.userspace import parse_manifest
 
 BUILD = f"usr/lib/modules/{KERNEL}/build"

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from fetch_server import ReleaseServer
 
-from nvidia_driver import provision, redist
+from nvidia_driver import provision
 from nvidia_driver.errors import DriverError
+from nvidia_driver.sources import redist
 
 VERSION = "580.178.04"
 

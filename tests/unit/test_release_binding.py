@@ -29,12 +29,12 @@ from kerneltree_fixtures import (
 )
 
 from nvidia_driver.commands import Commands
-from nvidia_driver.download import DownloadLimits
 from nvidia_driver.errors import DriverError
-from nvidia_driver.flatcar import ReleaseServer as FlatcarServer
-from nvidia_driver.flatcar import check_release_file
 from nvidia_driver.release import ReleaseSources
-from nvidia_driver.verify import Trust
+from nvidia_driver.sources.download import DownloadLimits
+from nvidia_driver.sources.flatcar import ReleaseServer as FlatcarServer
+from nvidia_driver.sources.flatcar import check_release_file
+from nvidia_driver.sources.verify import Trust
 
 NEW, OLD = "4593.2.5", "4593.2.4"
 APPID = "{e96281a6-d1af-4bde-9a0a-97b76e56dc57}"

@@ -19,7 +19,7 @@ from nvidia_driver.cachedirs import WORK_ENV, sweep_stale, work_dir
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
 from nvidia_driver.paths import Paths
-from nvidia_driver.release import has_container_tree, has_native_host_tools
+from nvidia_driver.sources.flatcar import has_container_tree, has_native_host_tools
 
 LTS = "4081.3.10"
 LTS_KERNEL = "6.6.150-flatcar"

@@ -16,12 +16,12 @@ from fetch_gpg import Signer, gpg
 from fetch_server import ReleaseServer, flatcar_digests
 
 from nvidia_driver.commands import Commands
-from nvidia_driver.download import Backoff, Downloader, DownloadLimits
 from nvidia_driver.errors import DriverError
-from nvidia_driver.fetch import Fetcher
-from nvidia_driver.openpgp import _packet_header, signature_info
-from nvidia_driver.signingkey import SHIPPED_KEY, expiry_warning, list_keys
-from nvidia_driver.verify import REFRESHED_KEY, Trust
+from nvidia_driver.sources.download import Backoff, Downloader, DownloadLimits
+from nvidia_driver.sources.fetch import Fetcher
+from nvidia_driver.sources.openpgp import _packet_header, signature_info
+from nvidia_driver.sources.signingkey import SHIPPED_KEY, expiry_warning, list_keys
+from nvidia_driver.sources.verify import REFRESHED_KEY, Trust
 
 RELEASE = "amd64-usr/4593.2.5"
 ARTIFACT = f"{RELEASE}/flatcar_production_image.vmlinuz"
@@ -216,7 +216,7 @@ def test_the_expiry_check_warns_30_days_ahead(
     assert warning.startswith(f"Flatcar's newest signing subkey {key.first} expires on ")
     assert re.search(rf", in ({days - 1}|{days}) days: update ", warning)
     assert warning.endswith(
-        "update entrypoint/src/nvidia_driver/keys/flatcar-image-signing-key.asc from "
+        "update entrypoint/src/nvidia_driver/sources/keys/flatcar-image-signing-key.asc from "
         "https://www.flatcar.org/security/image-signing-key/Flatcar_Image_Signing_Key.asc "
         "(see keys/README.md)"
     )

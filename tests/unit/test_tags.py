@@ -24,7 +24,7 @@ from gdc.tags import (
     repository,
 )
 from gdc.versions import Driver, RedistDigests
-from nvidia_driver.flatcar import FlatcarVersion, Release
+from nvidia_driver.sources.flatcar import FlatcarVersion, Release
 
 SUM = "cd" * 32
 

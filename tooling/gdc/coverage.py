@@ -29,7 +29,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from gdc.versions import Versions
-from nvidia_driver.flatcar import Channel, FlatcarVersion, Release, kernel_release_from_feed
+from nvidia_driver.sources.flatcar import Channel, FlatcarVersion, Release, kernel_release_from_feed
 
 ALL = "*"  # an exclusion's variant, driver or arch that stands for every one
 PINNED = "pinned"  # the stream name of a release covered because versions.toml pins it

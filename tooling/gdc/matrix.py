@@ -72,8 +72,8 @@ from gdc.tags import (
 )
 from gdc.tags import repository as join_repository
 from gdc.versions import Driver, Versions
-from nvidia_driver.flatcar import FlatcarVersion
 from nvidia_driver.patches import parse_kernel_release, select_patches, shipped_patches
+from nvidia_driver.sources.flatcar import FlatcarVersion
 
 __all__ = ["ALL", "PINNED", "Covered", "Exclusion", "Image", "Matrix", "Platform"]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from gdc import coverage, matrix, releases
 from gdc.tags import DEFAULT_IMAGE, Variant, check_repository
 from gdc.versions import ARCHES, Driver, Versions, VersionsError, driver_branch
-from nvidia_driver.flatcar import Release
+from nvidia_driver.sources.flatcar import Release
 
 _MACHINE_ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 ALL_ARCHES = "all"

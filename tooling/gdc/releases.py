@@ -8,7 +8,7 @@ from gdc.coverage import LTS_INFO_URL, LTS_INFO_URL_ENV, LtsInfo, ReleaseError, 
 from gdc.coverage import read_feed as _read_feed
 from gdc.download import DownloadError, read_text
 from nvidia_driver.errors import DriverError
-from nvidia_driver.flatcar import (
+from nvidia_driver.sources.flatcar import (
     RELEASES_URL_ENV,
     Channel,
     FlatcarVersion,

@@ -54,7 +54,6 @@ from typing import BinaryIO, NamedTuple
 
 from nvidia_driver import limits
 from nvidia_driver.errors import DriverError
-from nvidia_driver.flatcar import RELEASE_FILE
 from nvidia_driver.formats import output, tar
 from nvidia_driver.formats.elf import MACHINES, ElfInfo, read_elf
 from nvidia_driver.formats.ext4 import Ext4
@@ -63,6 +62,7 @@ from nvidia_driver.formats.output import TreeWriter, contained_link_target, drop
 from nvidia_driver.links import escaping_links, resolve_within, tree_links
 from nvidia_driver.log import say, warn
 from nvidia_driver.paths import Paths
+from nvidia_driver.sources.flatcar import RELEASE_FILE
 
 # Where a tree came from (KernelTree.origin).
 HOST = "host"

@@ -26,7 +26,6 @@ from nvidia_driver.cachedirs import cache_dir, clear_work, sweep_stale, work_dir
 from nvidia_driver.commands import Commands
 from nvidia_driver.config import DriverConfig
 from nvidia_driver.daemons import DaemonManager
-from nvidia_driver.download import abort_downloads
 from nvidia_driver.errors import CaughtSignalError, DriverError
 from nvidia_driver.formats.vmlinuz import banner_release
 from nvidia_driver.host import HostFacts, read_host_facts
@@ -57,6 +56,7 @@ from nvidia_driver.paths import Paths
 from nvidia_driver.peermem import RdmaPlan, rdma_plan
 from nvidia_driver.release import ReleaseSources, refuse_foreign_host_tools
 from nvidia_driver.rootfs import mount_rootfs, unmount_rootfs
+from nvidia_driver.sources.download import abort_downloads
 
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 FLATCAR_DOCS = "https://www.flatcar.org/docs/latest/setup/customization/using-nvidia/"

@@ -33,12 +33,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from nvidia_driver import redist
 from nvidia_driver.commands import Commands
-from nvidia_driver.download import REDIRECT_HOSTS_ENV, Downloader, DownloadLimits, Opened
 from nvidia_driver.driverroot import verify_root
 from nvidia_driver.errors import DriverError
 from nvidia_driver.log import say
+from nvidia_driver.sources import redist
+from nvidia_driver.sources.download import REDIRECT_HOSTS_ENV, Downloader, DownloadLimits, Opened
 
 RUN_ARCH = {"amd64": "x86_64", "arm64": "aarch64"}
 TRIPLET = redist.TRIPLET

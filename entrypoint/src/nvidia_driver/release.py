@@ -10,16 +10,6 @@ cachedirs.py)::
     <work>/devcontainers/<key>/         an unpacked developer container (its gcc built the kernel)
 
 <key> is derived from the artifact's versioned URL: release artifacts never change.
-
-What each release offers (Flatcar's coreos-modules ebuild; flatcar/scripts, changelog
-2025-03-07-coreos-modules-cross-compilation.md):
-
-* from beta 4230.1.0, stable 4230.2.0, alpha 4277.0.0 (and LTS releases of those majors): a
-  complete tree made by the kernel's install-extmod-build, in the node's /usr/lib/modules and in
-  flatcar-container.tar.gz, with host tools built for the release's own architecture;
-* before (LTS 4081): a tree in the older split layout, a cleaned ``build/`` and a stripped
-  ``source/``. A node uses it as it is; an image build takes the developer container's. On arm64
-  its host tools (fixdep, modpost) are x86-64 binaries: no module can be built from it.
 """
 
 from __future__ import annotations
@@ -35,19 +25,8 @@ from pathlib import Path
 
 from nvidia_driver.atomic import write_atomically
 from nvidia_driver.build import CompilerMismatchError, Toolchain, choose_compiler
-from nvidia_driver.cachedirs import CACHE_ENV, cache_dir
 from nvidia_driver.commands import Commands
-from nvidia_driver.download import Downloader, DownloadLimits
 from nvidia_driver.errors import DriverError
-from nvidia_driver.fetch import Fetcher
-from nvidia_driver.flatcar import (
-    RELEASE_FILE,
-    Artifact,
-    FlatcarVersion,
-    ReleaseServer,
-    check_release_file,
-    release_server_from_env,
-)
 from nvidia_driver.formats.vmlinuz import kernel_banner_from_file
 from nvidia_driver.kerneltree import (
     CONTAINER_TARBALL,
@@ -57,22 +36,19 @@ from nvidia_driver.kerneltree import (
     extract_developer_container,
 )
 from nvidia_driver.log import say
-from nvidia_driver.verify import Trust
+from nvidia_driver.sources.download import Downloader, DownloadLimits
+from nvidia_driver.sources.fetch import Fetcher
+from nvidia_driver.sources.flatcar import (
+    RELEASE_FILE,
+    Artifact,
+    ReleaseServer,
+    check_release_file,
+    has_container_tree,
+    has_native_host_tools,
+    release_server_from_env,
+)
+from nvidia_driver.sources.verify import Trust
 
-__all__ = ["CACHE_ENV", "FIRST_CONTAINER_TREE", "ReleaseSources", "cache_dir"]
-
-# The first release of each channel whose tree is made by install-extmod-build, with host tools
-# native to the release's architecture, in the node's /usr/lib/modules and in
-# flatcar-container.tar.gz. The change went into the 4230 branch at 4230.1.0 (beta, then stable
-# 4230.2.0) and into alpha at 4277.0.0 (flatcar.md §5.2). LTS releases are cut from a stable
-# major: every LTS of 4230 or later (4230.3.0 on) has it, LTS 4081 has not. (Flatcar's
-# releases.json and the toolchain table list no LTS after 4081.3.10 yet.)
-FIRST_CONTAINER_TREE = {
-    "alpha": FlatcarVersion(4277, 0, 0),
-    "beta": FlatcarVersion(4230, 1, 0),
-    "stable": FlatcarVersion(4230, 2, 0),
-    "lts": FlatcarVersion(4230, 3, 0),
-}
 # What a chrooted build needs from the developer container: gcc, binutils, make, their
 # libraries and the kernel's build tree (under usr/lib/modules).
 DEVELOPER_CONTAINER_PATHS = [
@@ -86,19 +62,6 @@ _DEVICES = {"null": (1, 3), "zero": (1, 5), "urandom": (1, 9)}
 
 def _key(url: str) -> str:
     return hashlib.sha256(url.encode()).hexdigest()[:24]
-
-
-def has_container_tree(version: str) -> bool:
-    """Whether the release's trees are install-extmod-build's (its tarball then carries one)."""
-    parsed = FlatcarVersion.parse(version)
-    first = FIRST_CONTAINER_TREE.get(str(parsed.channel))
-    return first is not None and parsed >= first
-
-
-def has_native_host_tools(version: str, arch: str) -> bool:
-    """Whether the release's kernel trees can build modules on arch: false on arm64 before
-    4230.1.0, whose trees carry x86-64 host tools (flatcar/scripts#2694)."""
-    return arch != "arm64" or has_container_tree(version)
 
 
 def refuse_foreign_host_tools(version: str, arch: str) -> None:

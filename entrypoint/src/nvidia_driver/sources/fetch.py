@@ -52,11 +52,11 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from nvidia_driver.atomic import sync_directory
 from nvidia_driver.commands import Commands, lines
-from nvidia_driver.download import CHUNK, Downloader, Opened, TransientError
 from nvidia_driver.errors import DriverError
 from nvidia_driver.log import say, warn
-from nvidia_driver.openpgp import gpgv_args, gpgv_env
-from nvidia_driver.verify import SignatureCheck, Trust
+from nvidia_driver.sources.download import CHUNK, Downloader, Opened, TransientError
+from nvidia_driver.sources.openpgp import gpgv_args, gpgv_env
+from nvidia_driver.sources.verify import SignatureCheck, Trust
 
 if TYPE_CHECKING:
     import subprocess

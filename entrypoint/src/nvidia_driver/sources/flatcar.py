@@ -1,4 +1,5 @@
-"""Flatcar release facts: channels, boards, release-server URLs, version.txt and releases.json.
+"""Flatcar release facts: channels, boards, release-server URLs, what each release's kernel trees
+are, version.txt-style files and releases.json.
 
 Nothing here touches the network: callers fetch, these functions name and parse.
 """
@@ -164,6 +165,44 @@ def release_server_from_env(env: Mapping[str, str]) -> ReleaseServer:
 
 def releases_url_from_env(env: Mapping[str, str]) -> str:
     return env.get(RELEASES_URL_ENV) or DEFAULT_RELEASES_URL
+
+
+# --- what each release offers to build against ----------------------------------------------
+
+# What each release offers (Flatcar's coreos-modules ebuild; flatcar/scripts, changelog
+# 2025-03-07-coreos-modules-cross-compilation.md):
+# * from beta 4230.1.0, stable 4230.2.0, alpha 4277.0.0 (and LTS releases of those majors): a
+#   complete tree made by the kernel's install-extmod-build, in the node's /usr/lib/modules
+#   and in flatcar-container.tar.gz, with host tools built for the release's own architecture;
+# * before (LTS 4081): a tree in the older split layout, a cleaned build/ and a stripped
+#   source/. A node uses it as it is; an image build takes the developer container's. On
+#   arm64 its host tools (fixdep, modpost) are x86-64 binaries: no module can be built from it.
+#
+# The first release of each channel whose tree is made by install-extmod-build, with host tools
+# native to the release's architecture, in the node's /usr/lib/modules and in
+# flatcar-container.tar.gz. The change went into the 4230 branch at 4230.1.0 (beta, then stable
+# 4230.2.0) and into alpha at 4277.0.0 (flatcar.md §5.2). LTS releases are cut from a stable
+# major: every LTS of 4230 or later (4230.3.0 on) has it, LTS 4081 has not. (Flatcar's
+# releases.json and the toolchain table list no LTS after 4081.3.10 yet.)
+FIRST_CONTAINER_TREE = {
+    "alpha": FlatcarVersion(4277, 0, 0),
+    "beta": FlatcarVersion(4230, 1, 0),
+    "stable": FlatcarVersion(4230, 2, 0),
+    "lts": FlatcarVersion(4230, 3, 0),
+}
+
+
+def has_container_tree(version: str) -> bool:
+    """Whether the release's trees are install-extmod-build's (its tarball then carries one)."""
+    parsed = FlatcarVersion.parse(version)
+    first = FIRST_CONTAINER_TREE.get(str(parsed.channel))
+    return first is not None and parsed >= first
+
+
+def has_native_host_tools(version: str, arch: str) -> bool:
+    """Whether the release's kernel trees can build modules on arch: false on arm64 before
+    4230.1.0, whose trees carry x86-64 host tools (flatcar/scripts#2694)."""
+    return arch != "arm64" or has_container_tree(version)
 
 
 # --- version.txt -------------------------------------------------------------------------------

@@ -24,7 +24,9 @@ FLATCAR_PRIMARY = "F88CFEDEFF29A5B4D9523864E25D9AED0593B34A"
 # file Flatcar's "verify images" documentation imports.
 FLATCAR_KEY_URL = "https://www.flatcar.org/security/image-signing-key/Flatcar_Image_Signing_Key.asc"
 SHIPPED_KEY = Path(__file__).parent / "keys" / "flatcar-image-signing-key.asc"
-SHIPPED_KEY_IN_REPOSITORY = "entrypoint/src/nvidia_driver/keys/flatcar-image-signing-key.asc"
+SHIPPED_KEY_IN_REPOSITORY = (
+    "entrypoint/src/nvidia_driver/sources/keys/flatcar-image-signing-key.asc"
+)
 EXPIRY_MARGIN = dt.timedelta(days=30)
 KEY_FILE_LIMIT = 1 << 20  # Flatcar's key file is about 20 KB
 

@@ -24,11 +24,17 @@ from pathlib import Path
 
 from nvidia_driver.atomic import write_atomically
 from nvidia_driver.commands import Commands
-from nvidia_driver.download import Downloader
 from nvidia_driver.errors import DriverError
 from nvidia_driver.log import say, warn
-from nvidia_driver.openpgp import SignatureInfo, dearmor, is_armored_key, signature_info, verdict
-from nvidia_driver.signingkey import (
+from nvidia_driver.sources.download import Downloader
+from nvidia_driver.sources.openpgp import (
+    SignatureInfo,
+    dearmor,
+    is_armored_key,
+    signature_info,
+    verdict,
+)
+from nvidia_driver.sources.signingkey import (
     FLATCAR_KEY_URL,
     FLATCAR_PRIMARY,
     KEY_FILE_LIMIT,
