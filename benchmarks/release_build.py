@@ -48,7 +48,7 @@ from fixtures.release_server import (
 from fixtures.runfile import build_run_fixture
 
 from nvidia_driver.commands import Commands
-from nvidia_driver.kerneltree import extract_container_tree
+from nvidia_driver.kbuild.container import extract_container_tree
 from nvidia_driver.sources.fetch import Fetcher
 from nvidia_driver.sources.verify import Trust
 

@@ -34,7 +34,7 @@ from fixtures.release_server import (
 )
 from fixtures.runfile import build_run_fixture
 
-from nvidia_driver.packages import Package, load_package
+from nvidia_driver.kbuild.packages import Package, load_package
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -24,7 +24,7 @@ from fixtures.images import DRIVER, FLATCAR, KERNEL_TAG, PREFIX, Invoke
 from fixtures.qemu import BootResult
 from fixtures.release_server import TEST_RELEASE
 
-from nvidia_driver.packages import Package, load_package
+from nvidia_driver.kbuild.packages import Package, load_package
 
 pytestmark = pytest.mark.integration
 

@@ -19,7 +19,7 @@ import pytest
 from fixtures.qemu import DEFAULT_KERNEL, BootResult, debian_kernel, load_order
 from fixtures.qemu import modinfo as module_info
 
-from nvidia_driver.packages import Package
+from nvidia_driver.kbuild.packages import Package
 
 pytestmark = pytest.mark.integration
 

@@ -45,7 +45,7 @@ from fixtures.release_server import (
 from fixtures.runfile import build_run_fixture
 
 from nvidia_driver.commands import Commands
-from nvidia_driver.packages import Package, install_package, load_package
+from nvidia_driver.kbuild.packages import Package, install_package, load_package
 
 pytestmark = pytest.mark.integration
 

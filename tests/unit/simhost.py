@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nvidia_driver.packages import PackageMetadata, write_package
+from nvidia_driver.kbuild.packages import PackageMetadata, write_package
 
 KERNEL = "6.12.81-flatcar"
 BANNER = (

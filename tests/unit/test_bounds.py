@@ -30,10 +30,11 @@ from kerneltree_fixtures import (
 )
 from vmlinuz_images import vmlinux
 
-from nvidia_driver import kerneltree, limits
+from nvidia_driver import limits
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats import ext4, gpt, output
 from nvidia_driver.formats.vmlinuz import kernel_banner, kernel_banner_from_file
+from nvidia_driver.kbuild import container, devcontainer, kerneltree
 
 MODULES = f"usr/lib/modules/{KERNEL}"
 needs_e2fsprogs = pytest.mark.skipif(
@@ -68,7 +69,7 @@ def zeros_gz(members: list[tuple[str, int]]) -> bytes:
 
 
 def extract(data: bytes, tmp_path: Path) -> kerneltree.KernelTree:
-    return kerneltree.extract_container_tree(io.BytesIO(data), tmp_path / "tree", KERNEL)
+    return container.extract_container_tree(io.BytesIO(data), tmp_path / "tree", KERNEL)
 
 
 # flatcar-container.tar.gz
@@ -145,7 +146,7 @@ def test_the_decompressed_disk_image_is_bounded(
     data = b"".join(compressor.compress(bytes(1 << 20)) for _ in range(16)) + compressor.flush()
     (tmp_path / "dev.bin.bz2").write_bytes(data)
     with pytest.raises(DriverError, match=r"dev.bin.bz2 decompresses to more than 4 MiB"):
-        kerneltree.decompress_sparse(tmp_path / "dev.bin.bz2", tmp_path / "disk.bin")
+        devcontainer.decompress_sparse(tmp_path / "dev.bin.bz2", tmp_path / "disk.bin")
     assert (tmp_path / "disk.bin").stat().st_size <= 5 << 20
 
 

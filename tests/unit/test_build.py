@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 from simhost import SimulatedHost
 
-from nvidia_driver.build import CHROOT_PATH, Toolchain, sources_digest, strip_debug_info
 from nvidia_driver.commands import Commands
-from nvidia_driver.patches import KernelVersion, Patch
+from nvidia_driver.kbuild.build import sources_digest, strip_debug_info
+from nvidia_driver.kbuild.compiler import CHROOT_PATH, Toolchain
+from nvidia_driver.kbuild.patches import KernelVersion, Patch
 
 
 def test_strip_runs_in_the_developer_container_like_the_compiler(

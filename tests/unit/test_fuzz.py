@@ -36,12 +36,12 @@ from kerneltree_fixtures import (
 )
 from vmlinuz_images import bzimage, vmlinux
 
-from nvidia_driver import kerneltree
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats import ext4, gpt
 from nvidia_driver.formats.vmlinuz import kernel_banner
 from nvidia_driver.host import parse_os_release
+from nvidia_driver.kbuild import container, devcontainer
 from nvidia_driver.runfile import payload_offset, read_header, sniff_compression
 from nvidia_driver.sources.fetch import sha512_from_digests
 from nvidia_driver.userspace import parse_manifest
@@ -120,9 +120,7 @@ def small_root(scratch: Path) -> Path:
 def extract_tar(scratch: Path, data: bytes) -> None:
     destination = fresh(scratch) / "tree"
     try:
-        within_bounds(
-            lambda: kerneltree.extract_container_tree(io.BytesIO(data), destination, None)
-        )
+        within_bounds(lambda: container.extract_container_tree(io.BytesIO(data), destination, None))
     finally:
         shutil.rmtree(destination.parent)
 
@@ -268,8 +266,8 @@ def test_gpt_reader_on_mutated_tables(
         def read() -> None:
             with (directory / "disk.bin").open("rb") as file:
                 partitions = gpt.read_gpt(file.fileno(), "disk.bin")
-                partition = kerneltree.root_partition(partitions, size, "disk.bin")
-                kerneltree.DeveloperContainerRoot(
+                partition = devcontainer.root_partition(partitions, size, "disk.bin")
+                devcontainer.DeveloperContainerRoot(
                     file.fileno(), partition.offset, partition.size, "disk.bin"
                 )
 

@@ -34,10 +34,10 @@ from kerneltree_fixtures import (
     write,
 )
 
-from nvidia_driver import kerneltree
-from nvidia_driver.build import Toolchain
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats import elf, gpt
+from nvidia_driver.kbuild import container, devcontainer, hosttools, hosttree, kerneltree
+from nvidia_driver.kbuild.compiler import Toolchain
 from nvidia_driver.paths import Paths
 
 needs_e2fsprogs = pytest.mark.skipif(
@@ -90,14 +90,14 @@ def test_install_runtime_copies_the_loader_and_the_closure_only(tmp_path: Path) 
     flatcar = tmp_path / "flatcar"
     install_machine_runtime(flatcar)
     write(flatcar / "usr/lib64/libjunk.so.1", "junk")
-    installed = kerneltree.install_runtime([Path("/bin/cat")], flatcar, tmp_path / "lib")
+    installed = hosttools.install_runtime([Path("/bin/cat")], flatcar, tmp_path / "lib")
     assert installed == sorted(machine_runtime())
     assert sorted(path.name for path in (tmp_path / "lib").iterdir()) == installed
 
 
 def test_install_runtime_names_a_missing_library(tmp_path: Path) -> None:
     with pytest.raises(DriverError, match=r"libc\.so\.6, needed by the kernel tree's cat"):
-        kerneltree.install_runtime([Path("/bin/cat")], tmp_path / "empty", tmp_path / "lib")
+        hosttools.install_runtime([Path("/bin/cat")], tmp_path / "empty", tmp_path / "lib")
 
 
 def test_relocated_tools_run_with_the_toolchain_roots_glibc(tmp_path: Path) -> None:
@@ -106,7 +106,7 @@ def test_relocated_tools_run_with_the_toolchain_roots_glibc(tmp_path: Path) -> N
     install_machine_runtime(toolchain)
     before = (build / "scripts/basic/fixdep").stat().st_mtime_ns
 
-    wrapped = kerneltree.relocate_host_tools(build, toolchain)
+    wrapped = hosttools.relocate_host_tools(build, toolchain)
 
     assert sorted(wrapped) == sorted(build / tool for tool in TOOLS)
     for tool in TOOLS:
@@ -123,7 +123,7 @@ def test_relocated_tools_still_run_when_the_tree_moves_or_is_reached_by_symlink(
     root = tmp_path / "root"
     build = flatcar_build_tree(root / "build")
     install_machine_runtime(root)
-    kerneltree.relocate_host_tools(build, root)
+    hosttools.relocate_host_tools(build, root)
     root.rename(tmp_path / "moved")
     (tmp_path / "link").symlink_to(tmp_path / "moved/build")
     assert_runs_with(tmp_path / "link", tmp_path / "moved/usr/lib64")
@@ -132,8 +132,8 @@ def test_relocated_tools_still_run_when_the_tree_moves_or_is_reached_by_symlink(
 def test_relocation_is_idempotent(tmp_path: Path) -> None:
     build = flatcar_build_tree(tmp_path / "build")
     install_machine_runtime(tmp_path)
-    kerneltree.relocate_host_tools(build, tmp_path)
-    assert kerneltree.relocate_host_tools(build, tmp_path) == []
+    hosttools.relocate_host_tools(build, tmp_path)
+    assert hosttools.relocate_host_tools(build, tmp_path) == []
     assert not list(build.rglob("*.real.real"))
 
 
@@ -143,14 +143,14 @@ def test_relocation_refuses_tools_of_another_architecture(tmp_path: Path) -> Non
     data[18] = 183 if data[18] != 183 else 62  # e_machine: aarch64, or x86-64 on aarch64
     tool.write_bytes(bytes(data))
     install_machine_runtime(tmp_path)
-    with pytest.raises(kerneltree.ForeignToolsError, match=r"is built for ELF machine .* here"):
-        kerneltree.relocate_host_tools(tmp_path / "build", tmp_path)
+    with pytest.raises(hosttools.ForeignToolsError, match=r"is built for ELF machine .* here"):
+        hosttools.relocate_host_tools(tmp_path / "build", tmp_path)
 
 
 def test_relocation_needs_the_loader(tmp_path: Path) -> None:
     flatcar_build_tree(tmp_path / "build")
     with pytest.raises(DriverError, match="no ld-linux"):
-        kerneltree.relocate_host_tools(tmp_path / "build", tmp_path / "empty")
+        hosttools.relocate_host_tools(tmp_path / "build", tmp_path / "empty")
 
 
 # 1. The host's tree.
@@ -161,7 +161,7 @@ def test_host_tree_copies_the_hosts_tree_and_its_glibc(tmp_path: Path) -> None:
     flatcar_root(paths.host_filesystem)
     destination = tmp_path / "cache/tree"
 
-    tree = kerneltree.host_tree(paths, KERNEL, destination)
+    tree = hosttree.host_tree(paths, KERNEL, destination)
 
     assert tree is not None
     assert tree.origin == kerneltree.HOST
@@ -183,7 +183,7 @@ def test_host_tree_with_separate_source_keeps_the_links_inside(tmp_path: Path) -
     flatcar_root(paths.host_filesystem, split_source=True)
     destination = tmp_path / "tree"
 
-    tree = kerneltree.host_tree(paths, KERNEL, destination)
+    tree = hosttree.host_tree(paths, KERNEL, destination)
 
     assert tree is not None
     assert tree.source_dir == destination / "usr/lib/modules" / KERNEL / "source"
@@ -202,7 +202,7 @@ def test_host_tree_follows_an_absolute_build_link_within_the_host(tmp_path: Path
     modules.mkdir(parents=True)
     (modules / "build").symlink_to("/usr/src/linux")
 
-    tree = kerneltree.host_tree(paths, KERNEL, tmp_path / "tree")
+    tree = hosttree.host_tree(paths, KERNEL, tmp_path / "tree")
 
     assert tree is not None
     assert (tree.build_dir / "Module.symvers").is_file()
@@ -219,7 +219,7 @@ def test_a_full_disk_is_told_apart_from_a_bad_input(
 
     monkeypatch.setattr(shutil, "copytree", disk_full)
     with pytest.raises(DriverError, match=r"No space left on device; make room in .*/cache"):
-        kerneltree.host_tree(paths, KERNEL, tmp_path / "cache/tree")
+        hosttree.host_tree(paths, KERNEL, tmp_path / "cache/tree")
     assert leftovers(tmp_path / "cache") == []
 
 
@@ -227,9 +227,9 @@ def test_host_tree_is_none_without_a_tree(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     paths = Paths(tmp_path / "root")
-    assert kerneltree.host_tree(paths, KERNEL, tmp_path / "tree") is None
+    assert hosttree.host_tree(paths, KERNEL, tmp_path / "tree") is None
     write(paths.host_kernel_tree(KERNEL) / "README", "no Makefile\n")
-    assert kerneltree.host_tree(paths, KERNEL, tmp_path / "tree") is None
+    assert hosttree.host_tree(paths, KERNEL, tmp_path / "tree") is None
     assert "The host has no usable kernel build tree" in capsys.readouterr().out
     assert not (tmp_path / "tree").exists()
 
@@ -245,7 +245,7 @@ def test_container_tree_is_streamed_out_of_the_tarball(
     stream = OneWayStream(tar_gz(flatcar_root(tmp_path / "flatcar"), prefix))
     destination = tmp_path / "cache/tree"
 
-    tree = kerneltree.extract_container_tree(stream, destination, kernel)
+    tree = container.extract_container_tree(stream, destination, kernel)
 
     modules = destination / "usr/lib/modules" / KERNEL
     assert tree == kerneltree.KernelTree(
@@ -272,7 +272,7 @@ def test_container_tree_is_streamed_out_of_the_tarball(
 
 def test_container_tree_with_separate_source(tmp_path: Path) -> None:
     stream = OneWayStream(tar_gz(flatcar_root(tmp_path / "flatcar", split_source=True)))
-    tree = kerneltree.extract_container_tree(stream, tmp_path / "tree", None)
+    tree = container.extract_container_tree(stream, tmp_path / "tree", None)
     assert tree.source_dir == tmp_path / "tree/usr/lib/modules" / KERNEL / "source"
     assert (tree.source_dir / "include/linux/module.h").is_file()
     assert (tree.build_dir / "source").readlink() == Path("../source")
@@ -281,7 +281,7 @@ def test_container_tree_with_separate_source(tmp_path: Path) -> None:
 def test_container_tree_picks_the_named_kernel_among_several(tmp_path: Path) -> None:
     root = flatcar_root(tmp_path / "flatcar")
     flatcar_build_tree(root / "usr/lib/modules/6.6.95-flatcar/build")
-    tree = kerneltree.extract_container_tree(
+    tree = container.extract_container_tree(
         OneWayStream(tar_gz(root)), tmp_path / "tree", "6.6.95-flatcar"
     )
     assert tree.kernel_release == "6.6.95-flatcar"
@@ -292,7 +292,7 @@ def test_container_tree_replaces_an_older_extraction(tmp_path: Path) -> None:
     destination = tmp_path / "tree"
     write(destination / "stale", "from an earlier run\n")
     data = tar_gz(flatcar_root(tmp_path / "flatcar"))
-    kerneltree.extract_container_tree(OneWayStream(data), destination, KERNEL)
+    container.extract_container_tree(OneWayStream(data), destination, KERNEL)
     assert not (destination / "stale").exists()
     assert leftovers(tmp_path) == ["flatcar", "tree"]
 
@@ -301,7 +301,7 @@ def test_container_tree_rewrites_absolute_links_inside_the_tree(tmp_path: Path) 
     root = flatcar_root(tmp_path / "flatcar")
     build = root / "usr/lib/modules" / KERNEL / "build"
     (build / "include/asm").symlink_to(f"/usr/lib/modules/{KERNEL}/build/include/generated")
-    tree = kerneltree.extract_container_tree(OneWayStream(tar_gz(root)), tmp_path / "tree", None)
+    tree = container.extract_container_tree(OneWayStream(tar_gz(root)), tmp_path / "tree", None)
     assert (tree.build_dir / "include/asm").readlink() == Path("generated")
     assert (tree.build_dir / "include/asm/autoconf.h").is_file()
 
@@ -325,7 +325,7 @@ def test_container_tree_is_read_from_gnu_pax_and_ustar_archives(
         os.utime(deep, (9_000_000_000, 9_000_000_000))
     stream = OneWayStream(tar_gz(root, tar_format=tar_format))
 
-    tree = kerneltree.extract_container_tree(stream, tmp_path / "tree", None)
+    tree = container.extract_container_tree(stream, tmp_path / "tree", None)
 
     assert (tree.build_dir / relative).read_text() == "#define X\n"
     assert int((tree.build_dir / relative).stat().st_mtime) == int(deep.stat().st_mtime)
@@ -348,7 +348,7 @@ def test_container_tree_keeps_exact_modes_and_the_last_copy_of_a_member(tmp_path
             (member(f"{build}/header.h"), b"/* second */\n"),
         ]
     )
-    tree = kerneltree.extract_container_tree(OneWayStream(data), tmp_path / "tree", None)
+    tree = container.extract_container_tree(OneWayStream(data), tmp_path / "tree", None)
     assert (tree.build_dir / "script").stat().st_mode & 0o777 == 0o777
     assert (tree.build_dir / "header.h").read_text() == "/* second */\n"
     assert (tree.build_dir / "header.h").stat().st_mode & 0o777 == 0o644
@@ -357,13 +357,13 @@ def test_container_tree_keeps_exact_modes_and_the_last_copy_of_a_member(tmp_path
 def test_sparse_members_are_skipped_outside_the_tree(tmp_path: Path) -> None:
     sparse = member("usr/share/holes", tarfile.GNUTYPE_SPARSE)
     data = tar_gz_members([(sparse, b"s" * 1000), *_tree_members()], tarfile.GNU_FORMAT)
-    tree = kerneltree.extract_container_tree(OneWayStream(data), tmp_path / "tree", None)
+    tree = container.extract_container_tree(OneWayStream(data), tmp_path / "tree", None)
     assert (tree.build_dir / "Makefile").read_text() == "# Makefile\n"
 
 
 def test_only_the_first_gzip_member_is_read_and_the_rest_drained(tmp_path: Path) -> None:
     stream = OneWayStream(tar_gz(flatcar_root(tmp_path / "flatcar")) + gzip.compress(b"junk"))
-    kerneltree.extract_container_tree(stream, tmp_path / "tree", None)
+    container.extract_container_tree(stream, tmp_path / "tree", None)
     assert stream.consumed == stream.size
 
 
@@ -466,7 +466,7 @@ def test_bad_archives_fail_with_one_line_and_leave_nothing(tmp_path: Path, case:
     build, expected = BAD_ARCHIVES[case]
     destination = tmp_path / "cache/tree"
     with pytest.raises(DriverError, match=expected) as failure:
-        kerneltree.extract_container_tree(
+        container.extract_container_tree(
             OneWayStream(build()), destination, None if case != "wrong kernel" else KERNEL
         )
     assert "\n" not in str(failure.value)
@@ -477,7 +477,7 @@ def test_bad_archives_fail_with_one_line_and_leave_nothing(tmp_path: Path, case:
 def test_a_failed_extraction_keeps_the_previous_tree(tmp_path: Path) -> None:
     write(tmp_path / "tree/usr/lib/modules/x/build/Makefile", "previous\n")
     with pytest.raises(DriverError):
-        kerneltree.extract_container_tree(OneWayStream(b"junk"), tmp_path / "tree", None)
+        container.extract_container_tree(OneWayStream(b"junk"), tmp_path / "tree", None)
     assert (tmp_path / "tree/usr/lib/modules/x/build/Makefile").read_text() == "previous\n"
     assert leftovers(tmp_path) == ["tree"]
 
@@ -556,9 +556,9 @@ def test_ext4_reader_extracts_the_wanted_paths(
     disk = _disk(tmp_path, options)
     with disk.open("rb") as image:
         partitions = gpt.read_gpt(image.fileno(), disk.name)
-        partition = kerneltree.root_partition(partitions, disk.stat().st_size, disk.name)
+        partition = devcontainer.root_partition(partitions, disk.stat().st_size, disk.name)
         assert partition.offset == 2 << 20
-        filesystem = kerneltree.DeveloperContainerRoot(
+        filesystem = devcontainer.DeveloperContainerRoot(
             image.fileno(), partition.offset, partition.size, disk.name
         )
         done = filesystem.extract(WANTED, tmp_path / "root")
@@ -576,10 +576,10 @@ def test_ext4_reader_extracts_the_wanted_paths(
 def test_ext4_extracts_the_whole_root_and_keeps_holes(tmp_path: Path) -> None:
     disk = _disk(tmp_path, [])
     with disk.open("rb") as image:
-        partition = kerneltree.root_partition(
+        partition = devcontainer.root_partition(
             gpt.read_gpt(image.fileno(), "disk"), disk.stat().st_size, "disk"
         )
-        kerneltree.DeveloperContainerRoot(
+        devcontainer.DeveloperContainerRoot(
             image.fileno(), partition.offset, partition.size, "disk"
         ).extract(["/"], tmp_path / "root")
     assert (tmp_path / "root/etc/portage/make.conf").read_text() == "not wanted\n"
@@ -595,7 +595,7 @@ def test_decompress_sparse_leaves_zero_blocks_as_holes(tmp_path: Path) -> None:
         file.write(b"data" * 2048)
     compressed = bzip2_file(image, tmp_path / "image.bin.bz2")
 
-    size = kerneltree.decompress_sparse(compressed, tmp_path / "out.bin")
+    size = devcontainer.decompress_sparse(compressed, tmp_path / "out.bin")
 
     out = tmp_path / "out.bin"
     assert size == out.stat().st_size == 32 << 20
@@ -613,7 +613,7 @@ def test_decompress_sparse_rejects_a_broken_download(tmp_path: Path, broken: str
     else:
         write(compressed, "not bzip2")
     with pytest.raises(DriverError, match=r"cannot decompress image\.bin\.bz2: .* fetch it again"):
-        kerneltree.decompress_sparse(compressed, tmp_path / "out.bin")
+        devcontainer.decompress_sparse(compressed, tmp_path / "out.bin")
 
 
 @pytest.fixture(scope="module")
@@ -631,12 +631,12 @@ def test_developer_container_is_extracted_without_a_loop_device(
     compressed, source = developer_container
     destination = tmp_path / "cache/developer"
 
-    root = kerneltree.extract_developer_container(compressed, destination, WANTED)
+    root = devcontainer.extract_developer_container(compressed, destination, WANTED)
 
     assert root == destination
     _assert_extracted(root, source)
     assert leftovers(tmp_path / "cache") == ["developer"]  # the sparse disk image is gone
-    tree = kerneltree.developer_container_tree(root, None)
+    tree = devcontainer.developer_container_tree(root, None)
     assert tree.build_dir == root / "usr/lib/modules" / KERNEL / "build"
     assert tree.source_dir == tree.build_dir
     assert tree.toolchain_root == root
@@ -656,7 +656,9 @@ def test_developer_container_without_any_wanted_path_leaves_nothing(
     with pytest.raises(
         DriverError, match="none of no/such/path is in flatcar_developer_"
     ) as failure:
-        kerneltree.extract_developer_container(compressed, tmp_path / "cache/dev", ["no/such/path"])
+        devcontainer.extract_developer_container(
+            compressed, tmp_path / "cache/dev", ["no/such/path"]
+        )
     assert "\n" not in str(failure.value)
     assert leftovers(tmp_path / "cache") == []
 
@@ -668,7 +670,7 @@ def test_developer_container_without_partition_9_leaves_nothing(tmp_path: Path) 
     )
     compressed = bzip2_file(disk, tmp_path / "dev.bin.bz2")
     with pytest.raises(DriverError, match=r"dev.bin.bz2 has no partition 9 \(ROOT") as failure:
-        kerneltree.extract_developer_container(compressed, tmp_path / "cache/dev", WANTED)
+        devcontainer.extract_developer_container(compressed, tmp_path / "cache/dev", WANTED)
     assert "\n" not in str(failure.value)
     assert leftovers(tmp_path / "cache") == []
 
@@ -682,7 +684,7 @@ def test_gpt_is_checked(tmp_path: Path) -> None:
         partitions = gpt.read_gpt(image.fileno(), "disk")
     assert [(p.number, p.name, p.offset) for p in partitions] == [(9, "OTHER", 2 << 20)]
     with pytest.raises(DriverError, match="has no partition 9"):
-        kerneltree.root_partition(partitions, disk.stat().st_size, "disk")
+        devcontainer.root_partition(partitions, disk.stat().st_size, "disk")
 
     with disk.open("r+b") as image:
         image.seek(2 * 512 + 8 * 128 + 56)
@@ -703,9 +705,9 @@ def test_partition_9_without_ext4_is_refused(tmp_path: Path) -> None:
         [GptPartition(9, LINUX_FILESYSTEM, "ROOT", tmp_path / "partition.img")],
     )
     with disk.open("rb") as image, pytest.raises(DriverError, match="holds no ext4 filesystem"):
-        kerneltree.DeveloperContainerRoot(image.fileno(), 2 << 20, 1 << 20, "disk")
+        devcontainer.DeveloperContainerRoot(image.fileno(), 2 << 20, 1 << 20, "disk")
 
 
 def test_developer_container_tree_needs_a_kernel(tmp_path: Path) -> None:
     with pytest.raises(DriverError, match="holds no kernel build tree"):
-        kerneltree.developer_container_tree(tmp_path, None)
+        devcontainer.developer_container_tree(tmp_path, None)

@@ -36,13 +36,13 @@ from kerneltree_fixtures import (
 )
 from simhost import SimulatedHost
 
-from nvidia_driver import kerneltree
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats import elf
+from nvidia_driver.kbuild import container, devcontainer, hosttree
+from nvidia_driver.kbuild.release import ReleaseSources
 from nvidia_driver.links import escaping_links, resolve_within, tree_links
 from nvidia_driver.paths import Paths
-from nvidia_driver.release import ReleaseSources
 from nvidia_driver.sources.flatcar import ReleaseServer as FlatcarServer
 from nvidia_driver.sources.verify import Trust
 
@@ -182,7 +182,7 @@ def test_tool_directories_that_are_links_are_refused(tmp_path: Path) -> None:
             tar.add(path, arcname=path.relative_to(root).as_posix(), recursive=False)
 
     with pytest.raises(DriverError, match="has scripts/ as a symbolic link") as failure:
-        kerneltree.extract_container_tree(io.BytesIO(archive.getvalue()), tmp_path / "tree", KERNEL)
+        container.extract_container_tree(io.BytesIO(archive.getvalue()), tmp_path / "tree", KERNEL)
     assert "\n" not in str(failure.value)
     assert elf.read_elf(root / "elsewhere/basic/fixdep") is not None  # not wrapped
 
@@ -202,7 +202,7 @@ def test_a_link_chain_in_the_hosts_tree_is_left_out_of_the_copy(
     install_machine_runtime(host)
     destination = tmp_path / "cache/tree"
 
-    tree = kerneltree.host_tree(paths, KERNEL, destination)
+    tree = hosttree.host_tree(paths, KERNEL, destination)
 
     assert tree is not None
     assert sentinel.state() == before
@@ -228,13 +228,13 @@ def test_a_link_chain_in_the_developer_container_is_left_out(
     )
     compressed = bzip2_file(disk, tmp_path / "flatcar_developer_container.bin.bz2")
 
-    root = kerneltree.extract_developer_container(compressed, tmp_path / "dev", ["usr/lib"])
+    root = devcontainer.extract_developer_container(compressed, tmp_path / "dev", ["usr/lib"])
 
     assert escaping_links(root, tree_links(root)) == []
     assert not (root / "usr/lib/p1").is_symlink()
     assert (root / "usr/lib/r").is_symlink()  # it climbs to the root, not above
     assert "usr/lib/escape resolves outside the developer container" in capsys.readouterr().out
-    tree = kerneltree.developer_container_tree(root, KERNEL)
+    tree = devcontainer.developer_container_tree(root, KERNEL)
     assert tree.build_dir == root / MODULES / "build"
 
 

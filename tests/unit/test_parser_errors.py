@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 from kerneltree_fixtures import KERNEL, write
 
-from nvidia_driver import kerneltree
-from nvidia_driver.build import kernel_gcc_major
 from nvidia_driver.config import DriverConfig
 from nvidia_driver.daemons import PERSISTENCED, read_pid
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats.vmlinuz import kernel_banner
 from nvidia_driver.host import module_refcounts
-from nvidia_driver.patches import parse_kernel_release
+from nvidia_driver.kbuild import container, kerneltree
+from nvidia_driver.kbuild.compiler import kernel_gcc_major
+from nvidia_driver.kbuild.patches import parse_kernel_release
 from nvidia_driver.paths import Paths
 from nvidia_driver.runfile import read_header
 from nvidia_driver.sources.flatcar import FlatcarVersion
@@ -46,7 +46,7 @@ def pax_archive(pax: dict[str, str], name: str = f"{BUILD}/Makefile") -> bytes:
 
 
 def extract(data: bytes, tmp_path: Path) -> kerneltree.KernelTree:
-    return kerneltree.extract_container_tree(io.BytesIO(data), tmp_path / "tree", KERNEL)
+    return container.extract_container_tree(io.BytesIO(data), tmp_path / "tree", KERNEL)
 
 
 @pytest.mark.parametrize(

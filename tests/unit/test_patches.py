@@ -9,7 +9,7 @@ import pytest
 
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
-from nvidia_driver.patches import (
+from nvidia_driver.kbuild.patches import (
     PATCH_DIR,
     KernelVersion,
     Patch,

@@ -7,9 +7,14 @@ from pathlib import Path
 import pytest
 from simhost import SimulatedHost
 
-from nvidia_driver.build import CHROOT_PATH, CompilerMismatchError, Toolchain, choose_compiler
-from nvidia_driver.cachedirs import CACHE_ENV, cache_dir
 from nvidia_driver.commands import Commands
+from nvidia_driver.kbuild.cachedirs import CACHE_ENV, cache_dir
+from nvidia_driver.kbuild.compiler import (
+    CHROOT_PATH,
+    CompilerMismatchError,
+    Toolchain,
+    choose_compiler,
+)
 from nvidia_driver.sources.flatcar import has_container_tree
 
 

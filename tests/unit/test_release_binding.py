@@ -30,7 +30,7 @@ from kerneltree_fixtures import (
 
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
-from nvidia_driver.release import ReleaseSources
+from nvidia_driver.kbuild.release import ReleaseSources
 from nvidia_driver.sources.download import DownloadLimits
 from nvidia_driver.sources.flatcar import ReleaseServer as FlatcarServer
 from nvidia_driver.sources.flatcar import check_release_file

@@ -13,11 +13,11 @@ import pytest
 from kerneltree_fixtures import copy_tool, flatcar_root
 from simhost import DRIVER, FLATCAR_OS_RELEASE_UNQUOTED, KERNEL, SimulatedHost
 
-from nvidia_driver import kerneltree
-from nvidia_driver.build import BuildRequest, build_package
-from nvidia_driver.cachedirs import WORK_ENV, sweep_stale, work_dir
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
+from nvidia_driver.kbuild import hosttools, hosttree, kerneltree
+from nvidia_driver.kbuild.build import BuildRequest, build_package
+from nvidia_driver.kbuild.cachedirs import WORK_ENV, sweep_stale, work_dir
 from nvidia_driver.paths import Paths
 from nvidia_driver.sources.flatcar import has_container_tree, has_native_host_tools
 
@@ -107,8 +107,8 @@ def test_host_tree_leaves_a_foreign_architecture_tree_to_its_caller(tmp_path: Pa
     paths = Paths(tmp_path / "root")
     flatcar_root(paths.host_filesystem)
     _foreign_tool(paths.host_kernel_tree(KERNEL) / "scripts/basic/fixdep")
-    with pytest.raises(kerneltree.ForeignToolsError, match="cannot run here"):
-        kerneltree.host_tree(paths, KERNEL, tmp_path / "work/tree")
+    with pytest.raises(hosttools.ForeignToolsError, match="cannot run here"):
+        hosttree.host_tree(paths, KERNEL, tmp_path / "work/tree")
     assert list((tmp_path / "work").iterdir()) == []  # nothing half-copied
 
 
@@ -133,7 +133,7 @@ def test_a_host_tree_without_module_symvers_is_not_used(
     paths = Paths(tmp_path / "root")
     flatcar_root(paths.host_filesystem)
     (paths.host_kernel_tree(KERNEL) / "Module.symvers").write_text("")
-    assert kerneltree.host_tree(paths, KERNEL, tmp_path / "tree") is None
+    assert hosttree.host_tree(paths, KERNEL, tmp_path / "tree") is None
     assert "no Module.symvers (or an empty one)" in capsys.readouterr().out
 
 
@@ -141,7 +141,7 @@ def test_a_split_host_tree_needs_its_source_makefile(tmp_path: Path) -> None:
     paths = Paths(tmp_path / "root")
     flatcar_root(paths.host_filesystem, split_source=True)
     (paths.host_kernel_tree(KERNEL).parent / "source/Makefile").unlink()
-    assert kerneltree.host_tree(paths, KERNEL, tmp_path / "tree") is None
+    assert hosttree.host_tree(paths, KERNEL, tmp_path / "tree") is None
 
 
 @pytest.mark.parametrize("symvers", [None, ""])

@@ -39,7 +39,7 @@ NOT_INPUTS = frozenset({
     "FLATCAR_RELEASE_BASE_URL", "FLATCAR_KEYRING", "BASE_IMAGE", "BUILD_IMAGE",
     "DRIVER_VERSION", "DRIVER_SHA256", "FLATCAR_VERSIONS",
 })  # fmt: skip
-_PATCHES = "entrypoint/src/nvidia_driver/patches/"
+_PATCHES = "entrypoint/src/nvidia_driver/kbuild/patches/"
 
 
 def _digest(files: list[Path], root: Path) -> str:

@@ -22,7 +22,7 @@ arch, arm64 releases whose module build tree carries x86-64 host tools (before 4
 4081: :data:`NATIVE_ARM64_TOOLS`), and driver/kernel pairs known not to build, i.e. a driver
 branch that a kernel change broke (:data:`KERNEL_BREAKS`) and for which the entrypoint ships no
 compatibility patch (``patches/index.json``, chosen by its own
-:func:`~nvidia_driver.patches.select_patches`).
+:func:`~nvidia_driver.kbuild.patches.select_patches`).
 
 ``invoke matrix --json`` prints one line (``invoke matrix --github-output`` writes it to
 ``$GITHUB_OUTPUT`` as ``json=``)::
@@ -72,7 +72,7 @@ from gdc.tags import (
 )
 from gdc.tags import repository as join_repository
 from gdc.versions import Driver, Versions
-from nvidia_driver.patches import parse_kernel_release, select_patches, shipped_patches
+from nvidia_driver.kbuild.patches import parse_kernel_release, select_patches, shipped_patches
 from nvidia_driver.sources.flatcar import FlatcarVersion
 
 __all__ = ["ALL", "PINNED", "Covered", "Exclusion", "Image", "Matrix", "Platform"]
@@ -205,7 +205,7 @@ def build_problem(driver: Driver, kernel_release: str) -> str:
             f"driver {driver.version} {kernel_break.tree} does not build on kernel "
             f"{kernel_release}: it needs patch {kernel_break.patch} (kernels from {since}; "
             f"fixed by NVIDIA from branch {kernel_break.fixed_in_branch}) and "
-            f"entrypoint/src/nvidia_driver/patches/index.json has none for branch {branch}; "
+            f"entrypoint/src/nvidia_driver/kbuild/patches/index.json has none for branch {branch}; "
             "add one or drop the driver"
         )
     return ""

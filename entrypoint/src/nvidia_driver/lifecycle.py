@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import hashlib
 import os
 import shutil
 import signal
@@ -16,20 +15,14 @@ from pathlib import Path
 from types import FrameType
 
 from nvidia_driver.atomic import write_atomically
-from nvidia_driver.build import (
-    BuildRequest,
-    build_package,
-    expected_sources_digest,
-    mofed_sources_digest,
-)
-from nvidia_driver.cachedirs import cache_dir, clear_work, sweep_stale, work_dir
 from nvidia_driver.commands import Commands
 from nvidia_driver.config import DriverConfig
 from nvidia_driver.daemons import DaemonManager
 from nvidia_driver.errors import CaughtSignalError, DriverError
-from nvidia_driver.formats.vmlinuz import banner_release
 from nvidia_driver.host import HostFacts, read_host_facts
-from nvidia_driver.kerneltree import ForeignToolsError, KernelTree, host_tree
+from nvidia_driver.kbuild.cachedirs import cache_dir, sweep_stale, work_dir
+from nvidia_driver.kbuild.packages import Package, install_package
+from nvidia_driver.kbuild.pipeline import Pipeline, RunningKernel, Target
 from nvidia_driver.kmod import (
     BUSY_MESSAGE,
     LOAD_ORDER,
@@ -38,23 +31,15 @@ from nvidia_driver.kmod import (
     load_modules,
     unload_modules,
 )
-from nvidia_driver.log import say, warn
+from nvidia_driver.log import say
 from nvidia_driver.modparams import (
     configure_firmware_search_path,
     provide_gsp_firmware,
     write_modprobe_conf,
 )
 from nvidia_driver.moduletype import ModuleTypeChoice, resolve_module_type
-from nvidia_driver.packages import (
-    Package,
-    find_matching,
-    install_package,
-    matching_package,
-    report_match,
-)
 from nvidia_driver.paths import Paths
 from nvidia_driver.peermem import RdmaPlan, rdma_plan
-from nvidia_driver.release import ReleaseSources, refuse_foreign_host_tools
 from nvidia_driver.rootfs import mount_rootfs, unmount_rootfs
 from nvidia_driver.sources.download import abort_downloads
 
@@ -272,86 +257,18 @@ class Lifecycle:
     def work(self) -> Path:
         return work_dir(self.paths.work_cache, self.commands.env)
 
+    def pipeline(self, choice: ModuleTypeChoice) -> Pipeline:
+        return Pipeline(self.paths, self.commands, self.config, choice.module_type)
+
+    def target(self) -> Target:
+        """This node's kernel, and MOFED's tree when nvidia-peermem is built against it."""
+        running = RunningKernel(self.facts.proc_version, self.facts.kernel_release)
+        return Target(self.facts.version_id, running, self.rdma.ofa_tree)
+
     def matching_package(self, choice: ModuleTypeChoice) -> Package | None:
         """The image's package for this kernel, else one cached from this image's sources."""
-        wanted = (self.facts.proc_version, self.config.driver_version, choice.module_type)
-        # The image's own packages were built from its sources: the banner is enough.
-        precompiled = matching_package([self.paths.precompiled], *wanted)
-        if precompiled is not None:
-            return precompiled
-        digest = expected_sources_digest(
-            self.paths.driver_sources(self.config.driver_version),
-            choice.module_type,
-            self.config.driver_branch,
-            self.facts.kernel_release,
-        )
-        return matching_package([self.cache / "packages"], *wanted, source_digest=digest)
-
-    def find_package(self, choice: ModuleTypeChoice) -> Package | None:
-        say("Checking NVIDIA driver packages...")
-        if self.rdma.ofa_tree is not None:
-            return report_match(self.mofed_package(choice, self.rdma.ofa_tree))
-        return report_match(self.matching_package(choice))
-
-    def mofed_package(self, choice: ModuleTypeChoice, ofa_tree: Path) -> Package | None:
-        """A package built on this node against this MOFED tree (precompiled ones are not)."""
-        say(f"GPUDirect RDMA with MOFED's {ofa_tree}: nvidia-peermem is built against it")
-        digest = mofed_sources_digest(
-            expected_sources_digest(
-                self.paths.driver_sources(self.config.driver_version),
-                choice.module_type,
-                self.config.driver_branch,
-                self.facts.kernel_release,
-            ),
-            ofa_tree,
-        )
-        wanted = (self.facts.proc_version, self.config.driver_version, choice.module_type)
-        return matching_package([self.cache / "packages"], *wanted, source_digest=digest)
-
-    def node_kernel_tree(self, sources: ReleaseSources) -> KernelTree:
-        """The node's own build tree if it has one, else its release's; with a fitting gcc."""
-        kernel = self.facts.kernel_release
-        version = self.facts.version_id
-        arch = self.config.target_arch
-        if version:
-            refuse_foreign_host_tools(version, arch)
-        try:
-            tree = host_tree(self.paths, kernel, self.work / "trees" / f"host-{kernel}")
-        except ForeignToolsError as foreign:
-            if not version:
-                raise
-            warn(f"{foreign}; using the kernel build tree of Flatcar {version} instead")
-            tree = None
-        if tree is None:
-            if not version:
-                raise DriverError(
-                    f"no kernel build tree for {kernel}: the host has none and its os-release "
-                    "names no VERSION_ID to fetch one for"
-                )
-            tree = sources.tree(version, arch, kernel)
-        return sources.with_compiler(tree, version, arch)
-
-    def runtime_build(self, choice: ModuleTypeChoice) -> Package:
-        """Build for this node; the trees and downloads on disk are removed afterwards."""
-        kernel = self.facts.kernel_release
-        say(f"No precompiled NVIDIA driver package matches kernel {kernel}; building one")
-        sources = ReleaseSources.from_env(self.commands, self.cache, self.work, self.commands.env)
-        try:
-            tree = self.node_kernel_tree(sources)
-            return build_into_cache(
-                self.paths,
-                self.commands,
-                self.config,
-                self.cache,
-                choice.module_type,
-                banner=self.facts.proc_version,
-                tree=tree,
-                flatcar_version=self.facts.version_id,
-                work=self.work,
-                ofa_kernel=self.rdma.ofa_tree,
-            )
-        finally:
-            clear_work(self.work)
+        target = replace(self.target(), ofa_kernel=None)
+        return self.pipeline(choice).matching(target, self.facts.proc_version)
 
     def install(self, package: Package) -> None:
         kernel = self.facts.kernel_release
@@ -435,14 +352,12 @@ class Lifecycle:
         unload_modules(self.paths, self.commands)
         unmount_rootfs(self.paths, self.commands)
         choice = self.resolve_module_type()
-        package = self.find_package(choice)
+        package = self.pipeline(choice).package(self.target(), build=allow_build)
         if package is None:
-            if not allow_build:
-                raise DriverError(
-                    f"no precompiled package for kernel {self.facts.kernel_release} "
-                    f"({choice.module_type} modules); use 'nvidia-driver init', which builds one"
-                )
-            package = self.runtime_build(choice)
+            raise DriverError(
+                f"no precompiled package for kernel {self.facts.kernel_release} "
+                f"({choice.module_type} modules); use 'nvidia-driver init', which builds one"
+            )
         self.install(package)
         self.load(package.metadata.module_type)
         self.finish()
@@ -466,44 +381,6 @@ def unload_standalone(ctx: Context, config: DriverConfig) -> int:
     return 0
 
 
-def build_into_cache(
-    paths: Paths,
-    commands: Commands,
-    config: DriverConfig,
-    cache: Path,
-    module_type: str,
-    *,
-    banner: str,
-    tree: KernelTree,
-    flatcar_version: str,
-    work: Path,
-    ofa_kernel: Path | None = None,
-) -> Package:
-    """Compile and package for one exact kernel banner, into the package cache."""
-    banner_key = hashlib.sha256(banner.encode()).hexdigest()[:12]
-    if ofa_kernel is not None:  # another package: nvidia-peermem built against MOFED
-        banner_key += "-mofed"
-    request = BuildRequest(
-        driver_version=config.driver_version,
-        module_type=module_type,
-        kernel_release=tree.kernel_release,
-        banner=banner,
-        tree=tree,
-        driver_sources=paths.driver_sources(config.driver_version),
-        output=cache
-        / "packages"
-        / config.driver_version
-        / module_type
-        / f"{tree.kernel_release}-{banner_key}",
-        log_dir=cache / "logs",
-        jobs=config.max_threads,
-        flatcar_version=flatcar_version,
-        scratch=work / "builds",
-        ofa_kernel=ofa_kernel,
-    )
-    return build_package(request, commands)
-
-
 def build_standalone(
     ctx: Context,
     config: DriverConfig,
@@ -520,11 +397,14 @@ def build_standalone(
     if module_type and module_type != "auto":
         config = replace(config, kernel_module_type=module_type)
     if flatcar_version:
-        package = build_for_release(ctx, config, flatcar_version)
+        # Without GPUs to look at, "auto" follows the branch.
+        choice = resolve_module_type(config.kernel_module_type, config.driver_branch, [])
+        say(f"Using the {choice.module_type} kernel modules ({choice.reason})")
+        pipeline = Pipeline(ctx.paths, ctx.commands, config, choice.module_type)
+        package = pipeline.package(Target(flatcar_version))
     else:
         lifecycle = Lifecycle(ctx, config, read_host_facts(ctx.paths))
-        choice = lifecycle.resolve_module_type()
-        package = lifecycle.find_package(choice) or lifecycle.runtime_build(choice)
+        package = lifecycle.pipeline(lifecycle.resolve_module_type()).package(lifecycle.target())
     if output is not None:
         output.mkdir(parents=True, exist_ok=True)
         destination = output / package.metadata.module_type / package.path.name
@@ -534,47 +414,3 @@ def build_standalone(
         package = Package(destination, package.metadata)
     say(f"Packaged NVIDIA driver package {package.name} into {package.path}")
     return package
-
-
-def build_for_release(ctx: Context, config: DriverConfig, flatcar_version: str) -> Package:
-    """Build for a Flatcar release that need not be running here (no GPU needed)."""
-    # Without GPUs to look at, "auto" follows the branch.
-    choice = resolve_module_type(config.kernel_module_type, config.driver_branch, [])
-    say(f"Using the {choice.module_type} kernel modules ({choice.reason})")
-    cache = cache_dir(ctx.paths.build_cache, ctx.commands.env)
-    work = work_dir(ctx.paths.work_cache, ctx.commands.env)
-    sources = ReleaseSources.from_env(ctx.commands, cache, work, ctx.commands.env)
-    banner = sources.banner(flatcar_version, config.target_arch)
-    say(f"Kernel of Flatcar {flatcar_version}: {banner}")
-    kernel = banner_release(banner)
-    digest = expected_sources_digest(
-        ctx.paths.driver_sources(config.driver_version),
-        choice.module_type,
-        config.driver_branch,
-        kernel,
-    )
-    cached = find_matching(
-        [cache / "packages"],
-        banner,
-        config.driver_version,
-        choice.module_type,
-        source_digest=digest,
-    )
-    if cached is not None:
-        return cached
-    tree = sources.with_compiler(
-        sources.tree(flatcar_version, config.target_arch, kernel),
-        flatcar_version,
-        config.target_arch,
-    )
-    return build_into_cache(
-        ctx.paths,
-        ctx.commands,
-        config,
-        cache,
-        choice.module_type,
-        banner=banner,
-        tree=tree,
-        flatcar_version=flatcar_version,
-        work=work,
-    )

@@ -9,8 +9,8 @@ import tempfile
 from pathlib import Path
 
 from nvidia_driver.errors import DriverError
+from nvidia_driver.kbuild.modules import OPEN
 from nvidia_driver.log import say, warn
-from nvidia_driver.moduletype import OPEN
 from nvidia_driver.paths import DRIVER_ROOT, FIRMWARE_DIR, IMAGE_FIRMWARE_DIR, Paths
 
 # R580+ CDMM: keeps GH200/GB200 GPU memory from showing up as a NUMA node.

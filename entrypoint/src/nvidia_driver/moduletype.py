@@ -12,10 +12,8 @@ from dataclasses import dataclass
 
 from nvidia_driver.errors import DriverError
 from nvidia_driver.host import PciDevice
+from nvidia_driver.kbuild.modules import OPEN, PROPRIETARY, SOURCE_DIRS
 
-OPEN = "open"
-PROPRIETARY = "proprietary"
-SOURCE_DIRS = {OPEN: "kernel-open", PROPRIETARY: "kernel"}
 FIRST_BRANCH_PREFERRING_OPEN = 560
 
 # Device-id ranges of the self-hosted Grace Hopper / Grace Blackwell parts (GH100, GB100, GB110).

@@ -1,5 +1,5 @@
-"""The runtime build: compile NVIDIA's module sources against a kernel build tree and package
-the result as a kernel interface package (see packages.py).
+"""Compile NVIDIA's module sources against a kernel build tree (patches applied, ``make modules``
+with the chosen compiler) and package the result as a kernel interface package (packages.py).
 
 Where the kernel tree comes from (the node itself, a Flatcar release's container tarball or its
 developer container) is decided by the caller; this module takes a ready tree.
@@ -18,17 +18,18 @@ from pathlib import Path
 
 from nvidia_driver.commands import Commands, lines
 from nvidia_driver.errors import DriverError
-from nvidia_driver.kerneltree import KernelTree, missing_symbol_versions
-from nvidia_driver.log import say, warn
-from nvidia_driver.moduletype import OPEN, SOURCE_DIRS
-from nvidia_driver.packages import (
+from nvidia_driver.kbuild.compiler import Toolchain, choose_compiler
+from nvidia_driver.kbuild.kerneltree import KernelTree, missing_symbol_versions
+from nvidia_driver.kbuild.modules import OPEN, SOURCE_DIRS
+from nvidia_driver.kbuild.packages import (
     LinkedModule,
     Package,
     PackageMetadata,
     package_name,
     write_package,
 )
-from nvidia_driver.patches import Patch, apply_patches, select_patches
+from nvidia_driver.kbuild.patches import Patch, apply_patches, select_patches
+from nvidia_driver.log import say, warn
 
 # Modules whose closed core must not be redistributed linked: (module, interface, core object).
 _CLOSED_CORES = (
@@ -40,7 +41,6 @@ _CLOSED_CORES = (
     ),
 )
 _BAR_WIDTH = 30
-CHROOT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _COMPILE_LINE = re.compile(r"^\s+CC \[M\]\s")
 _ERROR_LINE = re.compile(r"(error:|Error \d+|\*\*\*)")
 
@@ -66,86 +66,6 @@ class BuildRequest:
     @property
     def driver_branch(self) -> int:
         return int(self.driver_version.split(".", 1)[0])
-
-
-@dataclass(frozen=True)
-class Toolchain:
-    """Where compilers run: in this image, or chrooted into a developer container."""
-
-    root: Path | None = None
-
-    def argv(self, name: str, *args: str | Path) -> tuple[str, list[str | Path]]:
-        if self.root is None:
-            return name, list(args)
-        # Inside the chroot, this image's PATH means nothing: use the container's own.
-        return "chroot", [self.root, "/usr/bin/env", f"PATH={CHROOT_PATH}", name, *args]
-
-    def inside(self, path: Path) -> Path:
-        """``path`` as the compiler sees it."""
-        return path if self.root is None else Path("/") / path.relative_to(self.root)
-
-    def has(self, name: str, commands: Commands) -> bool:
-        if self.root is None:
-            return commands.which(name) is not None
-        return any((self.root / prefix / name).exists() for prefix in ("usr/bin", "bin"))
-
-    def describe(self) -> str:
-        return "this image" if self.root is None else f"the developer container at {self.root}"
-
-
-def kernel_config(tree: Path) -> dict[str, str]:
-    config: dict[str, str] = {}
-    try:
-        text = (tree / ".config").read_text(errors="replace")
-    except OSError:
-        return config
-    for line in text.splitlines():
-        if line.startswith("CONFIG_") and "=" in line:
-            key, value = line.split("=", 1)
-            config[key] = value.strip().strip('"')
-    return config
-
-
-def kernel_gcc_major(tree: Path) -> int | None:
-    """The major version of the gcc that built the kernel, from the tree's .config."""
-    config = kernel_config(tree)
-    version = config.get("CONFIG_GCC_VERSION", "")
-    if re.fullmatch(r"[0-9]{1,8}", version) and int(version) > 0:
-        return int(version) // 10000
-    match = re.search(r"gcc[^)]*\)\s+([0-9]+)\.", config.get("CONFIG_CC_VERSION_TEXT", ""))
-    return int(match.group(1)) if match else None
-
-
-def _compiler_output(commands: Commands, toolchain: Toolchain, *argv: str) -> str:
-    program, args = toolchain.argv(*argv)
-    return commands.run(program, *args).stdout.strip()
-
-
-class CompilerMismatchError(DriverError):
-    """No gcc of the kernel's major version where the build would run."""
-
-
-def choose_compiler(
-    tree: Path, commands: Commands, toolchain: Toolchain = Toolchain()
-) -> tuple[str, str]:
-    """A gcc of the kernel's major version: (command, its version line)."""
-    wanted = kernel_gcc_major(tree)
-    candidates = [f"gcc-{wanted}", "gcc"] if wanted else ["gcc"]
-    seen = []
-    for name in candidates:
-        if not toolchain.has(name, commands):
-            continue
-        number = _compiler_output(commands, toolchain, name, "-dumpfullversion", "-dumpversion")
-        seen.append(f"{name} {number}")
-        if wanted is None or number.split(".", 1)[0] == str(wanted):
-            banner = _compiler_output(commands, toolchain, name, "--version").splitlines()[0]
-            return name, banner
-    available = ", ".join(seen) or "none"
-    raise CompilerMismatchError(
-        f"the kernel was built with gcc {wanted} and no gcc {wanted} is available in "
-        f"{toolchain.describe()} (found: {available}); use an image that carries gcc-{wanted} "
-        "or build with the release's developer container"
-    )
 
 
 def tree_digest(paths: Iterable[Path]) -> str:

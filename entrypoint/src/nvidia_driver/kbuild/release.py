@@ -24,17 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nvidia_driver.atomic import write_atomically
-from nvidia_driver.build import CompilerMismatchError, Toolchain, choose_compiler
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats.vmlinuz import kernel_banner_from_file
-from nvidia_driver.kerneltree import (
-    CONTAINER_TARBALL,
-    KernelTree,
-    developer_container_tree,
-    extract_container_tree,
-    extract_developer_container,
-)
+from nvidia_driver.kbuild.compiler import CompilerMismatchError, Toolchain, choose_compiler
+from nvidia_driver.kbuild.container import extract_container_tree
+from nvidia_driver.kbuild.devcontainer import developer_container_tree, extract_developer_container
+from nvidia_driver.kbuild.kerneltree import CONTAINER_TARBALL, KernelTree
 from nvidia_driver.log import say
 from nvidia_driver.sources.download import Downloader, DownloadLimits
 from nvidia_driver.sources.fetch import Fetcher

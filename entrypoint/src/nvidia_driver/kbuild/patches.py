@@ -26,8 +26,8 @@ from typing import NamedTuple
 
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
+from nvidia_driver.kbuild.modules import SOURCE_DIRS
 from nvidia_driver.log import say
-from nvidia_driver.moduletype import SOURCE_DIRS
 
 PATCH_DIR = Path(__file__).with_name("patches")
 INDEX_NAME = "index.json"

@@ -1,0 +1,255 @@
+"""The kernel build tree of a release's flatcar-container.tar.gz, read once, as a stream.
+
+Since 4230.1.0 the archive holds a complete extmod tree. The 377 MiB archive is read once
+(formats/tar.py): only the kernel's ``build``/``source`` and the shared libraries are written.
+Archive members named absolute or with ".." are refused, and so are symlinks that climb out. A
+streamed archive is only written while it streams: its links are checked by where they resolve
+and its tree walked and rewritten only after the download's verdict.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import BinaryIO, NamedTuple
+
+from nvidia_driver import limits
+from nvidia_driver.errors import DriverError
+from nvidia_driver.formats import output, tar
+from nvidia_driver.formats.output import TreeWriter, contained_link_target
+from nvidia_driver.kbuild.hosttools import (
+    LIBRARY_DIRS,
+    LIBRARY_NAME,
+    is_gcc_runtime_dir,
+    make_tools_runnable,
+)
+from nvidia_driver.kbuild.kerneltree import (
+    CONTAINER_TARBALL,
+    MODULES_DIR,
+    NOT_FLATCAR,
+    KernelTree,
+    one_line,
+    scratch_beside,
+    single_kernel,
+    staged,
+    tree_at,
+)
+from nvidia_driver.links import escaping_links
+from nvidia_driver.log import say
+from nvidia_driver.sources.flatcar import RELEASE_FILE
+
+_CHUNK = 1 << 20
+# What a module build needs of usr/lib/modules/<kernel>: build, and source when it is a tree of
+# its own. The rest (kernel/ with the kernel's own modules, most of the directory's bytes, and
+# the modules.* indexes) serves loading modules, which the node does from its own /usr; an
+# out-of-tree build resolves the kernel's symbols through build/Module.symvers.
+_TREE_ENTRIES = ("build", "source")
+_MODULES_PREFIX = f"{MODULES_DIR}/"
+_MODULES_DEPTH = len(MODULES_DIR.parts)
+
+
+class _Placement(NamedTuple):
+    area: str  # "tree" (the kernel's build/source) or "runtime" (a shared library)
+    path: str  # relative, normalized
+    kernel: str
+
+
+def _member_path(name: str) -> str:
+    parts = [part for part in name.split("/") if part not in ("", ".")]
+    if name.startswith("/") or ".." in parts:
+        raise DriverError(
+            f"{CONTAINER_TARBALL} has a member that would land outside the extraction "
+            f"directory ({name[:200]!r}): refusing the archive; fetch it again or report it"
+        )
+    if "\0" in name or len(parts) > limits.PATH_DEPTH:
+        raise DriverError(
+            f"{CONTAINER_TARBALL} has a member name with a NUL byte or more than "
+            f"{limits.PATH_DEPTH} components ({name[:200]!r}): refusing the archive; report it"
+        )
+    return "/".join(parts)
+
+
+def _placement(path: str) -> _Placement | None:
+    if path == RELEASE_FILE:  # which release the archive is: checked once it is verified
+        return _Placement("release", path, "")
+    if path.startswith(_MODULES_PREFIX):
+        # usr, lib, modules, <kernel>, <entry>, the rest
+        parts = path.split("/", _MODULES_DEPTH + 2)
+        if len(parts) > _MODULES_DEPTH + 1 and parts[_MODULES_DEPTH + 1] in _TREE_ENTRIES:
+            return _Placement("tree", path, parts[_MODULES_DEPTH])
+        return None
+    parent, _, name = path.rpartition("/")
+    if ".so" not in name or not LIBRARY_NAME.match(name):
+        return None
+    if parent in LIBRARY_DIRS or is_gcc_runtime_dir(parent):
+        return _Placement("runtime", path, "")
+    return None
+
+
+@dataclass
+class _ContainerExtraction:
+    data: tar.Inflated
+    tree: TreeWriter
+    runtime: TreeWriter
+    kernel_release: str | None
+    kernels: set[str] = field(default_factory=set)
+    written: int = 0  # bytes of the files written
+    entries: int = 0  # files, links and directories written
+
+    def writer(self, placement: _Placement) -> TreeWriter:
+        return self.runtime if placement.area == "runtime" else self.tree
+
+    def refuse_escaping_links(self) -> None:
+        """Each link was checked as text when written; here all are, by where they resolve."""
+        for writer in (self.tree, self.runtime):
+            escaping = escaping_links(writer.root, writer.symlinks())
+            if escaping:
+                rel = escaping[0]
+                raise DriverError(
+                    f"{CONTAINER_TARBALL} has a symbolic link that resolves out of the "
+                    f"extraction directory ({rel} -> {Path(writer.path(rel)).readlink()}, through "
+                    "its other links): refusing the archive; report it"
+                )
+
+    def member(self, member: tar.Member) -> None:
+        placement = _placement(_member_path(member.name))
+        if placement is None:
+            return
+        if placement.area == "tree":
+            self.kernels.add(placement.kernel)
+            if self.kernel_release not in (None, placement.kernel):
+                return
+        writer, rel, kind = self.writer(placement), placement.path, member.kind
+        self.count(member)
+        if member.sparse:
+            raise DriverError(
+                f"{CONTAINER_TARBALL}: {member.name} is stored as a sparse file, which the "
+                "extraction does not write; report this with the Flatcar version"
+            )
+        if kind == tar.DIRECTORY:
+            os.chmod(writer.directory(rel), member.mode & 0o777 | 0o700)  # noqa: PTH101
+        elif kind == tar.SYMLINK:
+            self.symlink(writer, rel, member)
+        elif kind == tar.HARDLINK:
+            self.hardlink(placement, member)
+        elif kind in tar.REGULAR:
+            # Straight from the inflated chunks: no file object, no copy of the bytes.
+            size = member.size
+            writer.file(rel, member.mode, member.mtime, lambda fd: self.data.write_to(fd, size))
+        # Devices and fifos have no place in a build tree.
+
+    def count(self, member: tar.Member) -> None:
+        """Refuse the member before writing it if it would pass a bound."""
+        self.entries += 1
+        if self.entries > limits.CONTAINER_ENTRIES:
+            raise _over_bound(f"more than {limits.CONTAINER_ENTRIES} entries to write")
+        if member.kind not in tar.REGULAR:
+            return
+        if member.size > limits.CONTAINER_MEMBER:
+            raise _over_bound(
+                f"{member.name[:200]} of {member.size} bytes, more than the "
+                f"{limits.size(limits.CONTAINER_MEMBER)} a file may have"
+            )
+        self.written += member.size
+        if self.written > limits.CONTAINER_WRITTEN:
+            raise _over_bound(f"more than {limits.size(limits.CONTAINER_WRITTEN)} to write")
+
+    @staticmethod
+    def symlink(writer: TreeWriter, rel: str, member: tar.Member) -> None:
+        if "\0" in member.linkname or len(member.linkname) > limits.LINK_TARGET:
+            raise DriverError(
+                f"{CONTAINER_TARBALL}: {member.name[:200]} is a symbolic link with a NUL byte "
+                f"or more than {limits.LINK_TARGET} bytes in its target: refusing the archive; "
+                "report it"
+            )
+        target = contained_link_target(PurePosixPath(rel), member.linkname)
+        if target is None:
+            raise DriverError(
+                f"{CONTAINER_TARBALL} has a symbolic link out of the extraction directory "
+                f"({member.name} -> {member.linkname}): refusing the archive; report it"
+            )
+        writer.symlink(rel, target, member.mtime)
+
+    def hardlink(self, placement: _Placement, member: tar.Member) -> None:
+        writer = self.writer(placement)
+        source = _placement(_member_path(member.linkname))
+        if source and source.area == placement.area and writer.made(source.path) == output.FILE:
+            writer.hardlink(placement.path, writer.path(source.path))
+        elif placement.area == "tree":
+            raise DriverError(
+                f"{CONTAINER_TARBALL}: {member.name} is a hard link to {member.linkname}, "
+                "which is not part of the kernel tree; report this with the Flatcar version"
+            )
+        # A library linked to something not extracted is not needed: the closure decides.
+
+
+def _over_bound(what: str) -> DriverError:
+    return DriverError(
+        f"{CONTAINER_TARBALL} has {what}, beyond any Flatcar release: refusing the archive "
+        "(a decompression bomb or not a Flatcar image); report it"
+    )
+
+
+def _drain(stream: BinaryIO) -> None:
+    # Read to the end so that a verifying stream has seen every byte of the download.
+    while stream.read(_CHUNK):
+        pass
+
+
+def _read_container_archive(
+    stream: BinaryIO, tree_root: Path, libraries_root: Path, kernel_release: str | None
+) -> _ContainerExtraction:
+    """Write the wanted members, following nothing; the extraction tells what it wrote."""
+    tree, libraries = TreeWriter(tree_root, NOT_FLATCAR), TreeWriter(libraries_root, NOT_FLATCAR)
+    # A thread, stopped below whatever happens.
+    inflated = tar.Inflated(stream, limits.CONTAINER_INFLATED)
+    extraction = _ContainerExtraction(inflated, tree, libraries, kernel_release)
+    try:
+        for member in tar.members(inflated):
+            extraction.member(member)
+    except tar.InflatedTooLargeError as exc:
+        raise _over_bound(str(exc)) from exc
+    except (tar.TarError, EOFError, zlib.error) as exc:
+        raise DriverError(
+            f"cannot extract {CONTAINER_TARBALL}: {exc}; delete the download and fetch it again"
+        ) from exc
+    finally:
+        inflated.close()
+    _drain(stream)
+    return extraction
+
+
+def extract_container_tree(
+    download: AbstractContextManager[BinaryIO], destination: Path, kernel_release: str | None
+) -> KernelTree:
+    """Extract the kernel build tree of a flatcar-container.tar.gz read once, as a stream.
+
+    ``download`` is the archive's verifying stream (``Fetcher.stream``), entered here. While it
+    is open the members are only written into a private staging directory, never followed.
+    Only once it has closed cleanly (the verdict: DIGESTS and signature) are the links checked
+    by where they resolve, and the tree walked and its tools rewritten.
+
+    destination becomes a small root: usr/lib/modules/<kernel>/{build,source}, in usr/lib64
+    the loader and libraries the tree's host tools need (the tools are wrapped to use them),
+    and usr/share/flatcar/release, which names the release. kernel_release None takes the only
+    kernel in the archive.
+    """
+    say(f"Extracting the kernel build tree from {CONTAINER_TARBALL}...")
+    destination = destination.absolute()  # make runs with -C: relative paths would break
+    what = f"extract {CONTAINER_TARBALL} to {destination}"
+    with (
+        one_line(what, destination.parent, "delete the download and fetch it again"),
+        staged(destination) as staging,
+        scratch_beside(destination) as libraries,
+    ):
+        with download as stream:
+            extraction = _read_container_archive(stream, staging, libraries, kernel_release)
+        # The download verified: from here on the staged tree may be followed and rewritten.
+        extraction.refuse_escaping_links()
+        release = single_kernel(extraction.kernels, kernel_release, CONTAINER_TARBALL)
+        tree = tree_at(staging, release, None, CONTAINER_TARBALL)
+        make_tools_runnable(tree.build_dir, libraries, staging, CONTAINER_TARBALL)
+    return tree_at(destination, release, None, CONTAINER_TARBALL)

@@ -1,0 +1,205 @@
+"""The one build pipeline: target -> banner -> a cached package, or else tree -> compiler ->
+patches -> make -> package.
+
+``init``, ``load`` and ``build`` on a node build for the kernel the node runs; ``build
+--flatcar-version`` builds for any release, as the precompiled images are built. Each enters
+:meth:`Pipeline.package` once; only the :class:`Target` differs:
+
+* banner: the node's /proc/version, or the release's, read from its vmlinuz (release.py);
+* cached package: on a node the image's own packages first (the banner is enough: they were
+  built from its sources), then the cache, by the digest of the sources and patches a build
+  would use (with MOFED's tree: only packages built on the node against it);
+* tree: the node's own (hosttree.py), else the release's (release.py), with a compiler of the
+  kernel's gcc major (compiler.py; else the developer container's); then build.py applies the
+  patches, runs make and writes the package into ``<cache>/packages``;
+* afterwards a node's work directory is emptied; a release build keeps it for the next one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Literal, overload
+
+from nvidia_driver.commands import Commands
+from nvidia_driver.config import DriverConfig
+from nvidia_driver.errors import DriverError
+from nvidia_driver.formats.vmlinuz import banner_release
+from nvidia_driver.kbuild.build import (
+    BuildRequest,
+    build_package,
+    expected_sources_digest,
+    mofed_sources_digest,
+)
+from nvidia_driver.kbuild.cachedirs import cache_dir, clear_work, work_dir
+from nvidia_driver.kbuild.hosttools import ForeignToolsError
+from nvidia_driver.kbuild.hosttree import host_tree
+from nvidia_driver.kbuild.kerneltree import KernelTree
+from nvidia_driver.kbuild.packages import Package, matching_package, report_match
+from nvidia_driver.kbuild.release import ReleaseSources, refuse_foreign_host_tools
+from nvidia_driver.log import say, warn
+from nvidia_driver.paths import Paths
+
+
+@dataclass(frozen=True)
+class RunningKernel:
+    """The kernel of the node this runs on."""
+
+    banner: str  # /proc/version
+    release: str  # uname -r
+
+
+@dataclass(frozen=True)
+class Target:
+    """What one package is built for.
+
+    With ``running``, the kernel of this node: its own build tree comes first, the image's own
+    packages count, and the work directory is emptied afterwards. Without, the kernel of the
+    Flatcar release ``flatcar_version``.
+    """
+
+    flatcar_version: str  # "" on a node whose os-release names none
+    running: RunningKernel | None = None
+    ofa_kernel: Path | None = None  # MOFED's tree: nvidia-peermem is built against it
+
+
+@dataclass
+class Pipeline:
+    """Finds or builds the packages of one driver and module type."""
+
+    paths: Paths
+    commands: Commands
+    config: DriverConfig
+    module_type: str
+
+    @property
+    def cache(self) -> Path:
+        return cache_dir(self.paths.build_cache, self.commands.env)
+
+    @property
+    def work(self) -> Path:
+        return work_dir(self.paths.work_cache, self.commands.env)
+
+    @cached_property
+    def sources(self) -> ReleaseSources:
+        """Flatcar's release server: made when first needed, as a node may need none."""
+        return ReleaseSources.from_env(self.commands, self.cache, self.work, self.commands.env)
+
+    @overload
+    def package(self, target: Target, *, build: Literal[True] = ...) -> Package: ...
+    @overload
+    def package(self, target: Target, *, build: bool) -> Package | None: ...
+
+    def package(self, target: Target, *, build: bool = True) -> Package | None:
+        """A package for target: a cached one, else (with build) one built now."""
+        banner = self.banner(target)
+        found = self.cached(target, banner)
+        if found is not None or not build:
+            return found
+        return self.build(target, banner)
+
+    def banner(self, target: Target) -> str:
+        if target.running is not None:
+            return target.running.banner
+        banner = self.sources.banner(target.flatcar_version, self.config.target_arch)
+        say(f"Kernel of Flatcar {target.flatcar_version}: {banner}")
+        return banner
+
+    def kernel_release(self, target: Target, banner: str) -> str:
+        return target.running.release if target.running is not None else banner_release(banner)
+
+    def cached(self, target: Target, banner: str) -> Package | None:
+        say("Checking NVIDIA driver packages...")
+        if target.ofa_kernel is not None:
+            ofa = target.ofa_kernel
+            say(f"GPUDirect RDMA with MOFED's {ofa}: nvidia-peermem is built against it")
+        return report_match(self.matching(target, banner))
+
+    def matching(self, target: Target, banner: str) -> Package | None:
+        """The image's package for this kernel, else one cached from this image's sources."""
+        wanted = (banner, self.config.driver_version, self.module_type)
+        # The image's own packages were built from its sources: the banner is enough. None is
+        # built against this node's MOFED.
+        if target.running is not None and target.ofa_kernel is None:
+            precompiled = matching_package([self.paths.precompiled], *wanted)
+            if precompiled is not None:
+                return precompiled
+        digest = self.sources_digest(target, banner)
+        return matching_package([self.cache / "packages"], *wanted, source_digest=digest)
+
+    def sources_digest(self, target: Target, banner: str) -> str:
+        """What a build for target would be built from, without building."""
+        digest = expected_sources_digest(
+            self.paths.driver_sources(self.config.driver_version),
+            self.module_type,
+            self.config.driver_branch,
+            self.kernel_release(target, banner),
+        )
+        if target.ofa_kernel is None:
+            return digest
+        return mofed_sources_digest(digest, target.ofa_kernel)
+
+    def build(self, target: Target, banner: str) -> Package:
+        """tree -> compiler -> patches -> make -> package, into the cache."""
+        kernel = self.kernel_release(target, banner)
+        if target.running is not None:
+            say(f"No precompiled NVIDIA driver package matches kernel {kernel}; building one")
+        sources = self.sources
+        try:
+            tree = self.tree(target, kernel)
+            tree = sources.with_compiler(tree, target.flatcar_version, self.config.target_arch)
+            return self.compile(target, banner, tree)
+        finally:
+            if target.running is not None:
+                clear_work(self.work)  # the node's disk: its trees and downloads are not kept
+
+    def tree(self, target: Target, kernel: str) -> KernelTree:
+        """The node's own build tree if it has one, else its release's."""
+        version, arch = target.flatcar_version, self.config.target_arch
+        if target.running is None:
+            return self.sources.tree(version, arch, kernel)
+        if version:
+            refuse_foreign_host_tools(version, arch)
+        try:
+            tree = host_tree(self.paths, kernel, self.work / "trees" / f"host-{kernel}")
+        except ForeignToolsError as foreign:
+            if not version:
+                raise
+            warn(f"{foreign}; using the kernel build tree of Flatcar {version} instead")
+            tree = None
+        if tree is None:
+            if not version:
+                raise DriverError(
+                    f"no kernel build tree for {kernel}: the host has none and its os-release "
+                    "names no VERSION_ID to fetch one for"
+                )
+            tree = self.sources.tree(version, arch, kernel)
+        return tree
+
+    def compile(self, target: Target, banner: str, tree: KernelTree) -> Package:
+        """Compile and package for one exact kernel banner, into the package cache."""
+        banner_key = hashlib.sha256(banner.encode()).hexdigest()[:12]
+        if target.ofa_kernel is not None:  # another package: nvidia-peermem built against MOFED
+            banner_key += "-mofed"
+        version = self.config.driver_version
+        request = BuildRequest(
+            driver_version=version,
+            module_type=self.module_type,
+            kernel_release=tree.kernel_release,
+            banner=banner,
+            tree=tree,
+            driver_sources=self.paths.driver_sources(version),
+            output=self.cache
+            / "packages"
+            / version
+            / self.module_type
+            / f"{tree.kernel_release}-{banner_key}",
+            log_dir=self.cache / "logs",
+            jobs=self.config.max_threads,
+            flatcar_version=target.flatcar_version,
+            scratch=self.work / "builds",
+            ofa_kernel=target.ofa_kernel,
+        )
+        return build_package(request, self.commands)
