@@ -12,8 +12,8 @@ from simhost import SimulatedHost
 
 from nvidia_driver.commands import Commands
 from nvidia_driver.config import DriverConfig
+from nvidia_driver.node.peermem import reload_nvidia_peermem
 from nvidia_driver.paths import Paths
-from nvidia_driver.peermem import reload_nvidia_peermem
 
 
 def test_help_lists_every_subcommand() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from nvidia_driver.errors import DriverError
-from nvidia_driver.modparams import provide_gsp_firmware
+from nvidia_driver.node.modparams import provide_gsp_firmware
 from nvidia_driver.paths import Paths
 
 V = "580.105.08"

@@ -40,8 +40,8 @@ from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats import ext4, gpt
 from nvidia_driver.formats.vmlinuz import kernel_banner
-from nvidia_driver.host import parse_os_release
 from nvidia_driver.kbuild import container, devcontainer
+from nvidia_driver.node.host import parse_os_release
 from nvidia_driver.runfile import payload_offset, read_header, sniff_compression
 from nvidia_driver.sources.fetch import sha512_from_digests
 from nvidia_driver.userspace import parse_manifest

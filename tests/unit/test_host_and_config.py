@@ -15,8 +15,8 @@ from simhost import (
 
 from nvidia_driver.config import DriverConfig
 from nvidia_driver.errors import DriverError
-from nvidia_driver.host import PciDevice, parse_os_release, read_host_facts, resolve_within
-from nvidia_driver.moduletype import resolve_module_type
+from nvidia_driver.node.host import PciDevice, parse_os_release, read_host_facts, resolve_within
+from nvidia_driver.node.moduletype import resolve_module_type
 from nvidia_driver.paths import Paths
 
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from nvidia_driver import lifecycle
 from nvidia_driver.atomic import write_atomically
 from nvidia_driver.errors import DriverError
-from nvidia_driver.lifecycle import PidLock
+from nvidia_driver.node import lifecycle
+from nvidia_driver.node.lifecycle import PidLock
 
 
 @pytest.fixture

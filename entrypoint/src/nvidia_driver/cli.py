@@ -106,7 +106,7 @@ def _init_options(args: argparse.Namespace, env: dict[str, str]) -> None:
 def dispatch(args: argparse.Namespace) -> int:
     from nvidia_driver.commands import Commands  # noqa: PLC0415 - keeps --help fast
     from nvidia_driver.config import DriverConfig  # noqa: PLC0415
-    from nvidia_driver.lifecycle import Context  # noqa: PLC0415
+    from nvidia_driver.node.lifecycle import Context  # noqa: PLC0415
     from nvidia_driver.paths import Paths  # noqa: PLC0415
 
     env = dict(os.environ)
@@ -114,20 +114,20 @@ def dispatch(args: argparse.Namespace) -> int:
     ctx = Context(Paths.from_env(args.host_root, env), Commands(env))
     command = args.command or "init"
     if command == "status":
-        from nvidia_driver.status import print_status  # noqa: PLC0415
+        from nvidia_driver.node.status import print_status  # noqa: PLC0415
 
         return print_status(ctx, env)
     if command == "probe_nvidia_peermem":
-        from nvidia_driver.peermem import probe_nvidia_peermem  # noqa: PLC0415
+        from nvidia_driver.node.peermem import probe_nvidia_peermem  # noqa: PLC0415
 
         return probe_nvidia_peermem(ctx.paths, DriverConfig.from_env(env, require_version=False))
     config = DriverConfig.from_env(env)
     if command == "reload_nvidia_peermem":
-        from nvidia_driver.peermem import reload_nvidia_peermem  # noqa: PLC0415
+        from nvidia_driver.node.peermem import reload_nvidia_peermem  # noqa: PLC0415
 
         return reload_nvidia_peermem(ctx.paths, ctx.commands, config)
-    from nvidia_driver import lifecycle  # noqa: PLC0415
-    from nvidia_driver.host import read_host_facts  # noqa: PLC0415
+    from nvidia_driver.node import lifecycle  # noqa: PLC0415
+    from nvidia_driver.node.host import read_host_facts  # noqa: PLC0415
 
     if command == "build":
         versions = (args.flatcar_version or "").replace(",", " ").split()

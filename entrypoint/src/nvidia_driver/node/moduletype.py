@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from nvidia_driver.errors import DriverError
-from nvidia_driver.host import PciDevice
 from nvidia_driver.kbuild.modules import OPEN, PROPRIETARY, SOURCE_DIRS
+from nvidia_driver.node.host import PciDevice
 
 FIRST_BRANCH_PREFERRING_OPEN = 560
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
-from nvidia_driver.host import is_loaded, module_refcounts
 from nvidia_driver.log import say
+from nvidia_driver.node.host import is_loaded, module_refcounts
 from nvidia_driver.paths import Paths
 
 LOAD_ORDER = ("nvidia", "nvidia-uvm", "nvidia-modeset")

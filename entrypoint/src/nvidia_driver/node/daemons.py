@@ -25,8 +25,8 @@ from nvidia_driver.atomic import write_atomically
 from nvidia_driver.commands import Commands
 from nvidia_driver.config import DriverConfig
 from nvidia_driver.errors import DriverError
-from nvidia_driver.host import is_loaded, nvlink5_ports, nvswitch_devices
 from nvidia_driver.log import say
+from nvidia_driver.node.host import is_loaded, nvlink5_ports, nvswitch_devices
 from nvidia_driver.paths import (
     FABRICMANAGER_CONFIG,
     IMEX_CONFIG,

@@ -17,13 +17,14 @@ from types import FrameType
 from nvidia_driver.atomic import write_atomically
 from nvidia_driver.commands import Commands
 from nvidia_driver.config import DriverConfig
-from nvidia_driver.daemons import DaemonManager
 from nvidia_driver.errors import CaughtSignalError, DriverError
-from nvidia_driver.host import HostFacts, read_host_facts
 from nvidia_driver.kbuild.cachedirs import cache_dir, sweep_stale, work_dir
 from nvidia_driver.kbuild.packages import Package, install_package
 from nvidia_driver.kbuild.pipeline import Pipeline, RunningKernel, Target
-from nvidia_driver.kmod import (
+from nvidia_driver.log import say
+from nvidia_driver.node.daemons import DaemonManager
+from nvidia_driver.node.host import HostFacts, read_host_facts
+from nvidia_driver.node.kmod import (
     BUSY_MESSAGE,
     LOAD_ORDER,
     PEERMEM,
@@ -31,16 +32,15 @@ from nvidia_driver.kmod import (
     load_modules,
     unload_modules,
 )
-from nvidia_driver.log import say
-from nvidia_driver.modparams import (
+from nvidia_driver.node.modparams import (
     configure_firmware_search_path,
     provide_gsp_firmware,
     write_modprobe_conf,
 )
-from nvidia_driver.moduletype import ModuleTypeChoice, resolve_module_type
+from nvidia_driver.node.moduletype import ModuleTypeChoice, resolve_module_type
+from nvidia_driver.node.peermem import RdmaPlan, rdma_plan
+from nvidia_driver.node.rootfs import mount_rootfs, unmount_rootfs
 from nvidia_driver.paths import Paths
-from nvidia_driver.peermem import RdmaPlan, rdma_plan
-from nvidia_driver.rootfs import mount_rootfs, unmount_rootfs
 from nvidia_driver.sources.download import abort_downloads
 
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)

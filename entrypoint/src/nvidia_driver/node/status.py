@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from nvidia_driver.config import DriverConfig
-from nvidia_driver.daemons import IMEX_DRA, DaemonManager, config_value, imex_domain
 from nvidia_driver.errors import DriverError
-from nvidia_driver.host import read_host_facts
-from nvidia_driver.lifecycle import Context, Lifecycle
 from nvidia_driver.log import say
-from nvidia_driver.moduletype import resolve_module_type
+from nvidia_driver.node.daemons import IMEX_DRA, DaemonManager, config_value, imex_domain
+from nvidia_driver.node.host import read_host_facts
+from nvidia_driver.node.lifecycle import Context, Lifecycle
+from nvidia_driver.node.moduletype import resolve_module_type
+from nvidia_driver.node.rootfs import is_mounted
 from nvidia_driver.paths import FABRICMANAGER_CONFIG, NVLSM_BINARY, NVLSM_CONFIG, Paths
-from nvidia_driver.rootfs import is_mounted
 
 
 def _row(label: str, value: str) -> None:
