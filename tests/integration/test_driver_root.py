@@ -19,7 +19,7 @@ from fixtures.docker_env import docker_env
 from fixtures.images import DRIVER, Invoke
 from fixtures.runfile import build_run_fixture, header_keys, payload_offset
 
-from nvidia_driver.driverroot import EXCLUDED, OPTIONAL, REQUIRED, library_name, rules
+from nvidia_driver.image.driverroot import EXCLUDED, OPTIONAL, REQUIRED, library_name, rules
 
 pytestmark = pytest.mark.integration
 
@@ -51,7 +51,7 @@ for listing in os.listdir("/var/lib/dpkg/info"):
 files = [path for d in (libdir, libdir + "/vdpau", "/usr/bin") if os.path.isdir(d)
          for path in (os.path.join(d, n) for n in os.listdir(d))
          if os.path.realpath(path) not in debian]
-verify = subprocess.run(["python3", "-m", "nvidia_driver.provision", "verify", "--arch",
+verify = subprocess.run(["python3", "-m", "nvidia_driver.image.provision", "verify", "--arch",
                          "amd64", "--version", os.environ["DRIVER_VERSION"]],
                         capture_output=True, text=True)
 print(json.dumps({"ldd": ldd, "cache": cache, "files": sorted(files), "verify":

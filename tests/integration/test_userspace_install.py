@@ -1,6 +1,6 @@
 """The project's installer on a real driver package: the fixture .run built from Debian's 535.
 
-Installs the way the image build does (``python3 -m nvidia_driver.userspace install``) into a
+Installs the way the image build does (``python3 -m nvidia_driver.image.userspace install``) into a
 temporary root, then checks what the GPU Operator's validator and the module build rely on:
 ``nvidia-smi`` and ``libnvidia-ml.so.1`` where the validator looks (reference nvidia.md 7.4),
 libraries that resolve, a linker cache that knows them, and the module sources in
@@ -49,7 +49,7 @@ def install(runfile: Path, root: Path) -> subprocess.CompletedProcess[str]:
     """The image build's command line, with the .run's pinned checksum."""
     return subprocess.run(
         [
-            sys.executable, "-m", "nvidia_driver.userspace", "install",
+            sys.executable, "-m", "nvidia_driver.image.userspace", "install",
             "--run", str(runfile), "--sha256", sha256_of(runfile),
             "--root", str(root), "--arch", "amd64",
         ],

@@ -7,11 +7,18 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from nvidia_driver import driverroot
 from nvidia_driver.commands import Commands
-from nvidia_driver.driverroot import EXCLUDED, OPTIONAL, REQUIRED, exclusion, rules, verify_root
 from nvidia_driver.errors import DriverError
-from nvidia_driver.userspace import GROUPS
+from nvidia_driver.image import driverroot
+from nvidia_driver.image.driverroot import (
+    EXCLUDED,
+    OPTIONAL,
+    REQUIRED,
+    exclusion,
+    rules,
+    verify_root,
+)
+from nvidia_driver.image.selection import GROUPS
 
 LIBDIR = PurePosixPath("/usr/lib/x86_64-linux-gnu")
 

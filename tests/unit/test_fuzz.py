@@ -40,11 +40,11 @@ from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats import ext4, gpt
 from nvidia_driver.formats.vmlinuz import kernel_banner
+from nvidia_driver.image.manifest import parse_manifest
+from nvidia_driver.image.runfile import payload_offset, read_header, sniff_compression
 from nvidia_driver.kbuild import container, devcontainer
 from nvidia_driver.node.host import parse_os_release
-from nvidia_driver.runfile import payload_offset, read_header, sniff_compression
 from nvidia_driver.sources.fetch import sha512_from_digests
-from nvidia_driver.userspace import parse_manifest
 
 MEMORY_BOUND = 64 << 20  # traced by tracemalloc, per example (the inputs are kilobytes)
 TIME_BOUND = 5.0  # seconds per example: ~100 times what one takes on this 2-core machine

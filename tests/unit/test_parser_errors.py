@@ -17,15 +17,15 @@ from kerneltree_fixtures import KERNEL, write
 from nvidia_driver.config import DriverConfig
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats.vmlinuz import kernel_banner
+from nvidia_driver.image.manifest import parse_manifest
+from nvidia_driver.image.runfile import read_header
 from nvidia_driver.kbuild import container, kerneltree
 from nvidia_driver.kbuild.compiler import kernel_gcc_major
 from nvidia_driver.kbuild.patches import parse_kernel_release
 from nvidia_driver.node.daemons import PERSISTENCED, read_pid
 from nvidia_driver.node.host import module_refcounts
 from nvidia_driver.paths import Paths
-from nvidia_driver.runfile import read_header
 from nvidia_driver.sources.flatcar import FlatcarVersion
-from nvidia_driver.userspace import parse_manifest
 
 BUILD = f"usr/lib/modules/{KERNEL}/build"
 SUPERSCRIPT_TWO = "\u00b2"  # "²": isdigit() says yes, int() says no

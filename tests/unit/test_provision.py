@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from fetch_server import ReleaseServer
 
-from nvidia_driver import provision
 from nvidia_driver.errors import DriverError
+from nvidia_driver.image import provision
 from nvidia_driver.sources import redist
 
 VERSION = "580.178.04"
@@ -64,7 +64,7 @@ def test_the_driver_is_verified_then_handed_to_the_userspace_installer(tmp_path:
                              arch="amd64", sha256_spec=f"amd64={_sha256(body)}",
                              root=tmp_path / "root", runner=runner)  # fmt: skip
     [argv] = calls
-    assert argv[1:4] == ["-m", "nvidia_driver.userspace", "install"]
+    assert argv[1:4] == ["-m", "nvidia_driver.image.userspace", "install"]
     assert argv[argv.index("--sha256") + 1] == _sha256(body)
     assert argv[argv.index("--arch") + 1] == "amd64"
     assert not Path(argv[argv.index("--run") + 1]).exists()  # never left for a layer

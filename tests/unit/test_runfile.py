@@ -20,10 +20,10 @@ from runfile_builder import (
     write_run,
 )
 
-from nvidia_driver import runfile
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
-from nvidia_driver.runfile import (
+from nvidia_driver.image import runfile
+from nvidia_driver.image.runfile import (
     PosixCksum,
     extract,
     line_offset,

@@ -24,16 +24,9 @@ from userspace_package import (
 
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
-from nvidia_driver.userspace import (
-    Layout,
-    ManifestEntry,
-    install_runfile,
-    install_tree,
-    main,
-    parse_manifest,
-    plan,
-    trimmed_manifest,
-)
+from nvidia_driver.image.manifest import ManifestEntry, parse_manifest, trimmed_manifest
+from nvidia_driver.image.selection import Layout, plan
+from nvidia_driver.image.userspace import install_runfile, install_tree, main
 
 HEADER_TEXT = "".join(f"{line}\n" for line in HEADER)
 

@@ -2,18 +2,19 @@
 
 images/build/Dockerfile runs these, and only these::
 
-    python3 -m nvidia_driver.provision driver --arch amd64 --base-url URL --version V --sha256 SUM
-    python3 -m nvidia_driver.provision redist --arch amd64 --base-url URL --version V \
+    python3 -m nvidia_driver.image.provision driver --arch amd64 --base-url URL --version V \
+        --sha256 SUM
+    python3 -m nvidia_driver.image.provision redist --arch amd64 --base-url URL --version V \
         --sha256 fabricmanager.amd64=HEX,libnvidia_nscq.amd64=HEX,...
-    python3 -m nvidia_driver.provision verify --arch amd64 --version V
+    python3 -m nvidia_driver.image.provision verify --arch amd64 --version V
 
 ``driver`` downloads ``<base>/<V>/NVIDIA-Linux-<x86_64|aarch64>-<V>.run``, checks its SHA-256
-(one digest, or ``amd64=HEX,arm64=HEX`` so that one multi-arch build passes both) and hands it to
-``python3 -m nvidia_driver.userspace install``; the .run is deleted in the same step, so it never
-lands in an image layer.
+(one digest, or ``amd64=HEX,arm64=HEX`` so that one multi-arch build passes both) and hands it
+to ``python3 -m nvidia_driver.image.userspace install``; the .run is deleted in the same step,
+so it never lands in an image layer.
 
 ``redist`` reads ``<base>/redistrib_<V>.json``, NVIDIA's manifest of redistributable archives,
-and installs the fabric manager, NSCQ, NVLSM, IMEX and NVSDM archives it lists (redist.py),
+and installs the fabric manager, NSCQ, NVLSM, IMEX and NVSDM archives it lists (sources/redist.py),
 each verified against the manifest's SHA-256 and the one recorded in the repository.
 
 ``verify`` checks the finished driver root against driver-root.toml (driverroot.py).
@@ -34,8 +35,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from nvidia_driver.commands import Commands
-from nvidia_driver.driverroot import verify_root
 from nvidia_driver.errors import DriverError
+from nvidia_driver.image.driverroot import verify_root
 from nvidia_driver.log import say
 from nvidia_driver.sources import redist
 from nvidia_driver.sources.download import REDIRECT_HOSTS_ENV, Downloader, DownloadLimits, Opened
@@ -174,8 +175,8 @@ def install_driver(
         download(url, runfile, expected)
         say(f"Verified {runfile.name} (sha256 {expected})")
         runner(
-            [sys.executable, "-m", "nvidia_driver.userspace", "install", "--run", str(runfile),
-             "--sha256", expected, "--root", str(root), "--arch", arch]
+            [sys.executable, "-m", "nvidia_driver.image.userspace", "install",
+             "--run", str(runfile), "--sha256", expected, "--root", str(root), "--arch", arch]
         )  # fmt: skip
 
 
@@ -242,7 +243,7 @@ def verify(*, version: str, arch: str, root: Path) -> None:
 
 def parser() -> argparse.ArgumentParser:
     main = argparse.ArgumentParser(
-        prog="python3 -m nvidia_driver.provision",
+        prog="python3 -m nvidia_driver.image.provision",
         description="Image-build steps: install NVIDIA's driver and redist archives, verified.",
     )
     steps = main.add_subparsers(dest="step", required=True)

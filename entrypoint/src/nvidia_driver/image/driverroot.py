@@ -101,7 +101,7 @@ def parse_rules(data: Mapping[str, Any]) -> Rules:
 @cache
 def rules() -> Rules:
     """The recorded rules shipped in the package."""
-    text = resources.files("nvidia_driver").joinpath(DATA_FILE).read_text(encoding="utf-8")
+    text = resources.files("nvidia_driver.image").joinpath(DATA_FILE).read_text(encoding="utf-8")
     return parse_rules(tomllib.loads(text))
 
 
