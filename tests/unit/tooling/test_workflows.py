@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-WORKFLOWS = sorted((Path(__file__).parents[2] / ".github" / "workflows").glob("*.yml"))
+WORKFLOWS = sorted((Path(__file__).parents[3] / ".github" / "workflows").glob("*.yml"))
 STUBS = {
     "invoke": 'if [ "$1" = matrix ]; then echo "matrix failed" >&2; exit 1; fi\n',
     "python": "exit 0\n",
