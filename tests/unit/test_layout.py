@@ -1,0 +1,129 @@
+"""The package's folders are its architecture: imports run one way, from the command line down.
+
+    cli, __main__     the command line
+    node/, image/     the driver on a node; the image build (neither imports the other)
+    kbuild/           kernel trees and their providers, compiler, patches, make, packages, pipeline
+    sources/          Flatcar's release facts and server, verified downloads, NVIDIA's redist
+    formats/          bounded readers: tar streams, GPT, ext4, ELF, kernel images
+    the rest          errors, log, limits, links, atomic, commands, paths, config: used by all
+
+A module may import what is in its own folder or below it, never above it or beside it. Every
+import counts, also those inside functions (the command line imports lazily). The source tree
+is read, not the installed package.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+PACKAGE = "nvidia_driver"
+SOURCE = Path(__file__).resolve().parents[2] / "entrypoint" / "src" / PACKAGE
+BASE = "the top-level modules"
+# Each layer, and the layers it may import from (besides its own).
+LAYERS = {
+    BASE: (),
+    "formats": (BASE,),
+    "sources": ("formats", BASE),
+    "kbuild": ("sources", "formats", BASE),
+    "node": ("kbuild", "sources", "formats", BASE),
+    "image": ("kbuild", "sources", "formats", BASE),
+    "cli": ("node", "image", "kbuild", "sources", "formats", BASE),
+}
+ENTRY_MODULES = {"cli", "__main__"}
+MAX_LINES = 600
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SOURCE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer_of(module: str) -> str:
+    """The layer of nvidia_driver[.folder][.module]: its folder, the command line or the base."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return BASE  # the package itself: __init__.py
+    if (SOURCE / parts[1]).is_dir():
+        return parts[1]
+    return "cli" if parts[1] in ENTRY_MODULES else BASE
+
+
+def modules() -> list[Path]:
+    return sorted(SOURCE.rglob("*.py"))
+
+
+def imported(path: Path) -> Iterator[tuple[int, str]]:
+    """(line, module) for every nvidia_driver module path imports, wherever the import is."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                origin = f"{base}.{node.module}" if node.module else base
+            else:
+                origin = node.module or ""
+            yield node.lineno, origin
+            # from nvidia_driver.kbuild import container: the module container, too.
+            for alias in node.names:
+                candidate = f"{origin}.{alias.name}"
+                as_path = SOURCE.parent.joinpath(*candidate.split("."))
+                if as_path.with_suffix(".py").is_file() or as_path.is_dir():
+                    yield node.lineno, candidate
+
+
+def edges() -> list[tuple[str, int, str]]:
+    """(importer, line, imported) for every import of a package module by a package module."""
+    found = []
+    for path in modules():
+        for line, target in imported(path):
+            if target == PACKAGE or target.startswith(f"{PACKAGE}."):
+                found.append((module_name(path), line, target))
+    return found
+
+
+def test_every_folder_has_a_place_in_the_order() -> None:
+    folders = {path.name for path in SOURCE.iterdir() if path.is_dir()} - {"__pycache__"}
+    assert folders <= set(LAYERS), f"give {sorted(folders - set(LAYERS))} a place in LAYERS"
+    assert all((SOURCE / folder / "__init__.py").is_file() for folder in folders)
+
+
+def test_the_import_reader_sees_every_kind_of_import() -> None:
+    found = {(importer, target) for importer, _, target in edges()}
+    # A lazy import inside a function, a module imported from a folder, a plain from-import.
+    assert ("nvidia_driver.cli", "nvidia_driver.node.lifecycle") in found
+    assert ("nvidia_driver.formats.tar", "nvidia_driver.formats.output") in found
+    assert ("nvidia_driver.kbuild.pipeline", "nvidia_driver.kbuild.release") in found
+
+
+def test_imports_run_one_way() -> None:
+    wrong = []
+    for importer, line, target in edges():
+        source, destination = layer_of(importer), layer_of(target)
+        if destination != source and destination not in LAYERS[source]:
+            wrong.append(f"{importer}:{line} imports {target} ({source} -> {destination})")
+    assert not wrong, "imports against the layer order:\n" + "\n".join(wrong)
+
+
+def test_formats_and_sources_know_nothing_of_builds_nodes_or_images() -> None:
+    above = {"kbuild", "node", "image", "cli"}
+    wrong = [
+        f"{importer}:{line} imports {target}"
+        for importer, line, target in edges()
+        if layer_of(importer) in {"formats", "sources"} and layer_of(target) in above
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_module_is_over_600_lines() -> None:
+    long = {
+        str(path.relative_to(SOURCE)): lines
+        for path in modules()
+        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    assert not long, f"split these modules (lines): {long}"
