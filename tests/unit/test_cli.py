@@ -6,10 +6,13 @@ import subprocess
 import sys
 import threading
 import time
+from importlib import metadata
 
 import pytest
 from simhost import SimulatedHost
 
+import nvidia_driver
+from nvidia_driver import cli
 from nvidia_driver.commands import Commands
 from nvidia_driver.config import DriverConfig
 from nvidia_driver.node.peermem import reload_nvidia_peermem
@@ -46,6 +49,32 @@ def test_help_imports_nothing_heavy() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip().splitlines()[-1] == "['nvidia_driver', 'nvidia_driver.cli']"
+
+
+def test_version_is_the_packages() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "nvidia_driver", "--version"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    # The tests run against the installed package: its metadata and its code say the same.
+    assert metadata.version(cli.DISTRIBUTION) == nvidia_driver.__version__
+    assert result.stdout == f"nvidia-driver {nvidia_driver.__version__}\n"
+
+
+def test_version_without_package_metadata(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The images copy the package into dist-packages, without its metadata.
+    def not_installed(name: str) -> str:
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "version", not_installed)
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out == f"nvidia-driver {nvidia_driver.__version__}\n"
 
 
 def test_status_reads_at_a_glance(host: SimulatedHost) -> None:

@@ -11,8 +11,9 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
+DISTRIBUTION = "nvidia-driver-entrypoint"  # entrypoint/pyproject.toml
 SUBCOMMANDS = {
     "init": "install the driver for this node, start its daemons and wait (default)",
     "build": "compile and package the kernel modules without loading them",
@@ -36,6 +37,34 @@ class OneLineParser(argparse.ArgumentParser):
         raise SystemExit(1)
 
 
+def package_version() -> str:
+    """The installed distribution's version, else the package's own.
+
+    The images copy the package without its metadata; the two are the same version
+    (entrypoint/pyproject.toml reads it from ``nvidia_driver.__version__``).
+    """
+    from importlib import metadata  # noqa: PLC0415 - only for --version: keeps --help fast
+
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        from nvidia_driver import __version__  # noqa: PLC0415
+
+        return __version__
+
+
+class VersionAction(argparse.Action):
+    """``--version``: the version is looked up only when it is asked for."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        kwargs.setdefault("help", "print the version and exit")
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> NoReturn:
+        print(f"{parser.prog} {package_version()}", flush=True)
+        parser.exit()
+
+
 def parser() -> argparse.ArgumentParser:
     main = OneLineParser(
         prog="nvidia-driver",
@@ -44,6 +73,7 @@ def parser() -> argparse.ArgumentParser:
         epilog="Configuration comes from the environment the GPU Operator sets: DRIVER_VERSION, "
         "KERNEL_MODULE_TYPE, DRIVER_CONFIG_DIGEST, GPU_DIRECT_RDMA_ENABLED, NVFM_CONFIG_*, ...",
     )
+    main.add_argument("--version", action=VersionAction)
     main.add_argument(
         "--host-root",
         metavar="DIR",
