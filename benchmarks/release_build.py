@@ -33,6 +33,11 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "integration"))
+# From a fresh checkout: this checkout's entrypoint, here and in the commands it starts.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "entrypoint" / "src"))
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [sys.path[0], *filter(None, [os.environ.get("PYTHONPATH")])]
+)
 
 from fixtures.gpg import SigningKey, generate_signing_key
 from fixtures.kernel import kernel_tree
