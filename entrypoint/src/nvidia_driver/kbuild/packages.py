@@ -156,22 +156,6 @@ def report_match(package: Package | None) -> Package | None:
     return package
 
 
-def find_matching(
-    directories: Sequence[Path],
-    banner: str,
-    driver_version: str,
-    module_type: str,
-    *,
-    source_digest: str | None = None,
-) -> Package | None:
-    say("Checking NVIDIA driver packages...")
-    return report_match(
-        matching_package(
-            directories, banner, driver_version, module_type, source_digest=source_digest
-        )
-    )
-
-
 def write_package(
     destination: Path, metadata: PackageMetadata, sources: dict[str, Path]
 ) -> Package:

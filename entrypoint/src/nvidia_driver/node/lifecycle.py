@@ -249,14 +249,6 @@ class Lifecycle:
         say(f"Using the {choice.module_type} kernel modules ({choice.reason})")
         return choice
 
-    @property
-    def cache(self) -> Path:
-        return cache_dir(self.paths.build_cache, self.commands.env)
-
-    @property
-    def work(self) -> Path:
-        return work_dir(self.paths.work_cache, self.commands.env)
-
     def pipeline(self, choice: ModuleTypeChoice) -> Pipeline:
         return Pipeline(self.paths, self.commands, self.config, choice.module_type)
 
@@ -319,7 +311,9 @@ class Lifecycle:
         )
         refuse_unsupported_host(self.config, self.facts)
         self.lock.acquire()
-        sweep_stale(self.cache, self.work)  # what a killed instance left: none runs now
+        # What a killed instance left: none runs now.
+        env = self.commands.env
+        sweep_stale(cache_dir(self.paths.build_cache, env), work_dir(self.paths.work_cache, env))
         try:
             with signals_raise():
                 self.set_daemons_status("NotReady")
