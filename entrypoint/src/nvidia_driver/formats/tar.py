@@ -317,7 +317,7 @@ class Inflated:
             while not inflater.eof:
                 pending = self._stream.read(CHUNK)
                 if not pending:
-                    self._put(EOFError("the gzip stream ends before its end-of-stream marker"))
+                    self._put(TarError("the gzip stream ends before its end-of-stream marker"))
                     return
                 while pending and not inflater.eof:
                     # Bounded output: a small chunk may hold a long run of zeros.
@@ -331,6 +331,8 @@ class Inflated:
                         return
                     pending = inflater.unconsumed_tail
             self._put(None)
+        except zlib.error as exc:  # not gzip, or corrupt: said as the tar reader says it
+            self._put(TarError(str(exc)))
         except Exception as exc:  # noqa: BLE001 - handed over, raised in the reading thread
             self._put(exc)
 
