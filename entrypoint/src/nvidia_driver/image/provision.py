@@ -106,7 +106,7 @@ NVIDIA_MISSING = "no such NVIDIA driver release or archive; check the driver ver
 
 
 def downloader(env: Mapping[str, str] | None = None) -> Downloader:
-    """The entrypoint's bounded downloads (download.py): deadline, minimum rate, redirects."""
+    """Bounded downloads (sources/download.py): deadline, minimum rate, redirects."""
     env = os.environ if env is None else env
     limits = DownloadLimits.from_env(env)
     if not env.get(REDIRECT_HOSTS_ENV, "").strip():

@@ -60,7 +60,7 @@ class BuildRequest:
     # Where the compile runs (a copy of the sources and its objects, hundreds of MB): on disk,
     # not beside the package in /run. None: beside the output.
     scratch: Path | None = None
-    # MOFED's tree for this kernel: nvidia-peermem is built against it (peermem.py).
+    # MOFED's tree for this kernel: nvidia-peermem is built against it (node/peermem.py).
     ofa_kernel: Path | None = None
 
     @property

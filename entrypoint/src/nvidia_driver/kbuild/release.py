@@ -1,11 +1,11 @@
 """Kernel banners and build trees for any Flatcar release, from its release server.
 
-Everything is verified (DIGESTS and signature, see fetch.py). What is small and worth keeping
-goes to the cache (``/run/nvidia/cache``), the rest to the work directory on disk (see
+Everything is verified (DIGESTS and signature, see sources/fetch.py). What is small and worth
+keeping goes to the cache (``/run/nvidia/cache``), the rest to the work directory on disk (see
 cachedirs.py)::
 
     <cache>/banners/<key>               the kernel banner read from a release's vmlinuz
-    <work>/downloads/                   verified artifacts, content-addressed (fetch.py)
+    <work>/downloads/                   verified artifacts, content-addressed (sources/fetch.py)
     <work>/trees/<key>/                 a release's kernel build tree from flatcar-container.tar.gz
     <work>/devcontainers/<key>/         an unpacked developer container (its gcc built the kernel)
 

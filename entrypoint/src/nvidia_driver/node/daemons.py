@@ -190,7 +190,8 @@ class DaemonManager:
             say(f"Detected NVLink5+ system (management ports: {', '.join(ports)})")
             if not self.paths(NVLSM_BINARY).exists():
                 # The start script would abort on it; an image built without NVLSM's recorded
-                # digest leaves it out (redist.py), so say which image this is and what to do.
+                # digest leaves it out (sources/redist.py), so say which image this is and what
+                # to do.
                 raise DriverError(
                     f"this is an NVLink5 node (ports {', '.join(ports)}) and this image has no "
                     f"NVLSM ({NVLSM_BINARY}), without which the fabric manager cannot start: "
