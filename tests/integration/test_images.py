@@ -76,12 +76,13 @@ def test_the_build_image_carries_driver_fabric_manager_and_entrypoint(
         "pahole; "
         "do command -v $t; done; "
         "ls /usr/share/nvidia/nvswitch/ /usr/src/nvidia-" + DRIVER + "/; "
+        "ls /usr/share/doc/gpu-driver-container/; "
         "ls /var/lib/apt/lists | wc -l; ls /tmp | wc -l"
     ))  # fmt: skip
     assert "entrypoint-ok" in listing
     for path in ("/usr/bin/nvidia-smi", "/usr/bin/nv-fabricmanager", "fabricmanager.cfg",
                  "dgxh100_hgxh100_topology", "kernel-open", "/usr/bin/gcc-13", "/usr/bin/gcc-14",
-                 "/usr/bin/gcc-15", "/usr/bin/pahole"):  # fmt: skip
+                 "/usr/bin/gcc-15", "/usr/bin/pahole", "LICENSE", "NOTICE"):  # fmt: skip
         assert path in listing, listing
     assert listing.split()[-2:] == ["0", "0"]  # no apt lists, no .run left behind
 

@@ -1,7 +1,8 @@
 """Small build contexts: only what each Dockerfile copies, never the whole work tree.
 
 The build image's context mirrors the repository layout (``entrypoint/src/nvidia_driver``,
-``images/build/``), so ``docker build -f images/build/Dockerfile .`` at the root works the same.
+``images/build/``, ``LICENSE`` and ``NOTICE``), so ``docker build -f images/build/Dockerfile .``
+at the root works the same.
 The precompiled image's context is ``images/precompiled/`` plus, for mirrors and tests, one
 keyring under ``keyrings/``.
 """
@@ -17,6 +18,8 @@ from gdc.tags import Variant
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYRINGS_IN_IMAGE = PurePosixPath("/etc/gdc/keyrings")
+# The project's licence and the notice on NVIDIA's components travel in every image.
+LEGAL_FILES = ("LICENSE", "NOTICE")
 _IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
 
 
@@ -47,6 +50,8 @@ def _build_context(destination: Path) -> Context:
     package = PurePosixPath("entrypoint/src/nvidia_driver")
     shutil.copytree(ROOT / package, destination / package, ignore=_IGNORED)
     shutil.copytree(ROOT / "images/build", destination / "images/build", ignore=_IGNORED)
+    for name in LEGAL_FILES:
+        shutil.copyfile(ROOT / name, destination / name)
     return Context(destination, "images/build/Dockerfile")
 
 

@@ -174,7 +174,7 @@ def test_a_multi_arch_job_leaves_targetarch_to_buildx(tmp_path: Path) -> None:
 def test_the_build_context_holds_only_what_the_dockerfile_copies(tmp_path: Path) -> None:
     ctx = context.assemble(Variant.BUILD, tmp_path / "ctx")
     top = sorted(p.name for p in ctx.directory.iterdir())
-    assert top == ["entrypoint", "images"]
+    assert top == ["LICENSE", "NOTICE", "entrypoint", "images"]
     assert (ctx.directory / "entrypoint/src/nvidia_driver/cli.py").is_file()
     assert not list(ctx.directory.rglob("__pycache__"))
     assert ctx.digest() == context.assemble(Variant.BUILD, tmp_path / "again").digest()

@@ -160,8 +160,11 @@ class DaemonManager:
 
     def start_imex(self) -> None:
         if self.commands.which("nvidia-imex") is None:
+            # Two reasons, told apart only at image build: NVIDIA's redist has no IMEX for the
+            # driver, or versions.toml records no digest for it, so the build left it out.
             say("Skipping NVIDIA IMEX daemon: this image has no nvidia-imex (NVIDIA's redist "
-                "lists no IMEX for this driver)")  # fmt: skip
+                "lists no IMEX for this driver, or versions.toml records no IMEX digest and the "
+                "image build left it out)")  # fmt: skip
             return
         domain = imex_domain(self.paths)
         if not domain:
