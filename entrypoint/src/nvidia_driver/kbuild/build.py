@@ -18,7 +18,8 @@ from pathlib import Path
 
 from nvidia_driver.commands import Commands, lines
 from nvidia_driver.errors import DriverError
-from nvidia_driver.kbuild.compiler import Toolchain, choose_compiler
+from nvidia_driver.kbuild.compiler import Toolchain, choose_compiler, kernel_config
+from nvidia_driver.kbuild.crossbuild import BuildTarget, build_target
 from nvidia_driver.kbuild.kerneltree import KernelTree, missing_symbol_versions
 from nvidia_driver.kbuild.modules import OPEN, SOURCE_DIRS
 from nvidia_driver.kbuild.packages import (
@@ -62,6 +63,9 @@ class BuildRequest:
     scratch: Path | None = None
     # MOFED's tree for this kernel: nvidia-peermem is built against it (node/peermem.py).
     ofa_kernel: Path | None = None
+    # The architecture the modules are for (TARGETARCH); the tree's .config must agree. Not
+    # the build machine's: then the build is a cross build (crossbuild.py).
+    target_arch: str = ""
 
     @property
     def driver_branch(self) -> int:
@@ -115,18 +119,20 @@ def expected_sources_digest(
 
 
 def strip_debug_info(
-    files: Iterable[Path], commands: Commands, toolchain: Toolchain = Toolchain()
+    files: Iterable[Path], commands: Commands, toolchain: Toolchain = Toolchain(), prefix: str = ""
 ) -> bool:
     """Drop the DWARF (most of a module's size) as the kernel's INSTALL_MOD_STRIP=1 does.
 
     ``--strip-debug`` keeps the symbols, .BTF and the relocations that loading and relinking
-    need. The binutils are those the modules were compiled with. False if there is no strip.
+    need. The binutils are those the modules were compiled with (``prefix``: a cross build's).
+    False if there is no strip.
     """
-    if not toolchain.has("strip", commands):
-        warn(f"no strip in {toolchain.describe()}: packaging the modules with their debug info")
+    strip = f"{prefix}strip"
+    if not toolchain.has(strip, commands):
+        warn(f"no {strip} in {toolchain.describe()}: packaging the modules with their debug info")
         return False
     program, args = toolchain.argv(
-        "strip", "--strip-debug", *(toolchain.inside(file) for file in files)
+        strip, "--strip-debug", *(toolchain.inside(file) for file in files)
     )
     commands.run(program, *args)
     return True
@@ -158,6 +164,8 @@ def run_make(
     compiler: str,
     commands: Commands,
     toolchain: Toolchain = Toolchain(),
+    *,
+    target: BuildTarget | None = None,
 ) -> Path:
     """Run ``make modules``, showing progress; keep the whole log for a failure."""
     request.log_dir.mkdir(parents=True, exist_ok=True)
@@ -173,6 +181,7 @@ def run_make(
         f"SYSOUT={toolchain.inside(request.tree.build_dir)}",
         f"CC={compiler}",
         "IGNORE_CC_MISMATCH=1",
+        *(target.make_arguments() if target is not None else []),
     ]
     if request.ofa_kernel is not None:
         args.append(f"OFA_DIR={toolchain.inside(workdir / OFA_COPY)}")
@@ -270,7 +279,12 @@ def build_package(request: BuildRequest, commands: Commands) -> Package:
         )
     # A developer container's tree is built chrooted into it, with the gcc that built the kernel.
     toolchain = Toolchain(request.tree.toolchain_root)
-    compiler, compiler_version = choose_compiler(request.tree.build_dir, commands, toolchain)
+    target = build_target(kernel_config(request.tree.build_dir), request.target_arch)
+    compiler, compiler_version = choose_compiler(
+        request.tree.build_dir, commands, toolchain, target
+    )
+    if target.cross:
+        say(f"The kernel is for {target.arch}: {target.describe()}")
     say(f"Compiling NVIDIA driver kernel modules with {compiler_version}...")
     request.output.parent.mkdir(parents=True, exist_ok=True)
     # The compile must see its sources: inside the developer container when chrooted.
@@ -285,14 +299,14 @@ def build_package(request: BuildRequest, commands: Commands) -> Package:
         apply_patches(patches, workdir, commands)
         if request.ofa_kernel is not None:
             shutil.copytree(request.ofa_kernel, workdir / OFA_COPY / "default", symlinks=True)
-        run_make(workdir, request, compiler, commands, toolchain)
+        run_make(workdir, request, compiler, commands, toolchain, target=target)
         script = module_linker_script(request.tree.build_dir)
         if script is not None:
             shutil.copyfile(script, workdir / "module.lds")
         sources, modules, linked = _package_sources(workdir, request.module_type)
         # Not NVIDIA's closed core objects (.o_binary): they carry no debug info.
         objects = [path for name, path in sources.items() if name.endswith((".ko", ".o"))]
-        stripped = strip_debug_info(objects, commands, toolchain)
+        stripped = strip_debug_info(objects, commands, toolchain, target.prefix)
         metadata = PackageMetadata(
             banner=request.banner,
             kernel_release=request.kernel_release,

@@ -2,7 +2,8 @@
 
 The kernel's .config names the gcc that built it; a module built by another major may not load
 (or may not build). Where the image lacks it, the release's developer container has it: the
-build then runs chrooted there (Toolchain).
+build then runs chrooted there (Toolchain). A tree for another architecture than this machine's
+takes the cross gcc of that major (crossbuild.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
+from nvidia_driver.kbuild.crossbuild import BuildTarget, build_target, missing_cross_compiler
 
 CHROOT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -75,11 +77,17 @@ class CompilerMismatchError(DriverError):
 
 
 def choose_compiler(
-    tree: Path, commands: Commands, toolchain: Toolchain = Toolchain()
+    tree: Path,
+    commands: Commands,
+    toolchain: Toolchain = Toolchain(),
+    target: BuildTarget | None = None,
 ) -> tuple[str, str]:
-    """A gcc of the kernel's major version: (command, its version line)."""
+    """A gcc of the kernel's major version, for the tree's architecture: (command, its version
+    line). A tree for another architecture than this machine's takes the cross gcc."""
     wanted = kernel_gcc_major(tree)
-    candidates = [f"gcc-{wanted}", "gcc"] if wanted else ["gcc"]
+    target = target or build_target(kernel_config(tree))
+    prefix = target.prefix
+    candidates = [f"{prefix}gcc-{wanted}", f"{prefix}gcc"] if wanted else [f"{prefix}gcc"]
     seen = []
     for name in candidates:
         if not toolchain.has(name, commands):
@@ -90,6 +98,8 @@ def choose_compiler(
             banner = _compiler_output(commands, toolchain, name, "--version").splitlines()[0]
             return name, banner
     available = ", ".join(seen) or "none"
+    if target.cross:  # no developer container helps: its gcc is the target's, not this machine's
+        raise missing_cross_compiler(target, wanted, available)
     raise CompilerMismatchError(
         f"the kernel was built with gcc {wanted} and no gcc {wanted} is available in "
         f"{toolchain.describe()} (found: {available}); use an image that carries gcc-{wanted} "

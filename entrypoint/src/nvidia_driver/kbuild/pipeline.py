@@ -201,5 +201,6 @@ class Pipeline:
             flatcar_version=target.flatcar_version,
             scratch=self.work / "builds",
             ofa_kernel=target.ofa_kernel,
+            target_arch=self.config.target_arch,
         )
         return build_package(request, self.commands)
