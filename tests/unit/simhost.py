@@ -26,6 +26,12 @@ BANNER = (
     "(x86_64-cros-linux-gnu-gcc (Gentoo Hardened 14.3.1_p20250801 p4) 14.3.1 20250801, "
     "GNU ld (Gentoo 2.45 p3) 2.45.0) #1 SMP PREEMPT_DYNAMIC Mon Apr 20 18:02:03 -00 2026"
 )
+# An arm64 Flatcar kernel's banner: the same release, built by Flatcar's aarch64 SDK compiler.
+ARM64_BANNER = (
+    "Linux version 6.12.81-flatcar (build@pony-truck.infra.kinvolk.io) "
+    "(aarch64-cros-linux-gnu-gcc (Gentoo Hardened 14.3.1_p20250801 p4) 14.3.1 20250801, "
+    "GNU ld (Gentoo 2.45 p3) 2.45.0) #1 SMP PREEMPT Mon Apr 20 18:02:03 -00 2026"
+)
 DRIVER = "580.105.08"
 
 FLATCAR_OS_RELEASE_UNQUOTED = """\
@@ -66,6 +72,7 @@ H100 = 0x2330
 L40S = 0x26B9
 V100 = 0x1DB1
 GB200 = 0x2941
+GH200 = 0x2342  # NVIDIA/gpu-admin-tools gpu/devid_names.py: 0x2342 'GH200'
 NVSWITCH = 0x22A3
 
 _STUB_COMMON = r"""#!/bin/bash
@@ -171,6 +178,21 @@ case "$1" in
   --version) echo "gcc-14 (Debian 14.2.0-19) 14.2.0";;
 esac
 """,
+    # Debian's cross toolchains (gcc-14-aarch64-linux-gnu, gcc-14-x86-64-linux-gnu).
+    "aarch64-linux-gnu-gcc-14": r"""
+case "$1" in
+  -dumpfullversion) echo 14.2.0;;
+  --version) echo "aarch64-linux-gnu-gcc-14 (Debian 14.2.0-19) 14.2.0";;
+esac
+""",
+    "aarch64-linux-gnu-strip": "",
+    "x86_64-linux-gnu-gcc-14": r"""
+case "$1" in
+  -dumpfullversion) echo 14.2.0;;
+  --version) echo "x86_64-linux-gnu-gcc-14 (Debian 14.2.0-19) 14.2.0";;
+esac
+""",
+    "x86_64-linux-gnu-strip": "",
 }
 
 
@@ -215,6 +237,18 @@ class SimulatedHost:
             link.symlink_to("../usr/lib/os-release")
         else:
             self.write("/host-etc/os-release", text)
+
+    def become_arm64(self, gpu: int, count: int = 4) -> None:
+        """An arm64 node (GH200, GB200): its banner and board, TARGETARCH, only ``gpu``s."""
+        self.set_kernel(banner=ARM64_BANNER)
+        self.set_os_release(FLATCAR_OS_RELEASE_UNQUOTED.replace('"amd64-usr"', '"arm64-usr"'))
+        self.extra_env["TARGETARCH"] = "arm64"
+        devices = self.path("/sys/bus/pci/devices")
+        for device in devices.iterdir() if devices.is_dir() else []:
+            for name in ("vendor", "device", "class"):
+                (device / name).unlink()
+            device.rmdir()
+        self.add_gpus(gpu, count)
 
     def add_pci(self, address: str, vendor: int, device: int, pci_class: int) -> None:
         base = f"/sys/bus/pci/devices/{address}"
@@ -319,19 +353,27 @@ class SimulatedHost:
             self.write(f"/opt/lib/firmware/nvidia/{driver}/{name}", f"{name} of {driver}\n")
 
     def add_host_kernel_tree(
-        self, release: str = KERNEL, gcc: int = 140201, *, split_source: bool = False
+        self,
+        release: str = KERNEL,
+        gcc: int = 140201,
+        *,
+        split_source: bool = False,
+        arch: str | None = None,
     ) -> Path:
-        """The node's tree; split_source: LTS 4081's cleaned build/ and stripped source/."""
+        """The node's tree; split_source: LTS 4081's cleaned build/ and stripped source/; arch:
+        the .config names it (CONFIG_X86_64 or CONFIG_ARM64) as real trees do."""
         tree = f"/proc/1/root/usr/lib/modules/{release}/build"
         self.write(f"{tree}/Makefile", "# kernel\n")
         self.write(f"{tree}/Module.symvers", "0x00000000\tprintk\tvmlinux\tEXPORT_SYMBOL\t\n")
         self.write(f"{tree}/scripts/module.lds", "SECTIONS {}\n")
         if split_source:
             self.write(f"/proc/1/root/usr/lib/modules/{release}/source/Makefile", "# source\n")
+        triplet = "aarch64" if arch == "arm64" else "x86_64"
+        symbol = {"amd64": "CONFIG_X86_64=y\n", "arm64": "CONFIG_ARM64=y\n"}.get(arch or "", "")
         self.write(
             f"{tree}/.config",
-            f'CONFIG_CC_VERSION_TEXT="x86_64-cros-linux-gnu-gcc (Gentoo) 14.2.1"\n'
-            f"CONFIG_GCC_VERSION={gcc}\n",
+            f'CONFIG_CC_VERSION_TEXT="{triplet}-cros-linux-gnu-gcc (Gentoo) 14.2.1"\n'
+            f"CONFIG_GCC_VERSION={gcc}\n{symbol}",
         )
         return self.path(tree)
 
