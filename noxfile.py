@@ -69,17 +69,28 @@ def lock(session: nox.Session) -> None:
                     "-o", f"requirements/{name}.txt")  # fmt: skip
 
 
-@nox.session(default=False)
-def integration(session: nox.Session) -> None:
-    """Run the integration tests (root, Docker and Debian's package registry needed)."""
+def _integration(session: nox.Session, markers: str) -> None:
     _install(session, "pytest", "docker", "requests", "invoke")
     session.install(ENTRYPOINT)
     # --durations: what each fixture and test costs, to keep CI within its time budget. Test
     # paths given (tests/integration/test_x.py::name) replace the directory, or pytest would
     # collect both and run the whole suite.
     named = any(arg.startswith("tests/") for arg in session.posargs)
-    session.run("pytest", *([] if named else ["tests/integration"]), "-m", "integration",
+    session.run("pytest", *([] if named else ["tests/integration"]), "-m", markers,
                 "--durations=25", *session.posargs)  # fmt: skip
+
+
+@nox.session(default=False)
+def integration(session: nox.Session) -> None:
+    """Run the integration tests (root, Docker and Debian's package registry needed)."""
+    _integration(session, "integration and not arm64_cross")
+
+
+@nox.session(default=False)
+def integration_arm64(session: nox.Session) -> None:
+    """The arm64 cross build and its load into arm64 Linux under qemu-system-aarch64 (root; a
+    compile of many minutes with the cross gcc, kept out of the main session's budget)."""
+    _integration(session, "integration and arm64_cross")
 
 
 if __name__ == "__main__":
