@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+from fetch_server import ReleaseServer
 from simhost import (
     BANNER,
     DRIVER,
@@ -431,9 +432,15 @@ def _banner_key() -> str:
     return hashlib.sha256(BANNER.encode()).hexdigest()[:12]
 
 
-def test_build_for_an_uncompiled_gcc_names_the_compilers(host: SimulatedHost) -> None:
+def test_build_for_an_uncompiled_gcc_names_the_compilers(
+    host: SimulatedHost, tmp_path: Path
+) -> None:
     host.add_host_kernel_tree(gcc=150201)
-    result = host.run("build", "--module-type", "open")
+    # A release server on loopback that has no developer container (404, not retried): no
+    # network, and no backoff against an unreachable flatcar.org.
+    with ReleaseServer(tmp_path / "release") as server:
+        result = host.run("build", "--module-type", "open",
+                          FLATCAR_RELEASE_BASE_URL=server.url("{channel}"))  # fmt: skip
     assert result.returncode == 1
     assert "the kernel was built with gcc 15 and no gcc 15 is available" in result.stderr
 

@@ -107,11 +107,13 @@ def test_a_server_error_is_one_line_with_the_registry_s_own_words(
     registry: OCIRegistry,
 ) -> None:
     registry.status = 503
+    waits: list[float] = []  # the retries' backoff, recorded instead of slept (1 + 2 + 4 + 8 s)
     with pytest.raises(RegistryError, match=r"answered HEAD gdc/driver:t with 503") as error:
-        Registry(registry.host).digest(NAME, "t")
+        Registry(registry.host, sleep=waits.append).digest(NAME, "t")
     registry.status = 500
     with pytest.raises(RegistryError, match=r"\(UNAVAILABLE: down\)"):
-        Registry(registry.host).manifest(NAME, "t")
+        Registry(registry.host, sleep=waits.append).manifest(NAME, "t")
+    assert waits == [1, 2, 4, 8] * 2
     assert "\n" not in str(error.value)
 
 
