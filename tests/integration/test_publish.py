@@ -47,6 +47,8 @@ from fixtures.images import DRIVER, ROOT
 from fixtures.release_server import TEST_RELEASE, FlatcarReleaseServer
 from flatcar_feed import feed_entry, feed_from_tsv, with_markers
 
+from gdc import context
+
 pytestmark = pytest.mark.integration
 
 NEW_RELEASE = "9999.2.1"  # a stable point release with the same kernel, as Flatcar often ships
@@ -199,7 +201,7 @@ def publisher(  # noqa: PLR0917 - pytest passes fixtures by name
 
 def _copy_tree(destination: Path) -> Path:
     """What invoke publish reads of the repository, copied so a test may change it."""
-    for part in ("tasks.py", "tooling", "entrypoint/src", "images"):
+    for part in ("tasks.py", "tooling", "entrypoint/src", "images", *context.LEGAL_FILES):
         source = ROOT / part
         target = destination / part
         if source.is_dir():
