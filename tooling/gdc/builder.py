@@ -110,7 +110,7 @@ class DockerBuilder:
         except VersionsError as exc:
             raise BuildError(str(exc)) from None
 
-    def build(self, image: Image, arch: str, base: Base) -> None:
+    def build(self, image: Image, arch: str, base: Base, previous: str = "") -> None:
         request = self.request(image, arch)
         reference = f"{image.tags.repository}:{image.staging_tag(arch)}"
         docker = self.docker()
@@ -119,7 +119,7 @@ class DockerBuilder:
                 job = images.build_job(request, self.context(Variant.BUILD), base, (reference,))
             else:
                 job = images.precompiled_job(request, self.context(Variant.PRECOMPILED), base,
-                                             (reference,))  # fmt: skip
+                                             (reference,), seed=previous)  # fmt: skip
             self.progress(f"Building {reference}\n")
             docker.build(job, self.progress)
             if image.variant is Variant.PRECOMPILED:

@@ -169,14 +169,20 @@ def precompiled_inputs(request: Request, ctx: context.Context, base: Base) -> di
 
 
 def precompiled_job(request: Request, ctx: context.Context, base: Base,
-                    references: tuple[str, ...] = ()) -> BuildJob:  # fmt: skip
+                    references: tuple[str, ...] = (), seed: str = "") -> BuildJob:  # fmt: skip
+    """The build of a precompiled image on base.
+
+    seed: the image it replaces (``repository@sha256:...``), whose packages the build reuses
+    where they fit (the Dockerfile's SEED_IMAGE); none: the build image, which has none. It is
+    not a build input: the packages a seed gives are those a compile would make.
+    """
     tags = precompiled_image_tags(request, request.flatcar.kernel_release)
     # Single-arch: only the kernel-free tag until the image says which kernel it serves.
     default = tags.references if request.multi_arch else tags.references[:1]
     return BuildJob(
         context=ctx.directory,
         dockerfile=ctx.dockerfile,
-        buildargs=precompiled_args(request, ctx, base.name),
+        buildargs={**precompiled_args(request, ctx, base.name), "SEED_IMAGE": seed or base.name},
         references=references or default,
         platforms=platforms(request),
         network=request.network,

@@ -13,6 +13,11 @@ its recorded build inputs (:mod:`gdc.inputs`) are compared with what would be bu
   driver, a release to carry): **built** and pushed, saying why; ``--rebuild`` forces it;
 * the same inputs: **skipped**.
 
+A precompiled image that is rebuilt starts from the packages of the image it replaces (the
+registry's, by digest): those built for the same kernel banner, driver and module type from the
+same sources, patches and build code are taken as they are, so an entrypoint fix or a new
+release of the same kernel compiles nothing. ``--rebuild`` compiles everything again.
+
 Merge: the index of the arches' images is made the same way every time, so its digest is known
 before it is written; every tag that does not point at it gets it (a manifest PUT: no blob
 moves), e.g. the build image's alias for a new Flatcar release: **tagged**.
@@ -85,8 +90,12 @@ class Builder(Protocol):
         """The build inputs a build of image for arch would record now."""
         ...
 
-    def build(self, image: Image, arch: str, base: Base) -> None:
-        """Build image for arch on base and push it under its staging tag; BuildError if not."""
+    def build(self, image: Image, arch: str, base: Base, previous: str = "") -> None:
+        """Build image for arch on base and push it under its staging tag; BuildError if not.
+
+        previous: the registry's image under that tag (``repository@sha256:...``), which a
+        precompiled build reuses the packages of; "" if there is none.
+        """
         ...
 
 
@@ -182,7 +191,11 @@ class Publisher:
         if self.dry_run:
             self.planned.add((image.id, arch))
             return Status.BUILT, why
-        self.builder.build(image, arch, base)
+        # A precompiled image reuses the packages of the one it replaces, where they fit
+        # (images/precompiled/Dockerfile); --rebuild compiles everything again.
+        reuse = found is not None and image.variant is Variant.PRECOMPILED and not self.rebuild
+        previous = f"{self.repository}@{found[0].digest}" if reuse and found else ""
+        self.builder.build(image, arch, base, previous)
         pushed = self._read(image, arch)
         if pushed is None:
             raise BuildError(f"built, but the registry has no {image.staging_tag(arch)}")

@@ -9,6 +9,7 @@ import pytest
 from simhost import SimulatedHost
 
 from nvidia_driver.commands import Commands
+from nvidia_driver.kbuild import build
 from nvidia_driver.kbuild.build import sources_digest, strip_debug_info
 from nvidia_driver.kbuild.compiler import CHROOT_PATH, Toolchain
 from nvidia_driver.kbuild.patches import KernelVersion, Patch
@@ -101,3 +102,18 @@ def test_the_sources_digest_follows_the_sources_and_the_patches(tmp_path: Path) 
     assert sources_digest(sources, [_patch(patch)]) != patched
     (sources / "nv.c").write_text("int y;\n")
     assert sources_digest(sources, []) != unpatched
+
+
+def test_the_sources_digest_follows_the_build_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A package built by other build code (an older image's) is not reused."""
+    sources = tmp_path / "kernel-open"
+    sources.mkdir()
+    (sources / "nv.c").write_text("int x;\n")
+    kbuild = Path(build.__file__).parent
+    assert build.build_code_digest() == build.tree_digest([kbuild], suffix=".py")
+    assert "kbuild/build.py" in {str(p.relative_to(kbuild.parent)) for p in kbuild.glob("*.py")}
+    before = sources_digest(sources, [])
+    monkeypatch.setattr(build, "build_code_digest", lambda: "sha256:other")
+    assert sources_digest(sources, []) != before

@@ -145,6 +145,31 @@ def test_a_cached_package_from_other_driver_sources_is_rebuilt(host: SimulatedHo
     assert len(host.calls("make")) == 2
 
 
+def test_a_damaged_cached_package_is_built_again(host: SimulatedHost) -> None:
+    host.add_host_kernel_tree()
+    first = host.start("init")
+    first.wait_for("Done, now waiting for signal")
+    assert first.terminate() == 0
+    metadata = _cached_package(host, "open")
+    package = metadata.parent
+    module = package / min(json.loads(metadata.read_text())["files"])
+    module.write_bytes(module.read_bytes() + b"\0")  # a changed byte in /run: a bad RAM page
+
+    second = host.start("init")
+    second.wait_for("Done, now waiting for signal")
+    assert second.terminate() == 0
+    warning = (f"cached package {package} is damaged ({module.relative_to(package)} is missing "
+               "or does not match its SHA-256): building it again")  # fmt: skip
+    assert warning in second.output
+    assert len(host.calls("make")) == 2
+    assert _cached_package(host, "open") == metadata  # rebuilt in its place, healthy again
+    third = host.start("init")
+    third.wait_for("Done, now waiting for signal")
+    assert third.terminate() == 0
+    assert "is damaged" not in third.output
+    assert len(host.calls("make")) == 2
+
+
 def test_precompiled_packages_match_by_banner_whatever_their_sources(
     host: SimulatedHost,
 ) -> None:

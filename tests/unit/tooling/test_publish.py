@@ -63,6 +63,7 @@ class FakeBuilder:
     entrypoint: str = "v1"
     built: list[str] = field(default_factory=list)  # "<first tag> <arch>"
     failing: set[str] = field(default_factory=set)  # first tags whose build fails
+    previous: dict[str, str] = field(default_factory=dict)  # "<first tag> <arch>" -> seed
 
     def base(self, image: Image, arch: str) -> Base:  # noqa: ARG002 - one base for all
         return Base("debian@sha256:" + "1" * 64, "sha256:" + "1" * 64)
@@ -74,9 +75,10 @@ class FakeBuilder:
             found[inputs.RELEASES] = " ".join(c.version for c in releases)
         return found
 
-    def build(self, image: Image, arch: str, base: Base) -> None:
+    def build(self, image: Image, arch: str, base: Base, previous: str = "") -> None:
         first = image.tags.tags[0]
         self.built.append(f"{first} {arch}")
+        self.previous[f"{first} {arch}"] = previous
         if first in self.failing:
             raise BuildError("docker build failed: returned a non-zero code: 2")
         if image.variant is Variant.PRECOMPILED:
@@ -184,6 +186,25 @@ def test_a_changed_input_rebuilds_exactly_the_images_it_reaches(registry: OCIReg
     outcomes, _ = _publish(registry, builder, _matrix(registry), rebuild=True)
     assert len(builder.built) == 5
     assert outcomes[0].detail.startswith("amd64: --rebuild")
+
+
+def test_a_rebuilt_precompiled_image_reuses_the_packages_of_the_one_it_replaces(
+    registry: OCIRegistry,
+) -> None:
+    builder = FakeBuilder(registry)
+    _publish(registry, builder, _matrix(registry))
+    assert set(builder.previous.values()) == {""}  # nothing to replace yet
+    replaced = registry.tags(NAME)["610.57.04-6.12.102-flatcar-amd64"]  # its staging tag
+    builder.entrypoint = "v2"
+    builder.previous.clear()
+    _publish(registry, builder, _matrix(registry))
+    # By digest: the image the staging tag named when the run read it, not whatever it names
+    # when the build pulls it.
+    assert builder.previous[f"{KERNEL_IMAGE} amd64"] == f"{registry.host}/{NAME}@{replaced}"
+    assert builder.previous[f"{BUILD} amd64"] == ""  # a build image has no packages
+    builder.previous.clear()
+    _publish(registry, builder, _matrix(registry), rebuild=True)
+    assert set(builder.previous.values()) == {""}  # --rebuild compiles everything again
 
 
 def test_a_new_release_of_a_live_kernel_rebuilds_its_image_and_tags_the_rest(

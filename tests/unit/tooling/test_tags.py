@@ -192,7 +192,12 @@ def test_a_precompiled_job_with_a_mirror_keyring(tmp_path: Path) -> None:
         "FLATCAR_VERSIONS": "4593.2.5",
         "FLATCAR_RELEASE_BASE_URL": "http://m/{channel}",
         "FLATCAR_KEYRING": "/etc/gdc/keyrings/mirror.gpg",
+        "SEED_IMAGE": "local/driver:580.178.04-flatcar",  # no image to reuse packages of
     }
+    # The image it replaces seeds its packages; that is no build input (nothing to rebuild).
+    seeded = images.precompiled_job(_request(), ctx, base, seed="local/driver@sha256:" + "3" * 64)
+    assert seeded.buildargs["SEED_IMAGE"] == "local/driver@sha256:" + "3" * 64
+    assert seeded.labels == job.labels
     # The kernel tag waits for the image to say which kernel its packages are for.
     assert len(job.references) == 1
     assert job.labels["org.opencontainers.image.base.digest"] == base.digest

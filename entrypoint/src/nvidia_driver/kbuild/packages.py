@@ -60,7 +60,7 @@ class PackageMetadata:
     driver_version: str
     module_type: str
     compiler: str
-    source_digest: str  # the module sources and patches built from (build.sources_digest)
+    source_digest: str  # the sources, patches and build code built from (build.sources_digest)
     modules: list[str]
     linked: list[LinkedModule] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)
@@ -97,14 +97,21 @@ class Package:
     def matches(self, banner: str) -> bool:
         return self.metadata.banner == banner
 
-    def verify(self) -> None:
+    def damaged_file(self) -> str | None:
+        """The first file of the package that is missing or does not match its SHA-256."""
         for name, expected in self.metadata.files.items():
             file = self.path / name
             if not file.is_file() or sha256_file(file) != expected:
-                raise DriverError(
-                    f"package {self.path} is damaged: {name} is missing or does not match its "
-                    "checksum; delete the package (or pull the image again) so it is rebuilt"
-                )
+                return name
+        return None
+
+    def verify(self) -> None:
+        damaged = self.damaged_file()
+        if damaged is not None:
+            raise DriverError(
+                f"package {self.path} is damaged: {damaged} is missing or does not match its "
+                "checksum; delete the package (or pull the image again) so it is rebuilt"
+            )
 
 
 def load_package(path: Path) -> Package | None:

@@ -7,8 +7,11 @@ patches -> make -> package.
 
 * banner: the node's /proc/version, or the release's, read from its vmlinuz (release.py);
 * cached package: on a node the image's own packages first (the banner is enough: they were
-  built from its sources), then the cache, by the digest of the sources and patches a build
-  would use (with MOFED's tree: only packages built on the node against it);
+  built from its sources), then the cache, by the digest of the sources, patches and build
+  code a build would use (with MOFED's tree: only packages built on the node against it),
+  its files checked against their recorded SHA-256s (a damaged one is built again). A
+  precompiled image's build finds there the packages of the image it replaces
+  (images/precompiled/Dockerfile, SEED_IMAGE);
 * tree: the node's own (hosttree.py), else the release's (release.py), with a compiler of the
   kernel's gcc major (compiler.py; else the developer container's); then build.py applies the
   patches, runs make and writes the package into ``<cache>/packages``;
@@ -127,7 +130,15 @@ class Pipeline:
             if precompiled is not None:
                 return precompiled
         digest = self.sources_digest(target, banner)
-        return matching_package([self.cache / "packages"], *wanted, source_digest=digest)
+        cached = matching_package([self.cache / "packages"], *wanted, source_digest=digest)
+        if cached is None:
+            return None
+        damaged = cached.damaged_file()
+        if damaged is not None:  # a cache heals: the build writes a new package in its place
+            warn(f"cached package {cached.path} is damaged ({damaged} is missing or does not "
+                 "match its SHA-256): building it again")  # fmt: skip
+            return None
+        return cached
 
     def sources_digest(self, target: Target, banner: str) -> str:
         """What a build for target would be built from, without building."""
