@@ -33,6 +33,7 @@ from fixtures.release_server import (
     sign_release,
 )
 from fixtures.runfile import build_run_fixture
+from fixtures.warmup import warmed
 
 from nvidia_driver.kbuild.packages import Package, load_package
 
@@ -42,6 +43,26 @@ def debian_host_packages() -> None:
     """The project's Debian sources (NVIDIA, backports, trixie pinned low) and the host tools."""
     ensure_debian_sources()
     ensure_packages(HOST_PACKAGES)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def warm_caches(request: pytest.FixtureRequest, debian_host_packages: None) -> Iterator[None]:
+    """The long cache entries the collected tests need, built in threads from the start."""
+    needed = {name for item in request.session.items for name in getattr(item, "fixturenames", ())}
+    with warmed(needed) as reports:
+        request.config.stash[WARM_UP_REPORTS] = reports
+        yield
+
+
+WARM_UP_REPORTS = pytest.StashKey[list[str]]()
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, config: pytest.Config
+) -> None:
+    """What each warm-up took (beside --durations: the time it saved does not show there)."""
+    for line in config.stash.get(WARM_UP_REPORTS, []):
+        terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")
