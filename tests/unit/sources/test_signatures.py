@@ -255,6 +255,21 @@ def test_a_rotated_subkey_is_fetched_once_verified_cached_and_used_afterwards(
     assert server.requests[f"/{KEY_PATH}"] == 1
 
 
+def test_the_refresh_works_in_a_deep_cache_directory(
+    server: ReleaseServer, flatcar: Flatcar, tmp_path: Path
+) -> None:
+    # gpg --import fails once its home's agent socket path passes sun_path's 108 bytes; the
+    # refresh's scratch under this cache is deeper than that.
+    shipped, new = rotated(flatcar, tmp_path)
+    publish(server, ARTIFACT, flatcar.signer, new)
+    publish_key(server, flatcar.signer)
+    cache = tmp_path / ("deep-" * 20) / "cache"
+
+    fetch = fetcher(cache, shipped, flatcar.primary, server.url(KEY_PATH))
+    assert fetch.fetch(server.url(ARTIFACT)).read_bytes() == CONTENT
+    assert (cache / REFRESHED_KEY).is_file()
+
+
 def test_a_published_key_with_another_primary_is_refused(
     server: ReleaseServer,
     flatcar: Flatcar,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,10 +139,15 @@ def merge_published_key(
     if primaries != {pinned}:
         holds = ", ".join(sorted(primaries)) or "no valid key"
         raise DriverError(f"it holds {holds}, not Flatcar's primary key {pinned}")
-    commands.run("gpg", *_gpg_options(home), "--import", *current, fetched)
-    merged = home / "merged.gpg"
-    commands.run("gpg", *_gpg_options(home), "--output", merged, "--export", pinned)
-    return merged.read_bytes()
+    # gpg --import fails ("can't connect to the agent: File name too long") once its home's
+    # agent socket path passes sun_path's 108 bytes, as a deep cache directory makes it: the
+    # keyring is built in a short home of its own under the system's temporary directory.
+    with tempfile.TemporaryDirectory(prefix="gpg-") as keyring_home:
+        short_home = Path(keyring_home)
+        commands.run("gpg", *_gpg_options(short_home), "--import", *current, fetched)
+        merged = short_home / "merged.gpg"
+        commands.run("gpg", *_gpg_options(short_home), "--output", merged, "--export", pinned)
+        return merged.read_bytes()
 
 
 def _gpg_options(home: Path) -> list[str]:
