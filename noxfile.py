@@ -54,9 +54,10 @@ def typecheck(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """Run the unit tests against simulated hosts."""
     # The tasks' own imports (docker SDK, requests): tasks.py and the tooling are tested in place.
-    _install(session, "pytest", "tasks")
+    _install(session, "pytest", "xdist", "tasks")
     session.install(ENTRYPOINT)
-    session.run("pytest", "tests/unit", *session.posargs)
+    # Two workers: the suite waits on gpg, servers and subprocesses more than it computes.
+    session.run("pytest", "-n", "2", "tests/unit", *session.posargs)
 
 
 @nox.session(default=False, venv_backend="virtualenv")
