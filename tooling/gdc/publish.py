@@ -193,8 +193,8 @@ class Publisher:
             return Status.BUILT, why
         # A precompiled image reuses the packages of the one it replaces, where they fit
         # (images/precompiled/Dockerfile); --rebuild compiles everything again.
-        reuse = found is not None and image.variant is Variant.PRECOMPILED and not self.rebuild
-        previous = f"{self.repository}@{found[0].digest}" if reuse and found else ""
+        reuse = image.variant is Variant.PRECOMPILED and not self.rebuild
+        previous = f"{self.repository}@{found[0].digest}" if reuse and found is not None else ""
         self.builder.build(image, arch, base, previous)
         pushed = self._read(image, arch)
         if pushed is None:
