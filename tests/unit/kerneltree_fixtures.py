@@ -19,6 +19,10 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
+from nvidia_driver.commands import Commands
+
 KERNEL = "6.12.81-flatcar"
 SECTOR = 512
 PARTITION_START = 2 << 20  # Flatcar's container layout: partition 9 at 2 MiB
@@ -244,6 +248,22 @@ def bzip2_file(source: Path, target: Path) -> Path:
             out.write(compressor.compress(chunk))
         out.write(compressor.flush())
     return target
+
+
+# The developer container's two decompressors: lbzip2 where the image has it (the build image
+# does), else Python's bz2 module. Each as a PATH with only that tool, or with none.
+DECOMPRESSORS = ("lbzip2", "bz2-module")
+
+
+def decompressor_commands(kind: str, directory: Path) -> Commands:
+    """Commands whose PATH offers lbzip2 (kind "lbzip2", this machine's) or nothing."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if kind == "lbzip2":
+        found = shutil.which("lbzip2")
+        if found is None:
+            pytest.skip("lbzip2 is not installed (.ci/run installs it)")
+        (directory / "lbzip2").symlink_to(found)
+    return Commands(env={"PATH": str(directory)})
 
 
 def developer_container_source(root: Path) -> Path:

@@ -18,10 +18,12 @@ from pathlib import Path
 
 import pytest
 from kerneltree_fixtures import (
+    DECOMPRESSORS,
     KERNEL,
     LINUX_FILESYSTEM,
     SECTOR,
     GptPartition,
+    decompressor_commands,
     flatcar_root,
     gpt_disk,
     mkfs_ext4,
@@ -138,15 +140,17 @@ def test_extended_headers_are_bounded_together(tmp_path: Path) -> None:
 # The developer container: its disk image, its GPT and its ext4 file system.
 
 
+@pytest.mark.parametrize("kind", DECOMPRESSORS)
 def test_the_decompressed_disk_image_is_bounded(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
 ) -> None:
     monkeypatch.setattr(limits, "DISK_IMAGE", 4 << 20)
+    commands = decompressor_commands(kind, tmp_path / "bin")
     compressor = bz2.BZ2Compressor()
     data = b"".join(compressor.compress(bytes(1 << 20)) for _ in range(16)) + compressor.flush()
     (tmp_path / "dev.bin.bz2").write_bytes(data)
     with pytest.raises(DriverError, match=r"dev.bin.bz2 decompresses to more than 4 MiB"):
-        devcontainer.decompress_sparse(tmp_path / "dev.bin.bz2", tmp_path / "disk.bin")
+        devcontainer.decompress_sparse(tmp_path / "dev.bin.bz2", tmp_path / "disk.bin", commands)
     assert (tmp_path / "disk.bin").stat().st_size <= 5 << 20
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from kerneltree_fixtures import (
+    DECOMPRESSORS,
     KERNEL,
     LINUX_FILESYSTEM,
     MANY,
@@ -20,6 +21,7 @@ from kerneltree_fixtures import (
     OneWayStream,
     bzip2_file,
     copy_tool,
+    decompressor_commands,
     developer_container_source,
     flatcar_build_tree,
     flatcar_root,
@@ -34,6 +36,7 @@ from kerneltree_fixtures import (
     write,
 )
 
+from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats import elf, gpt
 from nvidia_driver.kbuild import container, devcontainer, hosttools, hosttree, kerneltree
@@ -587,7 +590,8 @@ def test_ext4_extracts_the_whole_root_and_keeps_holes(tmp_path: Path) -> None:
     assert sparse.stat().st_blocks * 512 < sparse.stat().st_size
 
 
-def test_decompress_sparse_leaves_zero_blocks_as_holes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", DECOMPRESSORS)
+def test_decompress_sparse_leaves_zero_blocks_as_holes(tmp_path: Path, kind: str) -> None:
     image = tmp_path / "image.bin"
     with image.open("wb") as file:
         file.truncate(32 << 20)
@@ -595,7 +599,8 @@ def test_decompress_sparse_leaves_zero_blocks_as_holes(tmp_path: Path) -> None:
         file.write(b"data" * 2048)
     compressed = bzip2_file(image, tmp_path / "image.bin.bz2")
 
-    size = devcontainer.decompress_sparse(compressed, tmp_path / "out.bin")
+    commands = decompressor_commands(kind, tmp_path / "bin")
+    size = devcontainer.decompress_sparse(compressed, tmp_path / "out.bin", commands)
 
     out = tmp_path / "out.bin"
     assert size == out.stat().st_size == 32 << 20
@@ -603,8 +608,11 @@ def test_decompress_sparse_leaves_zero_blocks_as_holes(tmp_path: Path) -> None:
     assert out.stat().st_blocks * 512 <= 1 << 20
 
 
+@pytest.mark.parametrize("kind", DECOMPRESSORS)
 @pytest.mark.parametrize("broken", ["not bzip2", "truncated"])
-def test_decompress_sparse_rejects_a_broken_download(tmp_path: Path, broken: str) -> None:
+def test_decompress_sparse_rejects_a_broken_download(
+    tmp_path: Path, broken: str, kind: str
+) -> None:
     compressed = tmp_path / "image.bin.bz2"
     if broken == "truncated":
         write(tmp_path / "image.bin", "data " * 100_000)
@@ -612,8 +620,12 @@ def test_decompress_sparse_rejects_a_broken_download(tmp_path: Path, broken: str
         compressed.write_bytes(data[: len(data) // 2])
     else:
         write(compressed, "not bzip2")
-    with pytest.raises(DriverError, match=r"cannot decompress image\.bin\.bz2: .* fetch it again"):
-        devcontainer.decompress_sparse(compressed, tmp_path / "out.bin")
+    commands = decompressor_commands(kind, tmp_path / "bin")
+    with pytest.raises(
+        DriverError, match=r"cannot decompress image\.bin\.bz2: .* fetch it again"
+    ) as failure:
+        devcontainer.decompress_sparse(compressed, tmp_path / "out.bin", commands)
+    assert "\n" not in str(failure.value)
 
 
 @pytest.fixture(scope="module")
@@ -631,7 +643,7 @@ def test_developer_container_is_extracted_without_a_loop_device(
     compressed, source = developer_container
     destination = tmp_path / "cache/developer"
 
-    root = devcontainer.extract_developer_container(compressed, destination, WANTED)
+    root = devcontainer.extract_developer_container(compressed, destination, WANTED, Commands())
 
     assert root == destination
     _assert_extracted(root, source)
@@ -657,7 +669,7 @@ def test_developer_container_without_any_wanted_path_leaves_nothing(
         DriverError, match="none of no/such/path is in flatcar_developer_"
     ) as failure:
         devcontainer.extract_developer_container(
-            compressed, tmp_path / "cache/dev", ["no/such/path"]
+            compressed, tmp_path / "cache/dev", ["no/such/path"], Commands()
         )
     assert "\n" not in str(failure.value)
     assert leftovers(tmp_path / "cache") == []
@@ -670,7 +682,9 @@ def test_developer_container_without_partition_9_leaves_nothing(tmp_path: Path) 
     )
     compressed = bzip2_file(disk, tmp_path / "dev.bin.bz2")
     with pytest.raises(DriverError, match=r"dev.bin.bz2 has no partition 9 \(ROOT") as failure:
-        devcontainer.extract_developer_container(compressed, tmp_path / "cache/dev", WANTED)
+        devcontainer.extract_developer_container(
+            compressed, tmp_path / "cache/dev", WANTED, Commands()
+        )
     assert "\n" not in str(failure.value)
     assert leftovers(tmp_path / "cache") == []
 

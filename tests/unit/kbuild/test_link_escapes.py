@@ -228,7 +228,9 @@ def test_a_link_chain_in_the_developer_container_is_left_out(
     )
     compressed = bzip2_file(disk, tmp_path / "flatcar_developer_container.bin.bz2")
 
-    root = devcontainer.extract_developer_container(compressed, tmp_path / "dev", ["usr/lib"])
+    root = devcontainer.extract_developer_container(
+        compressed, tmp_path / "dev", ["usr/lib"], Commands()
+    )
 
     assert escaping_links(root, tree_links(root)) == []
     assert not (root / "usr/lib/p1").is_symlink()

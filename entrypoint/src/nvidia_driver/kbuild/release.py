@@ -155,7 +155,7 @@ class ReleaseSources:
         if not (complete.is_file() and _of_release(root, version, arch, url)):
             image = self.fetcher.fetch(url)
             say(f"Unpacking the developer container of Flatcar {version}...")
-            extract_developer_container(image, root, DEVELOPER_CONTAINER_PATHS)
+            extract_developer_container(image, root, DEVELOPER_CONTAINER_PATHS, self.commands)
             try:
                 check_release_file(root, version, arch, url)
             except DriverError:
