@@ -35,7 +35,16 @@ from fixtures.daemonset import (
 )
 from fixtures.gpg import SigningKey
 from fixtures.images import DRIVER, Invoke
-from fixtures.release_server import TEST_RELEASE, FlatcarReleaseServer
+from fixtures.qemu import boot_and_insmod
+from fixtures.release_server import (
+    CONTAINER_TARBALL,
+    DEVELOPER_CONTAINER,
+    TEST_RELEASE,
+    VMLINUZ,
+    FlatcarReleaseServer,
+)
+
+from nvidia_driver.kbuild.packages import Package, load_package
 
 pytestmark = pytest.mark.integration
 
@@ -48,6 +57,13 @@ CTR_READY = "GDRCOPY_ENABLED: false\nGDS_ENABLED: false\nGPU_DIRECT_RDMA_ENABLED
 PRE_STOP = (
     "rm -f /run/nvidia/validations/.driver-ctr-ready /run/nvidia/validations/.driver-daemons-status"
 )
+# The image without the kernel's gcc-14 (it keeps gcc-13 and gcc-15, plain gcc being gcc-15):
+# what a precompiled image is on a node whose kernel a gcc it lacks built (fixtures/daemonset.py).
+WITHOUT_GCC14 = {"GDC_HIDE": "gcc gcc-14 x86_64-linux-gnu-gcc-14 cc", "GDC_GCC": "gcc-15"}
+# Where a pod installs the modules (in the container; /sim/lib/modules through the host root).
+MODULES_DIR = f"/usr/lib/modules/{TEST_RELEASE.kernel.release}"
+NO_GPU = "NVRM: No NVIDIA GPU found"
+BROKEN_BUILD = ("Invalid module format", "Unknown symbol")
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +112,16 @@ def _daemon_pids(pod: DriverPod) -> dict[str, int]:
         if result.returncode == 0:
             pids[name] = int(result.stdout)
     return pids
+
+
+def node_packages(host: NodeHost) -> list[Package]:
+    """The packages in the node's /run/nvidia/cache."""
+    packages = []
+    for metadata in sorted((host.base / "run-nvidia/cache/packages").rglob("metadata.json")):
+        package = load_package(metadata.parent)
+        assert package is not None, metadata
+        packages.append(package)
+    return packages
 
 
 def _assert_stops_cleanly(pod: DriverPod, daemons: Mapping[str, int]) -> None:
@@ -213,8 +239,8 @@ def test_the_startup_probe_fails_until_modules_and_daemons_are_ready(l40s_pod: D
 def rebuilt_node(banner: str, flatcar_signing_key: SigningKey) -> Iterator[tuple[Node, NodeHost]]:
     """A node whose kernel was built at another time: same release string, other banner.
 
-    Its host paths are shared by the two tests that build: the one interrupted by a SIGTERM,
-    then the one that completes, as a restarted pod on the same node.
+    Its host paths are shared by the tests that build, as restarted pods on the same node: the
+    one interrupted by a SIGTERM, the one that completes, and the one that finds its package.
     """
     node = flatcar_node(mismatched(banner), HGX_H100)
     with node_host(node, keyring=flatcar_signing_key.public_keyring) as host:
@@ -250,7 +276,11 @@ def test_a_sigterm_in_the_middle_of_a_runtime_build_ends_within_the_grace_period
     rebuilt_node: tuple[Node, NodeHost],
     flatcar_release_server: FlatcarReleaseServer,
 ) -> None:
-    """The kubelet's SIGTERM while make runs: out in 30 s, nothing half-built or installed."""
+    """The kubelet's SIGTERM while make runs: out in 30 s, nothing half-built or installed.
+
+    The image's own gcc-14 compiles here, so the compilers' command lines name the work and
+    cache directories the last checks look for (a chrooted one's name its own paths).
+    """
     node, host = rebuilt_node
     env = _build_env(flatcar_release_server)
     with driver_pod(precompiled, node, env, network="host", host=host) as pod:
@@ -273,20 +303,23 @@ def test_a_sigterm_in_the_middle_of_a_runtime_build_ends_within_the_grace_period
     assert not (pod.run_nvidia / "nvidia-driver.state").exists()
 
 
-def test_a_mismatched_kernel_builds_at_runtime_then_installs(
+def test_a_mismatched_kernel_without_the_images_gcc_builds_in_the_developer_container(
     precompiled: str,
     rebuilt_node: tuple[Node, NodeHost],
     flatcar_release_server: FlatcarReleaseServer,
+    tmp_path: Path,
 ) -> None:
-    """A new pod on the node the last test left: the build runs to the end this time.
+    """A new pod on the node the last test left, from an image without the kernel's gcc-14.
 
-    The build fetches the release's kernel tree from the loopback release server, which only
-    host networking reaches (a node reaches Flatcar's servers over its pod network). The
-    module type is left to auto (proprietary for 535): on this machine the open modules built
-    no faster (about 6.5 and 7 minutes from container start, under the same load).
+    That is the image on a node whose kernel a newer gcc built (a future gcc 16): no package
+    matches, so the pod builds at runtime, in the release's developer container with its own
+    gcc-14. The build fetches the release's artifacts from the loopback release server, which
+    only host networking reaches (a node reaches Flatcar's servers over its pod network). The
+    module type is left to auto (proprietary for 535), so the closed core is linked on the node;
+    the nvidia.ko the pod installed is then insmod-ed into the release's kernel under QEMU.
     """
     node, host = rebuilt_node
-    env = _build_env(flatcar_release_server)
+    env = {**_build_env(flatcar_release_server), **WITHOUT_GCC14}
     with driver_pod(precompiled, node, env, network="host", host=host) as pod:
         pod.wait_for(READY_LINE, timeout=STARTUP_PROBE_SECONDS)
         log = pod.output
@@ -294,14 +327,64 @@ def test_a_mismatched_kernel_builds_at_runtime_then_installs(
         assert "kernel interface matches." not in log
         assert "Using the proprietary kernel modules (auto: branch 535" in log
         assert "No precompiled NVIDIA driver package matches kernel" in log
+        assert "no gcc 14 is available in this image" in log
+        assert f"using the developer container of Flatcar {TEST_RELEASE.version}" in log
         assert "Building kernel modules" in log
         assert log.index("Building kernel modules") < log.index(
             "Installing NVIDIA driver kernel modules..."
         )
+        assert "Linking nvidia.ko from its kernel interface..." in log
         assert any(line.startswith("insmod ") for line in pod.calls("insmod"))
         assert pod.driver_root_mounted()
         assert pod.probe().returncode == 0
+        installed = pod.copy_out(f"{MODULES_DIR}/kernel/drivers/video/nvidia.ko",
+                                 tmp_path / "nvidia.ko")  # fmt: skip
+        image_gcc = pod.exec("/usr/bin/gcc-14", "--version").stdout.splitlines()[0]
         _assert_stops_cleanly(pod, _daemon_pids(pod))
+    # The package the pod left in the node's cache: the developer container's gcc-14 (trixie's),
+    # not the image's (forky's); the closed core shipped unlinked, linked on the node.
+    [package] = node_packages(host)
+    assert package.metadata.banner == node.banner
+    assert package.metadata.compiler.startswith("gcc-14 (Debian 14."), package.metadata
+    assert package.metadata.compiler != image_gcc
+    assert "nvidia.ko" not in package.metadata.modules
+    assert {linked.module for linked in package.metadata.linked} == {
+        "nvidia.ko",
+        "nvidia-modeset.ko",
+    }
+    # Only the package stays: the developer container and the compile went with the pod's
+    # writable layer, and nothing in flight is left in the cache.
+    assert not [path for path in (host.base / "run-nvidia/cache").rglob("*")
+                if path.name.startswith((".scratch-", ".incoming-", ".build."))]  # fmt: skip
+    boot = boot_and_insmod([installed], TEST_RELEASE.kernel.release)
+    assert NO_GPU in boot.console
+    assert boot.load(installed).errno_name == "ENODEV"
+    assert not any(error in boot.console for error in BROKEN_BUILD)
+
+
+def test_the_next_pod_on_that_node_reuses_the_built_package(
+    precompiled: str,
+    rebuilt_node: tuple[Node, NodeHost],
+    flatcar_release_server: FlatcarReleaseServer,
+) -> None:
+    """After the pod that built stopped (modules unloaded): no compile and no download."""
+    node, host = rebuilt_node
+    env = {**_build_env(flatcar_release_server), **WITHOUT_GCC14}
+    server = flatcar_release_server
+    server.reset()  # count only this pod's requests, not the last build's
+    host.forget_calls()
+    with driver_pod(precompiled, node, env, network="host", host=host) as pod:
+        pod.wait_for(READY_LINE, timeout=STARTUP_PROBE_SECONDS)
+        log = pod.output
+        found = f"Found NVIDIA driver package nvidia-modules-{TEST_RELEASE.kernel.upstream_version}"
+        assert found in log
+        assert "Building kernel modules" not in log
+        assert "developer container" not in log
+        assert pod.probe().returncode == 0
+        _assert_stops_cleanly(pod, _daemon_pids(pod))
+    for artifact in (CONTAINER_TARBALL, VMLINUZ, DEVELOPER_CONTAINER):
+        assert server.request_count(server.artifact_url(artifact)) == 0, artifact
+    assert len(node_packages(host)) == 1
 
 
 # --- HGX, DGX and GB200 nodes; restarts ----------------------------------------------------------

@@ -1,20 +1,19 @@
-"""``nvidia-driver build --flatcar-version``, end to end, against a real kernel and its release.
+"""``nvidia-driver build``, end to end, against a real kernel and its release.
 
 A Flatcar release server on 127.0.0.1 serves a test release whose kernel is Debian trixie's
 6.12.117+deb13-cloud-amd64, built by gcc 14 as Flatcar's 4230.1.0 to 4593 are (its real
 vmlinuz, container tarball and developer container), signed with a throwaway key. The driver is
 NVIDIA 535.261.03 from a fixture .run made of Debian's packages.
 
-* In the build image (``docker run``, host networking to reach the release server): with the
-  image's gcc-14 hidden, as an image without the kernel's compiler (a future gcc 16 kernel), the
-  build takes the release's developer container and its own gcc-14; the proprietary modules are
-  linked on the node and insmod-ed into the release's kernel under QEMU. The same cache then
-  rebuilds warm, without a compile or a download. A compile that fails says where and why.
+* In the build image (``docker run``, host networking to reach the release server): a compile
+  that fails says where and why.
 * On this machine (no gcc-14: Debian 12): what is refused before any compile (bad downloads, an
   unknown release, no compiler and no developer container).
 
-The open modules from the container tarball with the image's own gcc-14 are the precompiled
-image's (test_images.py, booted by test_qemu_harness.py's session boot).
+The open and proprietary modules from the container tarball with the image's own gcc-14 are the
+precompiled image's (test_images.py, booted by test_qemu_harness.py's session boot). The
+developer container's build, with its own gcc-14 where the image lacks the kernel's, is a driver
+pod's runtime build, then its warm restart (test_operator_daemonset.py).
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +32,6 @@ from fixtures.gpg import SigningKey
 from fixtures.http_server import Fault
 from fixtures.image_node import ImageBuild, build_release_in_image
 from fixtures.images import Invoke
-from fixtures.qemu import DEFAULT_KERNEL, boot_and_insmod
 from fixtures.release_server import (
     CONTAINER_TARBALL,
     DEVELOPER_CONTAINER,
@@ -44,18 +41,10 @@ from fixtures.release_server import (
 )
 from fixtures.runfile import build_run_fixture
 
-from nvidia_driver.commands import Commands
-from nvidia_driver.kbuild.packages import Package, install_package, load_package
-
 pytestmark = pytest.mark.integration
 
 DRIVER = "535.261.03"
 VERSION = TEST_RELEASE.version
-NO_GPU = "NVRM: No NVIDIA GPU found"
-BROKEN_BUILD = ("Invalid module format", "Unknown symbol")
-# An image without the kernel's gcc-14 (it has gcc-13 and gcc-15, gcc being gcc-15).
-GCC14_HIDDEN = ("gcc", "gcc-14", "x86_64-linux-gnu-gcc-14", "cc")
-PLAIN_GCC = "gcc-15"
 # Where the keyring of FLATCAR_KEYRING is mounted (the precompiled Dockerfile's keyrings/).
 KEYRING = "/etc/gdc/keyrings/release.gpg"
 NV_C = f"/usr/src/nvidia-{DRIVER}/kernel-open/nvidia/nv.c"
@@ -70,12 +59,6 @@ class Build:
     @property
     def log(self) -> str:
         return self.result.stdout + self.result.stderr
-
-    def package(self, module_type: str) -> Package:
-        [metadata] = (self.output_dir / module_type).glob("*/metadata.json")
-        package = load_package(metadata.parent)
-        assert package is not None
-        return package
 
 
 def cache_entries(cache: Path, work: Path) -> list[str]:
@@ -113,8 +96,6 @@ class ImageBuilder:
         scratch: Path,
         *,
         mounts: tuple[tuple[Path, str], ...] = (),
-        hide: tuple[str, ...] = (),
-        gcc: str = "",
     ) -> Build:
         env = {
             "NVIDIA_DRIVER_CACHE_DIR": str(self.cache),
@@ -130,7 +111,7 @@ class ImageBuilder:
         )
         started = time.monotonic()
         built: ImageBuild = build_release_in_image(
-            self.image, VERSION, module_type, scratch, env=env, mounts=volumes, hide=hide, gcc=gcc
+            self.image, VERSION, module_type, scratch, env=env, mounts=volumes
         )
         return Build(built.result, time.monotonic() - started, built.output)
 
@@ -142,90 +123,6 @@ def image_builder(
     cache.mkdir(parents=True)
     work.mkdir()
     return ImageBuilder(invoke.build_reference, server, key.public_keyring, cache, work)
-
-
-@pytest.fixture(scope="module")
-def devcontainer_builder(
-    invoke: Invoke,
-    build_image: subprocess.CompletedProcess[str],
-    flatcar_release_server_session: FlatcarReleaseServer,
-    flatcar_signing_key: SigningKey,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[ImageBuilder]:
-    """The developer container's build and the warm rebuild share this cache."""
-    builder = image_builder(invoke, flatcar_release_server_session, flatcar_signing_key,
-                            tmp_path_factory.mktemp("devcontainer-build"))  # fmt: skip
-    yield builder
-    shutil.rmtree(builder.work, ignore_errors=True)  # an unpacked developer container: GBs
-
-
-@pytest.fixture(scope="module")
-def devcontainer_build(
-    devcontainer_builder: ImageBuilder, tmp_path_factory: pytest.TempPathFactory
-) -> Build:
-    """Proprietary modules, built where the image lacks the kernel's gcc: in the developer
-    container, with its gcc-14. Two paths in one compile: the developer container's gcc, and
-    the closed core linked on the node."""
-    build = devcontainer_builder.build(
-        "proprietary",
-        tmp_path_factory.mktemp("devcontainer-out"),
-        hide=GCC14_HIDDEN,
-        gcc=PLAIN_GCC,
-    )
-    assert build.result.returncode == 0, build.log
-    return build
-
-
-def test_without_the_kernels_gcc_the_developer_container_builds_proprietary_modules(
-    devcontainer_build: Build, invoke: Invoke, tmp_path: Path
-) -> None:
-    build = devcontainer_build
-    # The release's tree comes first, from its container tarball; then the compiler check.
-    assert "Extracting the kernel build tree from flatcar-container.tar.gz" in build.log
-    assert "no gcc 14 is available in this image" in build.log
-    assert "using the developer container of Flatcar 9999.2.0" in build.log
-    assert "Building kernel modules:" in build.log
-    assert "] 100%" in build.log
-    package = build.package("proprietary")
-    assert package.metadata.kernel_release == DEFAULT_KERNEL
-    # The developer container's gcc-14 (trixie's), not the image's (forky's).
-    image_gcc = subprocess.run(
-        ["docker", "run", "--rm", "--network", "none", "--entrypoint", "gcc-14",
-         invoke.build_reference, "--version"],
-        capture_output=True, text=True, env=invoke.env, check=True,
-    ).stdout.splitlines()[0]  # fmt: skip
-    assert package.metadata.compiler.startswith("gcc-14 (Debian 14."), package.metadata
-    assert package.metadata.compiler != image_gcc
-    # The closed core is shipped unlinked: nvidia.ko only exists once linked on the node.
-    assert "nvidia.ko" not in package.metadata.modules
-    assert {linked.module for linked in package.metadata.linked} == {
-        "nvidia.ko",
-        "nvidia-modeset.ko",
-    }
-    modules = tmp_path / "lib-modules"
-    install_package(package, modules, Commands())
-    nvidia = modules / "kernel" / "drivers" / "video" / "nvidia.ko"
-    boot = boot_and_insmod([nvidia], DEFAULT_KERNEL)
-    assert NO_GPU in boot.console
-    assert boot.load(nvidia).errno_name == "ENODEV"
-    assert not any(error in boot.console for error in BROKEN_BUILD)
-    assert package.metadata.banner == boot.proc_version
-
-
-def test_a_warm_cache_does_not_compile(
-    devcontainer_build: Build, devcontainer_builder: ImageBuilder, tmp_path: Path
-) -> None:
-    server = devcontainer_builder.server
-    server.reset()  # count only this build's requests, not the cold build's
-    again = devcontainer_builder.build("proprietary", tmp_path, hide=GCC14_HIDDEN, gcc=PLAIN_GCC)
-    assert again.result.returncode == 0, again.log
-    assert f"Found NVIDIA driver package nvidia-modules-{TEST_RELEASE.kernel.upstream_version}" \
-        in again.log  # fmt: skip
-    assert "Building kernel modules" not in again.log
-    for artifact in (CONTAINER_TARBALL, VMLINUZ, DEVELOPER_CONTAINER):
-        assert server.request_count(server.artifact_url(artifact)) == 0, artifact
-    # From docker run to exit: the container's start is in it.
-    assert again.seconds < 3, f"warm rebuild took {again.seconds:.1f} s"
 
 
 def test_a_failing_compile_surfaces_its_first_error(  # noqa: PLR0917 - pytest's fixtures
