@@ -48,7 +48,9 @@ def debian_host_packages() -> None:
 @pytest.fixture(scope="session", autouse=True)
 def warm_caches(request: pytest.FixtureRequest, debian_host_packages: None) -> Iterator[None]:
     """The long cache entries the collected tests need, built in threads from the start."""
-    needed = {name for item in request.session.items for name in getattr(item, "fixturenames", ())}
+    needed = {name for item in request.session.items
+              for name in (getattr(item, "originalname", item.name),
+                           *getattr(item, "fixturenames", ()))}  # fmt: skip
     with warmed(needed) as reports:
         request.config.stash[WARM_UP_REPORTS] = reports
         yield
