@@ -279,7 +279,7 @@ def test_a_sigterm_in_the_middle_of_a_runtime_build_ends_within_the_grace_period
     """The kubelet's SIGTERM while make runs: out in 30 s, nothing half-built or installed.
 
     The image's own gcc-14 compiles here, so the compilers' command lines name the work and
-    cache directories the last checks look for (a chrooted one's name its own paths).
+    cache directories the last checks look for (a chrooted compiler's name the chroot's).
     """
     node, host = rebuilt_node
     env = _build_env(flatcar_release_server)
