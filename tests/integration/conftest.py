@@ -48,9 +48,7 @@ def debian_host_packages() -> None:
 @pytest.fixture(scope="session", autouse=True)
 def warm_caches(request: pytest.FixtureRequest, debian_host_packages: None) -> Iterator[None]:
     """The long cache entries the collected tests need, built in threads from the start."""
-    needed = {name for item in request.session.items
-              for name in (getattr(item, "originalname", item.name),
-                           *getattr(item, "fixturenames", ()))}  # fmt: skip
+    needed = {name for item in request.session.items for name in getattr(item, "fixturenames", ())}
     with warmed(needed) as reports:
         request.config.stash[WARM_UP_REPORTS] = reports
         yield
@@ -65,6 +63,13 @@ def pytest_terminal_summary(
     """What each warm-up took (beside --durations: the time it saved does not show there)."""
     for line in config.stash.get(WARM_UP_REPORTS, []):
         terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def xz_runfile() -> Path:
+    """The 535 fixture .run with an xz payload without integrity check, as nv2 packages carry
+    (fixtures/runfile.py's COMPRESSOR_OPTIONS)."""
+    return build_run_fixture(DRIVER, compression="xz")
 
 
 @pytest.fixture(scope="session")

@@ -226,8 +226,8 @@ def test_stub_falls_back_to_its_embedded_decompressor(extracted: Extracted, tmp_
     assert list(tmp_path.glob("makeself.*/zstd")), "the embedded zstd was not used"
 
 
-def test_xz_fixture_has_an_unchecked_xz_payload(tmp_path: Path) -> None:
-    runfile = build_run_fixture("535.261.03", compression="xz")
+def test_xz_fixture_has_an_unchecked_xz_payload(xz_runfile: Path) -> None:
+    runfile = xz_runfile
     assert sh(runfile, "--check").returncode == 0
     with runfile.open("rb") as stream:
         stream.seek(payload_offset(runfile, int(header_keys(runfile)["skip"])))

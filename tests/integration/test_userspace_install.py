@@ -183,10 +183,10 @@ def test_nothing_for_x11_or_the_installer_is_installed(installed: Installed) -> 
 
 
 def test_the_xz_package_installs_the_same_tree(
-    installed: Installed, tmp_path_factory: pytest.TempPathFactory
+    installed: Installed, xz_runfile: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     root = tmp_path_factory.mktemp("userspace-xz") / "root"
-    result = install(build_run_fixture(VERSION, compression="xz"), root)
+    result = install(xz_runfile, root)
     assert result.returncode == 0, result.stderr
     try:
         assert tree_listing(root) == tree_listing(installed.root)
