@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from fixtures.docker_env import Registry, docker_env, remove_images
 from fixtures.images import DRIVER, FLATCAR, KERNEL_TAG, PREFIX, Invoke
-from fixtures.qemu import BootResult
+from fixtures.qemu import BROKEN_BUILD, NO_GPU, BootResult
 from fixtures.release_server import TEST_RELEASE
 
 from nvidia_driver.kbuild.packages import Package, load_package
@@ -29,8 +29,6 @@ from nvidia_driver.kbuild.packages import Package, load_package
 pytestmark = pytest.mark.integration
 
 PATCH = "pci-resize-resource-exclude-bars"
-NO_GPU = "NVRM: No NVIDIA GPU found"
-BROKEN_BUILD = ("Invalid module format", "Unknown symbol")
 
 MANIFEST_TYPES = (
     "application/vnd.docker.distribution.manifest.v2+json, "

@@ -35,7 +35,7 @@ from fixtures.daemonset import (
 )
 from fixtures.gpg import SigningKey
 from fixtures.images import DRIVER, Invoke
-from fixtures.qemu import boot_and_insmod
+from fixtures.qemu import BROKEN_BUILD, NO_GPU, boot_and_insmod
 from fixtures.release_server import (
     CONTAINER_TARBALL,
     DEVELOPER_CONTAINER,
@@ -44,7 +44,7 @@ from fixtures.release_server import (
     FlatcarReleaseServer,
 )
 
-from nvidia_driver.kbuild.packages import Package, load_package
+from nvidia_driver.kbuild.packages import Package, iter_packages
 
 pytestmark = pytest.mark.integration
 
@@ -62,8 +62,6 @@ PRE_STOP = (
 WITHOUT_GCC14 = {"GDC_HIDE": "gcc gcc-14 x86_64-linux-gnu-gcc-14 cc", "GDC_GCC": "gcc-15"}
 # Where a pod installs the modules (in the container; /sim/lib/modules through the host root).
 MODULES_DIR = f"/usr/lib/modules/{TEST_RELEASE.kernel.release}"
-NO_GPU = "NVRM: No NVIDIA GPU found"
-BROKEN_BUILD = ("Invalid module format", "Unknown symbol")
 
 
 @pytest.fixture(scope="module")
@@ -115,12 +113,10 @@ def _daemon_pids(pod: DriverPod) -> dict[str, int]:
 
 
 def node_packages(host: NodeHost) -> list[Package]:
-    """The packages in the node's /run/nvidia/cache."""
-    packages = []
-    for metadata in sorted((host.base / "run-nvidia/cache/packages").rglob("metadata.json")):
-        package = load_package(metadata.parent)
-        assert package is not None, metadata
-        packages.append(package)
+    """The packages in the node's /run/nvidia/cache, each of them readable."""
+    cache = host.base / "run-nvidia/cache/packages"
+    packages = list(iter_packages([cache]))
+    assert len(packages) == len(list(cache.rglob("metadata.json"))), "an unreadable package"
     return packages
 
 
