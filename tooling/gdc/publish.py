@@ -135,6 +135,7 @@ class Publisher:
     dry_run: bool = False
     rebuild: bool = False
     say: Callable[[str], None] = print
+    clock: Callable[[], float] = time.monotonic  # each image's time (progress line and summary)
     staged: dict[tuple[str, str], Descriptor] = field(default_factory=dict)  # (image id, arch)
     failed_builds: dict[tuple[str, str], str] = field(default_factory=dict)  # (driver, arch)
     planned: set[tuple[str, str]] = field(default_factory=set)  # a dry run's builds
@@ -228,7 +229,7 @@ class Publisher:
     # --- one image ----------------------------------------------------------------------------
 
     def publish_image(self, image: Image, arches: tuple[str, ...], step: Step) -> Outcome:
-        started = time.monotonic()
+        started = self.clock()
         built, details, failed = False, [], False
         if step is not Step.MERGE:
             for arch in (a for a in image.arches if a in arches):
@@ -253,7 +254,7 @@ class Publisher:
                 details.append(why)
         status = (Status.FAILED if failed or merged is Status.FAILED else Status.BUILT if built
                   else merged)  # fmt: skip
-        seconds = time.monotonic() - started
+        seconds = self.clock() - started
         return Outcome(image, status, "; ".join(details) or "up to date", planned=self.dry_run,
                        seconds=seconds)  # fmt: skip
 
@@ -270,9 +271,10 @@ def publish(
     dry_run: bool = False,
     rebuild: bool = False,
     say: Callable[[str], None] = print,
+    clock: Callable[[], float] = time.monotonic,
 ) -> list[Outcome]:
     """Plan and (unless dry_run) carry out every image of matrix; one outcome per image."""
-    run = Publisher(matrix, registry, repository, builder, dry_run, rebuild, say)
+    run = Publisher(matrix, registry, repository, builder, dry_run, rebuild, say, clock)
     chosen = [i for i in matrix.images if variant in (None, i.variant)]
     wanted = arches or matrix.arches
     outcomes = []
