@@ -44,7 +44,7 @@ from fixtures.release_server import (
     FlatcarReleaseServer,
 )
 
-from nvidia_driver.kbuild.packages import Package, iter_packages
+from nvidia_driver.kbuild.packages import Package, load_package
 
 pytestmark = pytest.mark.integration
 
@@ -113,10 +113,14 @@ def _daemon_pids(pod: DriverPod) -> dict[str, int]:
 
 
 def node_packages(host: NodeHost) -> list[Package]:
-    """The packages in the node's /run/nvidia/cache, each of them readable."""
-    cache = host.base / "run-nvidia/cache/packages"
-    packages = list(iter_packages([cache]))
-    assert len(packages) == len(list(cache.rglob("metadata.json"))), "an unreadable package"
+    """The packages in the node's /run/nvidia/cache, each of them readable.
+
+    Not iter_packages: it skips a package it cannot read, which here is a failure to name."""
+    packages = []
+    for metadata in sorted((host.base / "run-nvidia/cache/packages").rglob("metadata.json")):
+        package = load_package(metadata.parent)
+        assert package is not None, metadata
+        packages.append(package)
     return packages
 
 
