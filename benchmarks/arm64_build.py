@@ -8,7 +8,7 @@ precompiled arm64 image is built on an amd64 runner: never under emulation). Nei
 the root, trees and sources are prepared first and not counted. The builds alternate,
 ``--runs`` times each, and the medians are compared.
 
-Usage: python benchmarks/arm64_build.py [--runs 1]
+Usage: python benchmarks/arm64_build.py [--runs 1] [--record]
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "entrypoint" / "
 
 from fixtures.cross_build import build_uncached, cross_root, open_sources
 from fixtures.kernel import TRIXIE_ARM64_KERNEL, TRIXIE_KERNEL, kernel_tree
+from record import Report, add_record_option
 
 from nvidia_driver.formats.vmlinuz import kernel_banner_from_file
 
@@ -35,6 +36,7 @@ DRIVER = "550.163.01"
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--runs", type=int, default=1, help="builds of each arch (default 1)")
+    add_record_option(parser)
     args = parser.parse_args()
     cross_root()
     trees = {"amd64": kernel_tree(TRIXIE_KERNEL), "arm64": kernel_tree(TRIXIE_ARM64_KERNEL)}
@@ -42,15 +44,17 @@ def main() -> int:
     for arch in trees:
         open_sources(DRIVER, arch)
     seconds: dict[str, list[float]] = {arch: [] for arch in trees}
-    for run in range(args.runs):
-        for arch, tree in trees.items():
-            with tempfile.TemporaryDirectory(prefix=f"gdc-bench-{arch}-") as scratch:
-                took = build_uncached(Path(scratch), tree, banners[arch], DRIVER)
-            seconds[arch].append(took)
-            print(f"run {run + 1}: {arch} package built in {took:.1f} s", flush=True)
-    amd64, arm64 = (statistics.median(seconds[arch]) for arch in ("amd64", "arm64"))
-    print(f"amd64 (native gcc-14): {amd64:.1f} s; arm64 (aarch64-linux-gnu-gcc-14): {arm64:.1f} s")
-    print(f"arm64 / amd64 package build time: {arm64 / amd64:.2f}")
+    with Report("arm64_build", record=args.record):
+        for run in range(args.runs):
+            for arch, tree in trees.items():
+                with tempfile.TemporaryDirectory(prefix=f"gdc-bench-{arch}-") as scratch:
+                    took = build_uncached(Path(scratch), tree, banners[arch], DRIVER)
+                seconds[arch].append(took)
+                print(f"run {run + 1}: {arch} package built in {took:.1f} s", flush=True)
+        amd64, arm64 = (statistics.median(seconds[arch]) for arch in ("amd64", "arm64"))
+        print(f"amd64 (native gcc-14): {amd64:.1f} s; "
+              f"arm64 (aarch64-linux-gnu-gcc-14): {arm64:.1f} s")  # fmt: skip
+        print(f"arm64 / amd64 package build time: {arm64 / amd64:.2f}")
     return 0
 
 

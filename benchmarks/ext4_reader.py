@@ -1,6 +1,6 @@
 """The project's ext4 reader beside ``debugfs -R rdump`` (e2fsprogs), on one image.
 
-Usage: python benchmarks/ext4_reader.py [--source DIR] [--runs N]
+Usage: python benchmarks/ext4_reader.py [--source DIR] [--runs N] [--record]
 Packs DIR (default /usr/include) into an ext4 image with ``mkfs.ext4 -d``, extracts the whole
 image with each, and prints the median times, their ratio, the bytes each output takes on disk,
 and whether both hold the same files with the same contents. Needs e2fsprogs; no root.
@@ -22,6 +22,8 @@ from contextlib import redirect_stdout
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "entrypoint" / "src"))
+
+from record import Report, add_record_option
 
 from nvidia_driver.formats.ext4 import Ext4
 
@@ -87,11 +89,15 @@ def main() -> int:
     options = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     options.add_argument("--source", type=Path, default=Path("/usr/include"))
     options.add_argument("--runs", type=int, default=3)
+    add_record_option(options)
     args = options.parse_args()
     if shutil.which("debugfs") is None or shutil.which("mkfs.ext4") is None:
         print("needs e2fsprogs (debugfs, mkfs.ext4)", file=sys.stderr)
         return 1
-    with tempfile.TemporaryDirectory(prefix="ext4-bench.", dir="/var/tmp") as name:
+    with (
+        Report("ext4_reader", record=args.record),
+        tempfile.TemporaryDirectory(prefix="ext4-bench.", dir="/var/tmp") as name,
+    ):
         scratch = Path(name)
         image = scratch / "root.ext4"
         size = make_image(args.source, image)

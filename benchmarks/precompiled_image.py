@@ -14,7 +14,7 @@ integration tests build them (fixtures/images.py: loopback NVIDIA and Flatcar se
 535.261.03 fixture driver, the 9999.2.0 test release), which takes a while.
 
 Usage: python benchmarks/precompiled_image.py [--build-image REF --precompiled-image REF]
-       [--runs N]
+       [--runs N] [--record]
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from fixtures.daemonset import (
 from fixtures.docker_env import start_dockerd, stop_dockerd
 from fixtures.images import built_images
 from fixtures.release_server import TEST_RELEASE
+from record import Report, add_record_option
 
 INIT_GOAL_SECONDS = 2.0
 SIZE_GOAL = 1.2
@@ -94,6 +95,7 @@ def main() -> int:
                         "dockerd, unix:///run/gdc-docker.sock)")  # fmt: skip
     parser.add_argument("--precompiled-image", help="the precompiled image built on it")
     parser.add_argument("--runs", type=int, default=7, help="init runs to take the median of")
+    add_record_option(parser)
     args = parser.parse_args()
     if bool(args.build_image) != bool(args.precompiled_image):
         parser.error("give both --build-image and --precompiled-image, or neither")
@@ -110,8 +112,18 @@ def main() -> int:
     from_start = statistics.median(starts)
     wall = statistics.median(sample[1] for sample in samples)
     ratio = added / packages
+    met = from_start <= INIT_GOAL_SECONDS and ratio <= SIZE_GOAL
+    with Report("precompiled_image", record=args.record):
+        print_figures(args.runs, starts, wall, added, packages)
+        print(f"goals: {'met' if met else 'missed'}")
+    return 0 if met else 1
+
+
+def print_figures(runs: int, starts: list[float], wall: float, added: int, packages: int) -> None:
+    from_start = statistics.median(starts)
+    ratio = added / packages
     print(f"precompiled init, container start to {READY_LINE!r}:")
-    print(f"  median of {args.runs}: {from_start:6.2f} s   (goal <= {INIT_GOAL_SECONDS:g} s)"
+    print(f"  median of {runs}: {from_start:6.2f} s   (goal <= {INIT_GOAL_SECONDS:g} s)"
           f"   [min {min(starts):.2f}, max {max(starts):.2f}]")  # fmt: skip
     print(f"  from `docker run` (container creation included): {wall:6.2f} s")
     print(f"bytes the precompiled image adds over the build image: {added:>11,} "
@@ -119,9 +131,6 @@ def main() -> int:
     print(f"packages in it (du -sb /opt/nvidia/precompiled):      {packages:>11,} "
           f"({packages / 1e6:.1f} MB)")  # fmt: skip
     print(f"  ratio added / packages: {ratio:.4f}   (goal <= {SIZE_GOAL})")
-    met = from_start <= INIT_GOAL_SECONDS and ratio <= SIZE_GOAL
-    print(f"goals: {'met' if met else 'missed'}")
-    return 0 if met else 1
 
 
 if __name__ == "__main__":

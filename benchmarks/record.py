@@ -1,17 +1,17 @@
 """The one place benchmark figures are kept: docs/benchmarks.md, written by the scripts.
 
-Each benchmark prints its figures through a :class:`Report`; run with ``--record``, it also
-replaces its own section of docs/benchmarks.md with those lines and, beside them, the command
-that printed them, the date, the commit and the machine. A figure is never typed in by hand, so
-none goes stale without its date and commit saying so.
+Each benchmark prints its figures inside a :class:`Report`; run with ``--record``, it also
+replaces its own section of docs/benchmarks.md with what it printed and, beside it, the command,
+the date, the commit and the machine. A figure is never typed in by hand, so none goes stale
+without its date and commit saying so. A run that fails records nothing.
 
-    report = Report("cli_startup", record=args.record)
-    report.line(f"ratio --help / bare start: {ratio:.2f}")
-    report.finish()
+    with Report("cli_startup", record=args.record):
+        print(f"ratio --help / bare start: {ratio:.2f}")
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import os
 import platform
@@ -20,6 +20,8 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from types import TracebackType
+from typing import Self, TextIO
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 DOCS = REPOSITORY / "docs" / "benchmarks.md"
@@ -68,31 +70,57 @@ def machine() -> str:
     return f"{os.cpu_count()} cores{model}{memory}, {platform.system()} {platform.release()}{load}"
 
 
-class Report:
-    """The lines one benchmark prints, and with record=True its section of docs/benchmarks.md."""
+class _Tee:
+    """stdout, kept as well as printed."""
 
-    def __init__(self, name: str, *, record: bool, argv: list[str] | None = None) -> None:
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.kept: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.kept.append(text)
+        return self.out.write(text)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
+class Report:
+    """What one benchmark prints, and with record=True its section of docs/benchmarks.md."""
+
+    def __init__(
+        self, name: str, *, record: bool, argv: list[str] | None = None, docs: Path = DOCS
+    ) -> None:
         if not _NAME.fullmatch(name):
             raise ValueError(f"benchmark name {name!r} is not [a-z][a-z0-9_]*")
         self.name = name
         self.record = record
+        self.docs = docs
         argv = sys.argv if argv is None else argv
         script = Path(argv[0]).resolve()
         shown = script.relative_to(REPOSITORY) if script.is_relative_to(REPOSITORY) else script
         self.command = shlex.join(["python", str(shown), *argv[1:]])
         self.started = dt.datetime.now(dt.UTC)
         self.machine = machine()  # the load before the benchmark's own work
-        self.lines: list[str] = []
+        self._tee: _Tee | None = None
 
-    def line(self, text: str = "") -> None:
-        """Print one line of figures, and keep it for the record."""
-        print(text, flush=True)
-        self.lines.append(text)
+    def __enter__(self) -> Self:
+        self._tee = _Tee(sys.stdout)
+        sys.stdout = self._tee
+        return self
 
-    def finish(self, docs: Path = DOCS) -> None:
-        """With record=True, replace this benchmark's section of docs (made if missing)."""
-        if not self.record:
-            return
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        assert self._tee is not None
+        sys.stdout = self._tee.out
+        if self.record and kind is None:
+            self._write("".join(self._tee.kept).rstrip("\n").splitlines())
+
+    def _write(self, lines: list[str]) -> None:
         section = "\n".join([
             _begin(self.name),
             f"## {self.name}",
@@ -103,10 +131,11 @@ class Report:
             f"- machine: {self.machine}",
             "",
             "```",
-            *self.lines,
+            *lines,
             "```",
             _end(self.name),
         ])  # fmt: skip
+        docs = self.docs
         text = docs.read_text() if docs.exists() else _HEADER
         pattern = re.compile(re.escape(_begin(self.name)) + ".*?" + re.escape(_end(self.name)),
                              re.DOTALL)  # fmt: skip
@@ -119,3 +148,9 @@ class Report:
         temporary.replace(docs)
         shown = docs.relative_to(REPOSITORY) if docs.is_relative_to(REPOSITORY) else docs
         print(f"recorded in {shown}")
+
+
+def add_record_option(parser: argparse.ArgumentParser) -> None:
+    """--record: the one option every benchmark takes to write its section."""
+    parser.add_argument("--record", action="store_true",
+                        help="also write these figures to docs/benchmarks.md")  # fmt: skip

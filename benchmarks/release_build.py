@@ -15,6 +15,7 @@ system's temporary directory: on a node the tree goes to the work directory, on 
 disk (see entrypoint/src/nvidia_driver/cachedirs.py).
 
 Usage: python benchmarks/release_build.py [--bandwidth-mb 50] [--only build|stream] [--scratch DIR]
+       [--record]
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from fixtures.release_server import (
     sign_release,
 )
 from fixtures.runfile import build_run_fixture
+from record import Report, add_record_option
 
 from nvidia_driver.commands import Commands
 from nvidia_driver.kbuild.container import extract_container_tree
@@ -247,6 +249,7 @@ def main() -> int:
         help="where the streamed tree is extracted (default: the temporary directory, on disk "
         "like the work directory of a node's driver container)",
     )
+    add_record_option(parser)
     args = parser.parse_args()
     artifacts = build_release_artifacts(HOST_GCC_RELEASE, kernel_tree(HOST_GCC_RELEASE.kernel))
     builds: tuple[float, float, float, float] | None = None
@@ -270,12 +273,13 @@ def main() -> int:
         finally:
             server.close()
             key.close()
-    if builds is not None:
-        print_build_figures(*builds)
-    if streams is not None:
-        print_stream_figures(
-            artifacts.path(CONTAINER_TARBALL), args.bandwidth_mb, args.scratch, *streams
-        )
+    with Report("release_build", record=args.record):
+        if builds is not None:
+            print_build_figures(*builds)
+        if streams is not None:
+            print_stream_figures(
+                artifacts.path(CONTAINER_TARBALL), args.bandwidth_mb, args.scratch, *streams
+            )
     return 0
 
 

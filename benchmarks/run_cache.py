@@ -12,7 +12,7 @@ Two cases: the node's own tree (every release from 4230.1.0 and LTS 4081 ship on
 without one, whose release's flatcar-container.tar.gz is streamed from a release server on
 127.0.0.1.
 
-Usage: python benchmarks/run_cache.py [--only host|tarball]
+Usage: python benchmarks/run_cache.py [--only host|tarball] [--record]
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fixtures.gpg import generate_signing_key
 from fixtures.kernel import KernelTree, kernel_tree
 from fixtures.release_server import HOST_GCC_RELEASE, build_release_artifacts, sign_release
+from record import Report, add_record_option
 from release_build import DRIVER, ServerProcess, driver_root
 
 from nvidia_driver.commands import Commands
@@ -152,6 +153,7 @@ def report(case: str, figures: Figures) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=["host", "tarball"], help="measure one case only")
+    add_record_option(parser)
     args = parser.parse_args()
     tree = kernel_tree(HOST_GCC_RELEASE.kernel)
     results: list[tuple[str, Figures]] = []
@@ -178,8 +180,9 @@ def main() -> int:
             finally:
                 server.close()
                 key.close()
-    for case_name, figures in results:
-        report(case_name, figures)
+    with Report("run_cache", record=args.record):
+        for case_name, figures in results:
+            report(case_name, figures)
     return 0
 
 

@@ -14,9 +14,8 @@ from record import Report
 
 def test_a_section_names_its_command_date_commit_and_machine(tmp_path: Path) -> None:
     docs = tmp_path / "benchmarks.md"
-    report = Report("cli_startup", record=True, argv=["benchmarks/cli_startup.py", "40"])
-    report.line("ratio --help / bare start:   1.09")
-    report.finish(docs)
+    with Report("cli_startup", record=True, argv=["benchmarks/cli_startup.py", "40"], docs=docs):
+        print("ratio --help / bare start:   1.09")
     text = docs.read_text()
     assert text.startswith("# Benchmarks\n")
     assert "- command: `python benchmarks/cli_startup.py 40`" in text
@@ -30,9 +29,8 @@ def test_a_section_names_its_command_date_commit_and_machine(tmp_path: Path) -> 
 def test_a_rerun_replaces_its_own_section_and_keeps_the_others(tmp_path: Path) -> None:
     docs = tmp_path / "benchmarks.md"
     for name, figure in (("first", "1.00"), ("second", "2.00"), ("first", "3.00")):
-        report = Report(name, record=True, argv=[f"benchmarks/{name}.py"])
-        report.line(f"ratio {figure}")
-        report.finish(docs)
+        with Report(name, record=True, argv=[f"benchmarks/{name}.py"], docs=docs):
+            print(f"ratio {figure}")
     text = docs.read_text()
     assert text.count("## first") == 1
     assert "ratio 3.00" in text
@@ -41,15 +39,28 @@ def test_a_rerun_replaces_its_own_section_and_keeps_the_others(tmp_path: Path) -
     assert text.index("## first") < text.index("## second")
 
 
-def test_without_record_nothing_is_written(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_without_record_it_only_prints(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     docs = tmp_path / "benchmarks.md"
-    report = Report("cli_startup", record=False, argv=["benchmarks/cli_startup.py"])
-    report.line("figure")
-    report.finish(docs)
+    with Report("cli_startup", record=False, argv=["benchmarks/cli_startup.py"], docs=docs):
+        print("figure")
     assert not docs.exists()
     assert capsys.readouterr().out == "figure\n"
+
+
+def test_a_failed_run_records_nothing(tmp_path: Path) -> None:
+    docs = tmp_path / "benchmarks.md"
+    report = Report("cli_startup", record=True, argv=["benchmarks/cli_startup.py"], docs=docs)
+    stdout = sys.stdout
+
+    def fail_halfway() -> None:
+        with report:
+            print("half a figure")
+            raise RuntimeError
+
+    with pytest.raises(RuntimeError):
+        fail_halfway()
+    assert not docs.exists()
+    assert sys.stdout is stdout
 
 
 def test_a_name_that_would_break_the_markers_is_refused() -> None:
