@@ -6,6 +6,7 @@
     invoke matrix  [--json | --github-output] [--registry R] [--prefix P]
     invoke publish --registry R [--arch A] [--step stage|merge|all] [--rebuild] [--dry-run]
     invoke sign    --registry R [--key K] [--no-sbom] [--require-cosign]
+    invoke record-driver VERSION [--verify]   (versions.toml's entry, from NVIDIA's own files)
 
 Defaults: the newest driver in versions.toml, Flatcar's current stable release (from the
 releases feed: $FLATCAR_RELEASES_URL or --releases-url for a mirror), this machine's arch.
@@ -14,6 +15,7 @@ matrix, publish and sign cover every image: see tooling/gdc/matrix.py.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import sys
 import time
@@ -33,14 +35,16 @@ from invoke.tasks import task  # noqa: E402
 
 from gdc import commands, images, matrix, plan, releases  # noqa: E402
 from gdc import publish as publishing  # noqa: E402
+from gdc import record as recording  # noqa: E402
 from gdc import sign as signing  # noqa: E402
 from gdc import tags as tag_rules  # noqa: E402
 from gdc.builder import BuildSettings, DockerBuilder  # noqa: E402
 from gdc.docker_api import Buildx, Docker, DockerError, DockerSDK  # noqa: E402
+from gdc.nvidia import RecordError, Sources  # noqa: E402
 from gdc.registry import Registry, RegistryError, Repository, credentials_for  # noqa: E402
 from gdc.releases import ReleaseError  # noqa: E402
 from gdc.tags import TagError, Variant, check_repository  # noqa: E402
-from gdc.versions import Versions, VersionsError, load_versions  # noqa: E402
+from gdc.versions import VERSIONS_FILE, Versions, VersionsError, load_versions  # noqa: E402
 
 FAILURES = (
     VersionsError,
@@ -108,6 +112,16 @@ SIGN_HELP = {
     "key": "cosign key reference (default: keyless, with the CI job's OIDC token)",
     "sbom": "attest an SPDX SBOM made by syft (default); --no-sbom signs only",
     "require_cosign": "fail when cosign is not on PATH (default: say so, sign nothing)",
+}
+
+RECORD_HELP = {
+    "version": "the NVIDIA datacenter driver release, e.g. 580.178.04",
+    "verify": "also download each .run (about 400 MB) and check it against its .sha256sum",
+    "versions_file": MATRIX_HELP["versions_file"],
+    "checksum_base_url": "where NVIDIA-Linux-*.run.sha256sum are (default: NVIDIA's XFree86 "
+    "downloads)",
+    "driver_base_url": BUILD_HELP["driver_base_url"],
+    "fabricmanager_base_url": "NVIDIA's redist base with redistrib_<version>.json, a mirror",
 }
 
 
@@ -408,4 +422,29 @@ def sign(  # noqa: PLR0917 - invoke maps each option to a parameter
         raise Exit(message, code=1)
 
 
-ns = Collection(tags, build, push_, matrix_, publish, sign)
+def _today() -> str:
+    return dt.datetime.now(dt.UTC).date().isoformat()
+
+
+@task(help=RECORD_HELP, auto_shortflags=False)
+def record_driver(  # noqa: PLR0917 - invoke maps each option to a parameter
+    _c: Context,
+    version: str,
+    verify: bool = False,
+    versions_file: str = "",
+    checksum_base_url: str = "",
+    driver_base_url: str = "",
+    fabricmanager_base_url: str = "",
+) -> None:
+    """Write versions.toml's entry for VERSION from NVIDIA's own checksums and redist manifest."""
+    sources = Sources(checksum_base_url, driver_base_url, fabricmanager_base_url)
+    path = Path(versions_file) if versions_file else VERSIONS_FILE
+    try:
+        record, replaced = recording.record_driver(version, path, sources, verify=verify,
+                                                   date=_today())  # fmt: skip
+    except RecordError as exc:
+        raise Exit(f"invoke record-driver: {exc}", code=1) from None
+    print(f"invoke record-driver: {recording.summary_line(record, replaced, path)}")
+
+
+ns = Collection(tags, build, push_, matrix_, publish, sign, record_driver)
