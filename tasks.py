@@ -7,6 +7,7 @@
     invoke publish --registry R [--arch A] [--step stage|merge|all] [--rebuild] [--dry-run]
     invoke sign    --registry R [--key K] [--no-sbom] [--require-cosign]
     invoke record-driver VERSION [--verify]   (versions.toml's entry, from NVIDIA's own files)
+    invoke propose-drivers [--dry-run]        (a pull request per newer point release)
 
 Defaults: the newest driver in versions.toml, Flatcar's current stable release (from the
 releases feed: $FLATCAR_RELEASES_URL or --releases-url for a mirror), this machine's arch.
@@ -34,6 +35,7 @@ from invoke.exceptions import Exit  # noqa: E402
 from invoke.tasks import task  # noqa: E402
 
 from gdc import commands, images, matrix, plan, releases  # noqa: E402
+from gdc import propose as proposing  # noqa: E402
 from gdc import publish as publishing  # noqa: E402
 from gdc import record as recording  # noqa: E402
 from gdc import sign as signing  # noqa: E402
@@ -122,6 +124,11 @@ RECORD_HELP = {
     "downloads)",
     "driver_base_url": BUILD_HELP["driver_base_url"],
     "fabricmanager_base_url": "NVIDIA's redist base with redistrib_<version>.json, a mirror",
+}
+PROPOSE_HELP = {
+    **{key: value for key, value in RECORD_HELP.items() if key not in {"version", "verify"}},
+    "dry_run": "print each proposal's change to versions.toml; no branch, no pull request",
+    "releases_url": "NVIDIA's releases.json (default: docs.nvidia.com/datacenter/tesla/drivers/)",
 }
 
 
@@ -422,6 +429,10 @@ def sign(  # noqa: PLR0917 - invoke maps each option to a parameter
         raise Exit(message, code=1)
 
 
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
 def _today() -> str:
     return dt.datetime.now(dt.UTC).date().isoformat()
 
@@ -447,4 +458,29 @@ def record_driver(  # noqa: PLR0917 - invoke maps each option to a parameter
     print(f"invoke record-driver: {recording.summary_line(record, replaced, path)}")
 
 
-ns = Collection(tags, build, push_, matrix_, publish, sign, record_driver)
+@task(help=PROPOSE_HELP, auto_shortflags=False)
+def propose_drivers(  # noqa: PLR0917 - invoke maps each option to a parameter
+    _c: Context,
+    dry_run: bool = False,
+    releases_url: str = "",
+    versions_file: str = "",
+    checksum_base_url: str = "",
+    driver_base_url: str = "",
+    fabricmanager_base_url: str = "",
+) -> None:
+    """Propose NVIDIA's newer point releases, and the TODOs its files now give, as pull requests."""
+    sources = Sources(checksum_base_url, driver_base_url, fabricmanager_base_url, releases_url)
+    path = Path(versions_file) if versions_file else VERSIONS_FILE
+    try:
+        repository = None if dry_run else proposing.Repository.of(path)
+        proposer = proposing.Proposer(path, sources, os.environ, _today(),
+                                      lambda line: print(f"invoke propose-drivers: {line}"),
+                                      repository)  # fmt: skip
+        proposals = proposer.run()
+    except RecordError as exc:
+        raise Exit(f"invoke propose-drivers: {exc}", code=1) from None
+    opened = "dry run" if dry_run else _count(len(proposer.opened), "pull request") + " opened"
+    print(f"invoke propose-drivers: {_count(len(proposals), 'proposal')} ({opened})")
+
+
+ns = Collection(tags, build, push_, matrix_, publish, sign, record_driver, propose_drivers)
