@@ -260,7 +260,8 @@ def build(  # noqa: PLR0917 - invoke maps each option to a parameter
         if skipped := request.unrecorded_redist():
             _print(f"invoke build: versions.toml records no SHA-256 for {', '.join(skipped)} "
                    f"of driver {request.driver.version}: the image is built without them "
-                   "(B200/GB200 need NVLSM; record them or pass --redist-sha256)\n")  # fmt: skip
+                   f"(B200/GB200 need NVLSM: `invoke record-driver {request.driver.version}` "
+                   "records them from NVIDIA's files, or pass --redist-sha256)\n")  # fmt: skip
         docker = connect_docker(docker_host, request.multi_arch)
         built = images.build_images(request, docker, _print)
         images.report(built)
