@@ -9,10 +9,11 @@ The paths and file formats are NVIDIA's (tooling/gdc/nvidia.py cites each)::
 
 The content carries only what the repository knows about NVIDIA's real files: the checksums
 versions.toml records (from nixpkgs and the AUR, which it cites). A redistrib manifest lists a
-component only where versions.toml records its digests; the real manifests list more (NVLSM,
-IMEX, NVSDM, the driver itself) with digests no public source gives, so the fixture leaves them
-out rather than make them up. Stand-ins, where a test needs a file's bytes (a .run for
---verify), are named so and their digests computed from their stand-in bytes.
+component only where versions.toml records its digests; the real manifests list more (the
+driver itself, and whichever of NVLSM, IMEX and NVSDM NVIDIA pairs with it) with digests no
+public source gives, so the fixture leaves them out rather than make them up. Stand-ins, where
+a test needs a file's bytes (a .run for --verify), are named so and their digests computed from
+their stand-in bytes.
 """
 
 from __future__ import annotations
@@ -24,15 +25,15 @@ from typing import Any
 
 from fetch_server import ReleaseServer
 
-from gdc.nvidia import Sources
+from gdc.nvidia import RUN_ARCH, Sources, run_name
 from gdc.versions import VERSIONS_FILE, Driver, load_versions
+from nvidia_driver.sources.redist import REDIST_ARCH
 
 # The repository's versions.toml: the drivers whose files the tree carries.
 TODAY_TEXT = VERSIONS_FILE.read_text()
 TODAY = load_versions()
 
-RUN_ARCH = {"amd64": "x86_64", "arm64": "aarch64"}
-PLATFORM = {"amd64": "linux-x86_64", "arm64": "linux-sbsa"}
+PLATFORM = {arch: f"linux-{name}" for arch, name in REDIST_ARCH.items()}
 CHECKSUMS = "XFree86"
 TESLA = "tesla"
 REDIST = "compute/nvidia-driver/redist"
@@ -55,10 +56,6 @@ STAND_IN = "999.1.1"  # a release no NVIDIA branch has: the tests' own files
 def todo_entry(version: str) -> str:
     """A versions.toml entry whose checksums nobody recorded yet."""
     return f'[drivers."{version}"]\nsha256.amd64 = "TODO"\nsha256.arm64 = "TODO"\n'
-
-
-def run_name(version: str, arch: str) -> str:
-    return f"NVIDIA-Linux-{RUN_ARCH[arch]}-{version}.run"
 
 
 def sources(server: ReleaseServer) -> Sources:

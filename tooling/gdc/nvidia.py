@@ -47,7 +47,7 @@ NVIDIA_HOSTS = (*provision.NVIDIA_REDIRECT_HOSTS, "docs.nvidia.com")
 RUN_ARCH = provision.RUN_ARCH  # amd64 -> x86_64, arm64 -> aarch64
 MAX_CHECKSUM_BYTES = 4 << 10  # one line
 MAX_MANIFEST_BYTES = provision.MAX_MANIFEST_BYTES
-MAX_RELEASES_BYTES = 8 << 20  # a few hundred kB today
+MAX_RELEASES_BYTES = 8 << 20  # a list of releases as text; far past this it is not one
 MAX_RUN_BYTES = 2 << 30  # a .run is about 400 MB
 # A datacenter release: branch, then two numbers (580.178.04).
 RELEASE_VERSION = re.compile(r"[0-9]{3}\.[0-9]{1,4}\.[0-9]{1,4}")

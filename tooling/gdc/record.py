@@ -243,27 +243,44 @@ def cross_check(record: Record, recorded: Driver) -> None:
                 )
 
 
-def write(record: Record, path: Path) -> str | None:
-    """Put record's entry into the versions file at path; the driver version it replaced."""
+@dataclass(frozen=True)
+class _Current:
+    """The versions file as it is, and the driver of the branch being recorded."""
+
+    path: Path
+    text: str
+    data: dict[str, Any]
+    tracked: Driver | None
+
+
+def _current(path: Path, version: str) -> _Current:
+    """Read the versions file; refuse replacing a branch's driver with an older release."""
+    if not path.is_file():
+        raise RecordError(f"{path} is not a file: give the versions file with --versions-file")
     try:
         text = path.read_text()
-        before = tomllib.loads(text)
-        versions = parse_versions(before, source=str(path))
+        data = tomllib.loads(text)
+        versions = parse_versions(data, source=str(path))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, VersionsError) as exc:
         raise RecordError(f"cannot read {path}: {exc}") from None
-    branch = record.version.split(".", 1)[0]
-    same = [driver for driver in versions.drivers if driver.branch == branch]
-    replaced = same[0].version if same else None
-    if same and release_key(same[0].version) > release_key(record.version):
+    branch = version.split(".", 1)[0]
+    tracked = next((driver for driver in versions.drivers if driver.branch == branch), None)
+    if tracked is not None and release_key(tracked.version) > release_key(version):
         raise RecordError(
-            f"{path} lists {same[0].version}, newer than {record.version}: a branch's entry is "
-            "only replaced by a newer release (versions.toml keeps each branch's newest)"
+            f"{path} lists {tracked.version}, newer than {version}: a branch's entry is only "
+            "replaced by a newer release (versions.toml keeps each branch's newest)"
         )
-    if same and same[0].version == record.version:
-        cross_check(record, same[0])
-    after_text = versions_text.put_entry(text, record.entry(), record.version, replaced)
-    _check_edit(before, after_text, record, replaced, path)
-    write_atomically(path, after_text, path.stat().st_mode & 0o777)
+    return _Current(path, text, data, tracked)
+
+
+def write(record: Record, current: _Current) -> str | None:
+    """Put record's entry into the versions file; the driver version it replaced."""
+    replaced = current.tracked.version if current.tracked is not None else None
+    if current.tracked is not None and replaced == record.version:
+        cross_check(record, current.tracked)
+    after_text = versions_text.put_entry(current.text, record.entry(), record.version, replaced)
+    _check_edit(current.data, after_text, record, replaced, current.path)
+    write_atomically(current.path, after_text, current.path.stat().st_mode & 0o777)
     return replaced
 
 
@@ -299,8 +316,7 @@ def record_driver(
 ) -> tuple[Record, str | None]:
     """Fetch, check and write one driver's entry: (the record, the version it replaced)."""
     check_release(version)
-    if not path.is_file():
-        raise RecordError(f"{path} is not a file: give the versions file with --versions-file")
+    current = _current(path, version)
     nvidia = Nvidia(os.environ if env is None else env)
     for url in (
         sources.checksum_url(version, "amd64"),
@@ -309,7 +325,7 @@ def record_driver(
     ):
         nvidia.check(url)  # every host, before the first request
     record = fetch(version, nvidia, sources, verify=verify, date=date)
-    return record, write(record, path)
+    return record, write(record, current)
 
 
 def summary_line(record: Record, replaced: str | None, path: Path | str) -> str:
