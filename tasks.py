@@ -449,6 +449,10 @@ def record_driver(  # noqa: PLR0917 - invoke maps each option to a parameter
     fabricmanager_base_url: str = "",
 ) -> None:
     """Write versions.toml's entry for VERSION from NVIDIA's own checksums and redist manifest."""
+    if version.startswith("-"):  # invoke hands a positional argument whatever comes first
+        raise Exit("invoke record-driver: give the driver version first, e.g. invoke "
+                   "record-driver 580.178.04 (its options: invoke --help record-driver)",
+                   code=1)  # fmt: skip
     sources = Sources(checksum_base_url, driver_base_url, fabricmanager_base_url)
     path = Path(versions_file) if versions_file else VERSIONS_FILE
     try:

@@ -216,6 +216,10 @@ def test_arguments_are_checked_before_any_request(nvidia: ReleaseServer, tmp_pat
         "invoke record-driver: '580' is not an NVIDIA datacenter driver version such as 580.178.04"
     )
     assert "'580.178.04x' is not an NVIDIA" in _refused(nvidia, path, "580.178.04x")
+    assert _refused(nvidia, path, "--help") == (
+        "invoke record-driver: give the driver version first, e.g. invoke record-driver "
+        "580.178.04 (its options: invoke --help record-driver)"
+    )
     with pytest.raises(Exit, match="is not a file: give the versions file"):
         _record(nvidia, tmp_path / "missing.toml", TODAY.drivers[0].version)
     assert not nvidia.requests
