@@ -6,6 +6,8 @@
     invoke matrix  [--json | --github-output] [--registry R] [--prefix P]
     invoke publish --registry R [--arch A] [--step stage|merge|all] [--rebuild] [--dry-run]
     invoke sign    --registry R [--key K] [--no-sbom] [--require-cosign]
+    invoke record-driver VERSION [--verify]   (versions.toml's entry, from NVIDIA's own files)
+    invoke propose-drivers [--dry-run]        (a pull request per newer point release)
 
 Defaults: the newest driver in versions.toml, Flatcar's current stable release (from the
 releases feed: $FLATCAR_RELEASES_URL or --releases-url for a mirror), this machine's arch.
@@ -14,6 +16,7 @@ matrix, publish and sign cover every image: see tooling/gdc/matrix.py.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import sys
 import time
@@ -32,15 +35,18 @@ from invoke.exceptions import Exit  # noqa: E402
 from invoke.tasks import task  # noqa: E402
 
 from gdc import commands, images, matrix, plan, releases  # noqa: E402
+from gdc import propose as proposing  # noqa: E402
 from gdc import publish as publishing  # noqa: E402
+from gdc import record as recording  # noqa: E402
 from gdc import sign as signing  # noqa: E402
 from gdc import tags as tag_rules  # noqa: E402
 from gdc.builder import BuildSettings, DockerBuilder  # noqa: E402
 from gdc.docker_api import Buildx, Docker, DockerError, DockerSDK  # noqa: E402
+from gdc.nvidia import RecordError, Sources  # noqa: E402
 from gdc.registry import Registry, RegistryError, Repository, credentials_for  # noqa: E402
 from gdc.releases import ReleaseError  # noqa: E402
 from gdc.tags import TagError, Variant, check_repository  # noqa: E402
-from gdc.versions import Versions, VersionsError, load_versions  # noqa: E402
+from gdc.versions import VERSIONS_FILE, Versions, VersionsError, load_versions  # noqa: E402
 
 FAILURES = (
     VersionsError,
@@ -108,6 +114,21 @@ SIGN_HELP = {
     "key": "cosign key reference (default: keyless, with the CI job's OIDC token)",
     "sbom": "attest an SPDX SBOM made by syft (default); --no-sbom signs only",
     "require_cosign": "fail when cosign is not on PATH (default: say so, sign nothing)",
+}
+
+RECORD_HELP = {
+    "version": "the NVIDIA datacenter driver release, e.g. 580.178.04",
+    "verify": "also download each .run (about 400 MB) and check it against its .sha256sum",
+    "versions_file": MATRIX_HELP["versions_file"],
+    "checksum_base_url": "where NVIDIA-Linux-*.run.sha256sum are (default: NVIDIA's XFree86 "
+    "downloads)",
+    "driver_base_url": BUILD_HELP["driver_base_url"],
+    "fabricmanager_base_url": "NVIDIA's redist base with redistrib_<version>.json, a mirror",
+}
+PROPOSE_HELP = {
+    **{key: value for key, value in RECORD_HELP.items() if key not in {"version", "verify"}},
+    "dry_run": "print each proposal's change to versions.toml; no branch, no pull request",
+    "releases_url": "NVIDIA's releases.json (default: docs.nvidia.com/datacenter/tesla/drivers/)",
 }
 
 
@@ -239,7 +260,8 @@ def build(  # noqa: PLR0917 - invoke maps each option to a parameter
         if skipped := request.unrecorded_redist():
             _print(f"invoke build: versions.toml records no SHA-256 for {', '.join(skipped)} "
                    f"of driver {request.driver.version}: the image is built without them "
-                   "(B200/GB200 need NVLSM; record them or pass --redist-sha256)\n")  # fmt: skip
+                   f"(B200/GB200 need NVLSM: `invoke record-driver {request.driver.version}` "
+                   "records them from NVIDIA's files, or pass --redist-sha256)\n")  # fmt: skip
         docker = connect_docker(docker_host, request.multi_arch)
         built = images.build_images(request, docker, _print)
         images.report(built)
@@ -408,4 +430,62 @@ def sign(  # noqa: PLR0917 - invoke maps each option to a parameter
         raise Exit(message, code=1)
 
 
-ns = Collection(tags, build, push_, matrix_, publish, sign)
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
+def _today() -> str:
+    return dt.datetime.now(dt.UTC).date().isoformat()
+
+
+@task(help=RECORD_HELP, auto_shortflags=False)
+def record_driver(  # noqa: PLR0917 - invoke maps each option to a parameter
+    _c: Context,
+    version: str,
+    verify: bool = False,
+    versions_file: str = "",
+    checksum_base_url: str = "",
+    driver_base_url: str = "",
+    fabricmanager_base_url: str = "",
+) -> None:
+    """Write versions.toml's entry for VERSION from NVIDIA's own checksums and redist manifest."""
+    if version.startswith("-"):  # invoke hands a positional argument whatever comes first
+        raise Exit("invoke record-driver: give the driver version first, e.g. invoke "
+                   "record-driver 580.178.04 (its options: invoke --help record-driver)",
+                   code=1)  # fmt: skip
+    sources = Sources(checksum_base_url, driver_base_url, fabricmanager_base_url)
+    path = Path(versions_file) if versions_file else VERSIONS_FILE
+    try:
+        record, replaced = recording.record_driver(version, path, sources, verify=verify,
+                                                   date=_today())  # fmt: skip
+    except RecordError as exc:
+        raise Exit(f"invoke record-driver: {exc}", code=1) from None
+    print(f"invoke record-driver: {recording.summary_line(record, replaced, path)}")
+
+
+@task(help=PROPOSE_HELP, auto_shortflags=False)
+def propose_drivers(  # noqa: PLR0917 - invoke maps each option to a parameter
+    _c: Context,
+    dry_run: bool = False,
+    releases_url: str = "",
+    versions_file: str = "",
+    checksum_base_url: str = "",
+    driver_base_url: str = "",
+    fabricmanager_base_url: str = "",
+) -> None:
+    """Propose NVIDIA's newer point releases, and the TODOs its files now give, as pull requests."""
+    sources = Sources(checksum_base_url, driver_base_url, fabricmanager_base_url, releases_url)
+    path = Path(versions_file) if versions_file else VERSIONS_FILE
+    try:
+        repository = None if dry_run else proposing.Repository.of(path)
+        proposer = proposing.Proposer(path, sources, os.environ, _today(),
+                                      lambda line: print(f"invoke propose-drivers: {line}"),
+                                      repository)  # fmt: skip
+        proposals = proposer.run()
+    except RecordError as exc:
+        raise Exit(f"invoke propose-drivers: {exc}", code=1) from None
+    opened = "dry run" if dry_run else _count(len(proposer.opened), "pull request") + " opened"
+    print(f"invoke propose-drivers: {_count(len(proposals), 'proposal')} ({opened})")
+
+
+ns = Collection(tags, build, push_, matrix_, publish, sign, record_driver, propose_drivers)

@@ -107,7 +107,8 @@ class Request:
                 if key not in given and recorded.get(key) is None:
                     raise VersionsError(
                         f"no SHA-256 recorded for the {component} archive of driver "
-                        f"{self.driver.version} on {arch}: copy it from NVIDIA's redistrib_"
+                        f"{self.driver.version} on {arch}: `invoke record-driver "
+                        f"{self.driver.version}` writes it from NVIDIA's redistrib_"
                         f"{self.driver.version}.json into versions.toml [drivers."
                         f'"{self.driver.version}".redist], or pass --redist-sha256 '
                         f"{component}.{arch}=<sha256>"

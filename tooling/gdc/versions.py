@@ -59,8 +59,8 @@ class Driver:
         value = self.sha256.get(arch)
         if value is None:
             raise VersionsError(
-                f"no SHA-256 recorded for NVIDIA-Linux-*-{self.version}.run on {arch}: copy it "
-                "from NVIDIA's download page into versions.toml"
+                f"no SHA-256 recorded for NVIDIA-Linux-*-{self.version}.run on {arch}: "
+                f"`invoke record-driver {self.version}` writes it into versions.toml"
             )
         return value
 

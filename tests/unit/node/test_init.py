@@ -566,8 +566,9 @@ def test_a_gb200_node_without_nvlsm_fails_in_one_line(host: SimulatedHost) -> No
     assert result.stderr.strip().splitlines()[-1] == (
         "ERROR: this is an NVLink5 node (ports mlx5_0) and this image has no NVLSM "
         "(/opt/nvidia/nvlsm/sbin/nvlsm), without which the fabric manager cannot start: use an "
-        "image built with NVLSM (record its SHA-256 in versions.toml or pass invoke build "
-        "--redist-sha256 nvlsm.<arch>=<sha256>)"
+        f"image built with NVLSM (`invoke record-driver {DRIVER}` records its SHA-256 from "
+        "NVIDIA's files in versions.toml; or pass invoke build --redist-sha256 "
+        "nvlsm.<arch>=<sha256>)"
     )
     assert not host.calls("nvidia-fabricmanager-start.sh")
 

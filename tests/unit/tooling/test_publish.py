@@ -83,7 +83,8 @@ class FakeBuilder:
         if first in self.failing:
             raise BuildError("docker build failed: returned a non-zero code: 2")
         if image.variant is Variant.PRECOMPILED:
-            assert base.name == f"{self.registry.host}/{NAME}:610.57.04-flatcar-{arch}"
+            version = image.driver.version
+            assert base.name == f"{self.registry.host}/{NAME}:{version}-flatcar-{arch}"
         labels = {inputs.INPUTS_LABEL: inputs.to_label(self.inputs(image, arch, base))}
         # Every build is a new image, as a real one is (its config has the build's date).
         label = f"{first} build {len(self.built)}"
@@ -225,6 +226,33 @@ def test_a_new_release_of_a_live_kernel_rebuilds_its_image_and_tags_the_rest(
     assert registry.tags(NAME)[f"{BUILD}-flatcar4593.2.6"] == build_digest  # no rebuild
     assert registry.tags(NAME)["610-6.6.150-flatcar-flatcar4593.2.6"] == registry.tags(NAME)[
         LTS_IMAGE]  # fmt: skip
+
+
+def test_a_newly_recorded_driver_is_built_by_the_next_run_as_a_new_release_is(
+    registry: OCIRegistry,
+) -> None:
+    """A merged proposal of invoke propose-drivers replaces the branch's driver in versions.toml:
+    the next run builds the new driver's images; the old driver's stay as they were."""
+    builder = FakeBuilder(registry)
+    _publish(registry, builder, _matrix(registry))
+    before = registry.tags(NAME)
+    newer = "610.60.01"
+    redist = {name: {**fields, "version": newer} for name, fields in REDIST.items()}
+    versions = parse_versions({
+        "images": {"channels": ["stable", "lts"], "arches": ["amd64", "arm64"]},
+        "drivers": {newer: {"sha256": dict.fromkeys(("amd64", "arm64"), SUM), "redist": redist}},
+    })  # fmt: skip
+    builder.built.clear()
+    outcomes, _ = _publish(registry, builder, _matrix(registry, versions=versions))
+    assert _statuses(outcomes) == [(f"{newer}-flatcar", "built"),
+                                   (f"{newer}-flatcar4081.3.10", "built"),
+                                   (f"{newer}-flatcar4593.2.5", "built")]  # fmt: skip
+    assert len(builder.built) == 5
+    after = registry.tags(NAME)
+    old = {tag: digest for tag, digest in before.items() if tag.startswith("610.57.04-")}
+    assert {tag: after[tag] for tag in old} == old, "the old driver's own tags are untouched"
+    # The branch's usePrecompiled tags move to its new point release.
+    assert after["610-6.12.102-flatcar-flatcar4593.2.5"] == after[f"{newer}-flatcar4593.2.5"]
 
 
 def test_a_failure_is_recorded_and_the_run_goes_on(registry: OCIRegistry) -> None:

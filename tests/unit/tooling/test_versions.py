@@ -45,7 +45,8 @@ def test_every_listed_driver_has_its_checksums_recorded() -> None:
 def test_a_missing_checksum_says_how_to_supply_one() -> None:
     driver = parse_versions(_data()).driver("580.178.04")
     assert driver.checksum("amd64") == SUM
-    with pytest.raises(VersionsError, match=r"arm64: copy it .* into versions\.toml$"):
+    with pytest.raises(VersionsError, match=r"arm64: `invoke record-driver 580\.178\.04` .*"
+                                            r" into versions\.toml$"):  # fmt: skip
         driver.checksum("arm64")
 
 

@@ -105,12 +105,15 @@ NVIDIA_REDIRECT_HOSTS = ("download.nvidia.com", "*.download.nvidia.com")
 NVIDIA_MISSING = "no such NVIDIA driver release or archive; check the driver version and base URL"
 
 
-def downloader(env: Mapping[str, str] | None = None) -> Downloader:
-    """Bounded downloads (sources/download.py): deadline, minimum rate, redirects."""
+def downloader(
+    env: Mapping[str, str] | None = None, hosts: tuple[str, ...] = NVIDIA_REDIRECT_HOSTS
+) -> Downloader:
+    """Bounded downloads (sources/download.py): deadline, minimum rate, redirects to hosts
+    (or to those NVIDIA_DRIVER_REDIRECT_HOSTS names)."""
     env = os.environ if env is None else env
     limits = DownloadLimits.from_env(env)
     if not env.get(REDIRECT_HOSTS_ENV, "").strip():
-        limits = dataclasses.replace(limits, redirect_hosts=NVIDIA_REDIRECT_HOSTS)
+        limits = dataclasses.replace(limits, redirect_hosts=hosts)
     return Downloader(limits, missing=NVIDIA_MISSING)
 
 

@@ -198,8 +198,9 @@ class DaemonManager:
                 raise DriverError(
                     f"this is an NVLink5 node (ports {', '.join(ports)}) and this image has no "
                     f"NVLSM ({NVLSM_BINARY}), without which the fabric manager cannot start: "
-                    "use an image built with NVLSM (record its SHA-256 in versions.toml or pass "
-                    "invoke build --redist-sha256 nvlsm.<arch>=<sha256>)"
+                    "use an image built with NVLSM (`invoke record-driver "
+                    f"{self.config.driver_version}` records its SHA-256 from NVIDIA's files in "
+                    "versions.toml; or pass invoke build --redist-sha256 nvlsm.<arch>=<sha256>)"
                 )
             _wait_for_modules(self.paths, NVLINK5_MODULES, self.module_wait_seconds, self.sleep)
             configure_fabricmanager(self.paths, self.config.fabricmanager_overrides)

@@ -220,13 +220,14 @@ def expected_digest(
     if digest is None and archive.component.required:
         raise DriverError(
             f"no SHA-256 recorded for {archive.file_name} ({archive.component.title} "
-            f"{archive.version}): copy its sha256 from NVIDIA's redistrib_{driver}.json into "
-            f"{where}, or pass --redist-sha256 to invoke build; nothing was installed"
+            f"{archive.version}): `invoke record-driver {driver}` writes it from NVIDIA's "
+            f"redistrib_{driver}.json into {where}, or pass --redist-sha256 to invoke build; "
+            "nothing was installed"
         )
     if digest is None:
         say(f"Skipping {archive.component.title} {archive.version}: no SHA-256 recorded for "
-            f"{archive.file_name} ({archive.component.missing}); record it in {where} and "
-            "rebuild")  # fmt: skip
+            f"{archive.file_name} ({archive.component.missing}); `invoke record-driver "
+            f"{driver}` records it in {where}, then rebuild")  # fmt: skip
         return None
     if digest != archive.sha256:
         raise DriverError(

@@ -1,0 +1,309 @@
+"""invoke propose-drivers against NVIDIA's releases list and download tree on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import subprocess
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+import nvidia_tree
+import pytest
+import tasks
+import yaml
+from fetch_server import ReleaseServer
+from invoke.context import MockContext
+from invoke.exceptions import Exit
+
+from gdc import propose, versions_text
+from gdc.nvidia import RecordError, newest_releases
+
+TODAY_TEXT, TODAY, todo_entry = nvidia_tree.TODAY_TEXT, nvidia_tree.TODAY, nvidia_tree.todo_entry
+LTS = next(driver for driver in TODAY.drivers if driver.branch == "580")
+OLDER = "580.173.02"  # the 580 release before 580.178.04 in NVIDIA's list
+WORKFLOW = Path(__file__).parents[3] / ".github" / "workflows" / "drivers.yml"
+
+
+@pytest.fixture
+def nvidia(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ReleaseServer]:
+    root = tmp_path / "nvidia"
+    for driver in TODAY.drivers:
+        nvidia_tree.lay_out(root, driver)
+    nvidia_tree.write_releases(root)
+    for name, value in nvidia_tree.TRUST_LOOPBACK.items():
+        monkeypatch.setenv(name, value)
+    with ReleaseServer(root) as server:
+        yield server
+
+
+@pytest.fixture
+def behind(tmp_path: Path) -> Path:
+    """versions.toml as today, but with the 580 branch one release behind (not recorded yet)."""
+    path = tmp_path / "repo" / "versions.toml"
+    path.parent.mkdir()
+    path.write_text(versions_text.put_entry(TODAY_TEXT, todo_entry(OLDER), OLDER, LTS.version))
+    return path
+
+
+def _options(server: ReleaseServer, path: Path) -> dict[str, str]:
+    sources = nvidia_tree.sources(server)
+    return {
+        "versions_file": str(path),
+        "releases_url": sources.releases(),
+        "checksum_base_url": sources.checksum_base_url,
+        "driver_base_url": sources.driver_base_url,
+        "fabricmanager_base_url": sources.redist_base_url,
+    }
+
+
+def test_the_dry_run_proposes_the_newer_point_release_of_a_tracked_branch(
+    nvidia: ReleaseServer, behind: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = behind.read_text()
+    tasks.propose_drivers(MockContext(), dry_run=True, **_options(nvidia, behind))
+    assert behind.read_text() == before, "a dry run changes nothing"
+    out = capsys.readouterr().out
+    lines = [line.removeprefix("invoke propose-drivers: ") for line in out.splitlines()]
+    assert lines[:4] == [
+        "595: 595.91.07 is the newest release NVIDIA lists",
+        "610: NVIDIA's list has no branch 610; 610.57.04 stays",
+        *(
+            f"{branch} ({kind}, {version}) is not tracked in versions.toml: "
+            f"`invoke record-driver {version}` adds it"
+            for branch, kind, version in (
+                ("460", "production branch", "460.106.00"),
+                ("615", "new feature branch", "615.71.09"),
+            )
+        ),
+    ]
+    assert lines[4] == f"580: {LTS.version} (lts branch, released 2026-08-03) replaces {OLDER}"
+    diff = out[
+        out.index("--- a/versions.toml") : out.index(f"invoke propose-drivers: {LTS.version}:")
+    ]
+    assert f'-[drivers."{OLDER}"]\n' in diff
+    assert f'+[drivers."{LTS.version}"]\n' in diff
+    assert f'+sha256.amd64 = "{LTS.sha256["amd64"]}"  # ' in diff
+    summary = ".run amd64, arm64; redist fabricmanager, libnvidia_nscq; TODO: nvlsm, imex, libnvsdm"
+    # The others' entries have TODOs: recorded again, with nothing new from NVIDIA (the test
+    # tree lists no more than versions.toml records).
+    assert lines[-6:] == [
+        f"{LTS.version}: {summary} (dry run: no branch, no pull request)",
+        "595: 595.91.07 has TODO values: recording it again",
+        "595.91.07: NVIDIA's files give nothing versions.toml lacks",
+        "610: 610.57.04 has TODO values: recording it again",
+        "610.57.04: NVIDIA's files give nothing versions.toml lacks",
+        "1 proposal (dry run)",
+    ]
+    # What it adds is today's entry of the branch, value for value.
+    added = "\n".join(
+        line[1:]
+        for line in diff.splitlines()
+        if line.startswith("+") and not line.startswith("+++")
+    )
+    assert tomllib.loads(added)["drivers"] == {
+        LTS.version: tomllib.loads(TODAY_TEXT)["drivers"][LTS.version]
+    }
+
+
+def test_an_entry_with_todo_values_is_proposed_again_once_nvidia_s_files_give_them(
+    nvidia: ReleaseServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A stand-in release (no NVIDIA branch 999) whose manifest lists NVLSM: the AUR's real
+    2025.06.11 digests, paired with no real driver."""
+    stand_in, nvlsm = nvidia_tree.STAND_IN, nvidia_tree.NVLSM_AUR
+    for arch in ("amd64", "arm64"):
+        nvidia_tree.stand_in_run(nvidia.root, stand_in, arch)
+    nvidia_tree.write_manifest(nvidia.root, stand_in, {"release_label": stand_in})
+    path = tmp_path / "versions.toml"
+    path.write_text(TODAY_TEXT)
+    options = {key: value for key, value in _options(nvidia, path).items() if key != "releases_url"}
+    tasks.record_driver(MockContext(), stand_in, **options)
+    digests = {"linux-x86_64": nvlsm[1], "linux-sbsa": nvlsm[2]}
+    nvlsm_listed = nvidia_tree.listed("nvlsm", nvlsm[0], digests)
+    nvidia_tree.write_manifest(
+        nvidia.root, stand_in, {"release_label": stand_in, "nvlsm": nvlsm_listed}
+    )
+    capsys.readouterr()
+    proposer = propose.Proposer(path, nvidia_tree.sources(nvidia), os.environ, "2026-12-05")
+    [proposal] = [p for p in proposer.run() if p.record.version == stand_in]
+    out = capsys.readouterr().out
+    assert "999: NVIDIA's list has no branch 999; 999.1.1 stays\n" in out
+    assert "999: 999.1.1 has TODO values: recording it again\n" in out
+    assert proposal.title == "versions.toml: driver 999.1.1's TODO values, from NVIDIA's files"
+    assert re.fullmatch(r"record-driver/999\.1\.1-[0-9a-f]{8}", proposal.branch)
+    assert (
+        f'+nvlsm = {{ version = "2025.06.11", amd64 = "{nvlsm[1]}", arm64 = "{nvlsm[2]}" }}'
+        in proposal.diff
+    )
+
+
+def test_a_list_that_is_not_nvidia_s_is_refused_in_one_line(
+    nvidia: ReleaseServer, behind: Path
+) -> None:
+    nvidia_tree.write_releases(nvidia.root, {"580": {"type": "lts branch", "driver_info": []}})
+    with pytest.raises(Exit, match=r"lists no driver release: not NVIDIA's list of releases$"):
+        tasks.propose_drivers(MockContext(), dry_run=True, **_options(nvidia, behind))
+
+
+def test_malformed_rows_and_releases_of_another_branch_are_skipped() -> None:
+    feed = nvidia_tree.releases_json()
+    feed["580"]["driver_info"] += [
+        {"release_version": "595.99.99"},
+        {"release_version": "x"},
+        "row",
+        {"release_version": "580.200.01", "release_notes": "http://elsewhere.example/"},
+    ]
+    newest = newest_releases(feed, "u")
+    assert newest["580"].version == "580.200.01"
+    assert newest["580"].notes == "", "only release notes on docs.nvidia.com are linked"
+    assert newest["595"].notes == (
+        "https://docs.nvidia.com/datacenter/tesla/tesla-release-notes-595-91-07/index.html"
+    )
+    with pytest.raises(RecordError, match="not NVIDIA's list of releases"):
+        newest_releases([], "u")
+
+
+# --- the pull request, with git and a stub gh ---------------------------------------------------
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+
+
+@pytest.fixture
+def repo(behind: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """behind's repository on main, pushed to a bare origin; gh a stub that logs its calls."""
+    root = behind.parent
+    origin = tmp_path / "origin.git"
+    subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(origin)], check=True)
+    _git(root, "init", "-q", "-b", "main")
+    _git(root, "add", "versions.toml")
+    _git(root, "commit", "-q", "-m", "start")
+    _git(root, "remote", "add", "origin", str(origin))
+    _git(root, "push", "-q", "origin", "main")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    gh = bin_dir / "gh"
+    gh.write_text(
+        "#!/bin/sh\n"
+        f'printf "%s\\n" "$*" >> {tmp_path / "gh.log"}\n'
+        'case "$1 $2" in\n'
+        f'  "pr list") cat {tmp_path / "gh.prs"} 2>/dev/null || echo 0;;\n'
+        '  "pr create") echo "https://github.com/o/gpu-driver-container/pull/7";;\n'
+        "esac\n"
+    )
+    gh.chmod(gh.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return root
+
+
+def test_a_proposal_is_pushed_on_its_branch_and_opened_once(
+    nvidia: ReleaseServer, repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    behind = repo / "versions.toml"
+    before = behind.read_text()
+    tasks.propose_drivers(MockContext(), **_options(nvidia, behind))
+    branch = f"record-driver/{LTS.version}"
+    out = capsys.readouterr().out.splitlines()
+    assert (
+        f"invoke propose-drivers: {LTS.version}: opened "
+        "https://github.com/o/gpu-driver-container/pull/7"
+    ) in out
+    assert out[-1] == "invoke propose-drivers: 1 proposal (1 pull request opened)"
+    origin = tmp_path / "origin.git"
+    proposed = _git(origin, "show", f"{branch}:versions.toml")
+    assert tomllib.loads(proposed) == tomllib.loads(TODAY_TEXT)
+    assert _git(origin, "log", "-1", "--format=%s%n%an", branch).splitlines() == [
+        f"versions.toml: driver {LTS.version} replaces {OLDER}",
+        "github-actions[bot]",
+    ]
+    # Back where it started: main, versions.toml untouched, no branch left behind.
+    assert _git(repo, "rev-parse", "--abbrev-ref", "HEAD").strip() == "main"
+    assert behind.read_text() == before
+    assert _git(repo, "branch", "--list", branch) == ""
+    calls = (tmp_path / "gh.log").read_text().splitlines()
+    assert calls[0] == f"pr list --head {branch} --state all --json number --jq length"
+    assert calls[1].startswith(
+        f"pr create --base main --head {branch} --title versions.toml: "
+        f"driver {LTS.version} replaces {OLDER} --body NVIDIA's list"
+    )
+    (tmp_path / "gh.prs").write_text("1\n")
+    tasks.propose_drivers(MockContext(), **_options(nvidia, behind))
+    assert (
+        f"{LTS.version}: already proposed (a pull request from {branch} exists)"
+        in capsys.readouterr().out
+    )
+    calls = (tmp_path / "gh.log").read_text().splitlines()
+    assert calls[-1].startswith("pr list")
+    assert sum(call.startswith("pr create") for call in calls) == 1
+
+
+def test_a_failed_record_leaves_the_repository_as_it_was(
+    nvidia: ReleaseServer, repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    behind = repo / "versions.toml"
+    nvidia_tree.write_manifest(nvidia.root, LTS.version, {"release_label": "580.65.06"})
+    with pytest.raises(Exit, match=r": 1 of 3 drivers were not recorded or proposed \(see above\)"):
+        tasks.propose_drivers(MockContext(), **_options(nvidia, behind))
+    assert (
+        f"invoke propose-drivers: {LTS.version}: redistrib_{LTS.version}.json has release_label "
+        f"'580.65.06', not {LTS.version}: the manifest's versions disagree; nothing was written"
+        in capsys.readouterr().out
+    )
+    assert _git(repo, "status", "--porcelain") == ""
+    assert not (tmp_path / "gh.log").exists(), "recorded first, into a scratch copy"
+
+
+def test_a_failed_push_leaves_the_repository_as_it_was(
+    nvidia: ReleaseServer, repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    behind = repo / "versions.toml"
+    before = behind.read_text()
+    _git(repo, "remote", "set-url", "origin", str(tmp_path / "gone.git"))
+    with pytest.raises(Exit, match=r": 1 of 3 drivers were not recorded or proposed"):
+        tasks.propose_drivers(MockContext(), **_options(nvidia, behind))
+    branch = f"record-driver/{LTS.version}"
+    assert f"{LTS.version}: git -c credential.helper= " in capsys.readouterr().out
+    assert _git(repo, "status", "--porcelain") == ""
+    assert behind.read_text() == before
+    assert _git(repo, "rev-parse", "--abbrev-ref", "HEAD").strip() == "main"
+    assert _git(repo, "branch", "--list", branch) == ""
+    assert "pr create" not in (tmp_path / "gh.log").read_text()
+
+
+def test_uncommitted_changes_stop_it_before_any_branch(nvidia: ReleaseServer, repo: Path) -> None:
+    behind = repo / "versions.toml"
+    behind.write_text(behind.read_text() + "\n# a local edit\n")
+    with pytest.raises(Exit, match="has uncommitted changes: propose-drivers commits on branches "):
+        tasks.propose_drivers(MockContext(), **_options(nvidia, behind))
+    assert behind.read_text().endswith("# a local edit\n")
+
+
+# --- the workflow --------------------------------------------------------------------------------
+
+
+def test_the_workflow_only_calls_invoke_with_write_access_on_its_one_job() -> None:
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    assert workflow["permissions"] == {}
+    [(name, job)] = workflow["jobs"].items()
+    assert name == "propose"
+    assert job["permissions"] == {"contents": "write", "pull-requests": "write"}
+    runs = [step["run"] for step in job["steps"] if "run" in step]
+    assert runs[-1] == "invoke propose-drivers"
+    assert all(
+        line.startswith("python -m pip install --require-hashes --no-deps -r requirements/")
+        for run in runs[:-1]
+        for line in run.strip().splitlines()
+    )
+    for step in job["steps"]:
+        if "uses" in step:
+            action, _, rest = step["uses"].partition("@")
+            assert len(rest.split()[0]) == 40, f"{action} is pinned by commit"

@@ -1,0 +1,220 @@
+"""NVIDIA's own files, read for the tooling: from NVIDIA's hosts only, bounded, one error type.
+
+What the tooling reads, and where NVIDIA publishes it (the defaults; a mirror or a test server
+replaces the base URLs, and ``NVIDIA_DRIVER_REDIRECT_HOSTS`` then names the hosts to trust):
+
+* ``NVIDIA-Linux-<x86_64|aarch64>-<version>.run.sha256sum`` beside each ``.run`` under
+  ``download.nvidia.com/XFree86/Linux-<x86_64|aarch64>/<version>/``: one line as ``sha256sum``
+  writes it, ``<64 hex>  NVIDIA-Linux-x86_64-<version>.run`` (NVIDIA's 580.159.03 file, as
+  public repositories quote it; packagers verify downloads against it);
+* the ``.run`` itself, for ``--verify``: the datacenter copy under
+  ``us.download.nvidia.com/tesla/<version>/``, which the image build downloads
+  (images/build/Dockerfile's DRIVER_BASE_URL);
+* ``redistrib_<version>.json`` under ``developer.download.nvidia.com/compute/nvidia-driver/
+  redist/``: ``release_date``, ``release_label`` (the driver version), ``release_product``, and
+  per component ``name``, ``license``, ``version`` and per platform (``linux-x86_64``,
+  ``linux-sbsa``) ``relative_path``, ``sha256``, ``md5``, ``size`` (NVIDIA's driver installation
+  guide, "Tarballs and Zip Archive Deliverables"; the schema ConnorBaker/cuda-packages
+  ``cuda_redist/nvidia_index.py`` validates NVIDIA's manifests against);
+* ``docs.nvidia.com/datacenter/tesla/drivers/releases.json``, NVIDIA's machine-readable list of
+  datacenter driver releases ("The release information can be scraped by automation tools ...
+  releases.json", docs.nvidia.com/datacenter/tesla/drivers/, "Supported Drivers and CUDA
+  Toolkit Versions"): ``{"<branch>": {"type": "lts branch" | "production branch" | "new
+  feature branch", "driver_info": [{"release_version", "release_date", "release_notes",
+  "architectures", "runfile_url": {"x86_64": URL, "aarch64": URL}}, ...]}}``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from nvidia_driver.errors import DriverError
+from nvidia_driver.image import provision
+from nvidia_driver.sources.download import CHUNK, Opened
+
+CHECKSUM_BASE_URL = "https://download.nvidia.com/XFree86"
+DRIVER_BASE_URL = "https://us.download.nvidia.com/tesla"
+REDIST_BASE_URL = "https://developer.download.nvidia.com/compute/nvidia-driver/redist"
+RELEASES_URL = "https://docs.nvidia.com/datacenter/tesla/drivers/releases.json"
+# The image build's download hosts (provision.py), and the documentation host of the list.
+NVIDIA_HOSTS = (*provision.NVIDIA_REDIRECT_HOSTS, "docs.nvidia.com")
+RUN_ARCH = provision.RUN_ARCH  # amd64 -> x86_64, arm64 -> aarch64
+MAX_CHECKSUM_BYTES = 4 << 10  # one line
+MAX_MANIFEST_BYTES = provision.MAX_MANIFEST_BYTES
+MAX_RELEASES_BYTES = 8 << 20  # a list of releases as text; far past this it is not one
+MAX_RUN_BYTES = 2 << 30  # a .run is about 400 MB
+# A datacenter release: branch, then two numbers (580.178.04).
+RELEASE_VERSION = re.compile(r"[0-9]{3}\.[0-9]{1,4}\.[0-9]{1,4}")
+_SUM_LINE = re.compile(r"(?P<sha256>[0-9a-fA-F]{64}) [ *](?P<name>\S+)")
+
+
+class RecordError(Exception):
+    """NVIDIA's files were not read, or were refused, or versions.toml was not written."""
+
+
+def release_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+def check_release(version: str) -> str:
+    if not RELEASE_VERSION.fullmatch(version):
+        raise RecordError(
+            f"{version!r} is not an NVIDIA datacenter driver version such as 580.178.04"
+        )
+    return version
+
+
+def run_name(version: str, arch: str) -> str:
+    return f"NVIDIA-Linux-{RUN_ARCH[arch]}-{version}.run"
+
+
+@dataclass(frozen=True)
+class Sources:
+    """The base URLs of NVIDIA's files ("" keeps NVIDIA's own)."""
+
+    checksum_base_url: str = ""
+    driver_base_url: str = ""
+    redist_base_url: str = ""
+    releases_url: str = ""
+
+    def checksum_url(self, version: str, arch: str) -> str:
+        base = (self.checksum_base_url or CHECKSUM_BASE_URL).rstrip("/")
+        return f"{base}/Linux-{RUN_ARCH[arch]}/{version}/{run_name(version, arch)}.sha256sum"
+
+    def run_url(self, version: str, arch: str) -> str:
+        return provision.driver_url(self.driver_base_url or DRIVER_BASE_URL, version, arch)
+
+    def manifest_url(self, version: str) -> str:
+        return provision.redist_manifest_url(self.redist_base_url or REDIST_BASE_URL, version)
+
+    def releases(self) -> str:
+        return self.releases_url or RELEASES_URL
+
+
+class Nvidia:
+    """Reads URLs on NVIDIA's hosts (or those NVIDIA_DRIVER_REDIRECT_HOSTS names), bounded in
+    bytes and time (nvidia_driver.sources.download), and no others, redirects included."""
+
+    def __init__(self, env: Mapping[str, str] | None = None) -> None:
+        try:
+            self._downloader = provision.downloader(env, hosts=NVIDIA_HOSTS)
+        except DriverError as exc:
+            raise RecordError(str(exc)) from None
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        return self._downloader.limits.redirect_hosts
+
+    def check(self, url: str) -> None:
+        """Refuse a URL that is not http(s) on one of the trusted hosts, before any request."""
+        parts = urllib.parse.urlsplit(url)
+        host = (parts.hostname or "").lower()
+        if parts.scheme not in {"https", "http"} or not any(
+            host == pattern or (pattern.startswith("*.") and host.endswith(pattern[1:]))
+            for pattern in self.hosts
+        ):
+            raise RecordError(
+                f"refusing {url}: {host or 'it'} is not one of NVIDIA's hosts "
+                f"({', '.join(self.hosts)}); for a mirror you trust, list its host in "
+                "NVIDIA_DRIVER_REDIRECT_HOSTS"
+            )
+
+    def text(self, url: str, limit: int, what: str) -> str:
+        self.check(url)
+        try:
+            body = self._downloader.get_small(url, limit, what)
+        except DriverError as exc:
+            raise RecordError(str(exc)) from None
+        try:
+            return body.decode()
+        except UnicodeDecodeError:
+            raise RecordError(f"{url} is not UTF-8 text: not {what}") from None
+
+    def json(self, url: str, limit: int, what: str) -> Any:
+        try:
+            return json.loads(self.text(url, limit, what))
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise RecordError(f"{url} is not JSON ({exc}): not {what}") from None
+
+    def sha256(self, url: str) -> str:
+        """The SHA-256 of the file at url, streamed, never stored."""
+        self.check(url)
+
+        def digest(opened: Opened) -> str:
+            hashed, size = hashlib.sha256(), 0
+            while chunk := opened.read(CHUNK):
+                size += len(chunk)
+                if size > MAX_RUN_BYTES:
+                    raise DriverError(f"{url} is over {MAX_RUN_BYTES} bytes: not a driver .run")
+                hashed.update(chunk)
+            opened.check_complete(size)
+            return hashed.hexdigest()
+
+        try:
+            return self._downloader.transfer(url, digest)
+        except DriverError as exc:
+            raise RecordError(str(exc)) from None
+
+
+def parse_checksum_file(text: str, name: str, url: str) -> str:
+    """The SHA-256 a ``.sha256sum`` file gives for ``name``; refused if it names another file."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    match = _SUM_LINE.fullmatch(lines[0]) if len(lines) == 1 else None
+    if match is None:
+        raise RecordError(
+            f"{url} is not one sha256sum line ('<64 hex digits>  {name}'): {text[:120]!r}"
+        )
+    if match["name"] != name:
+        raise RecordError(
+            f"{url} names {match['name']}, not {name}: refusing a checksum of another file"
+        )
+    return match["sha256"].lower()
+
+
+@dataclass(frozen=True)
+class Release:
+    """One driver release in NVIDIA's releases.json."""
+
+    branch: str
+    branch_type: str  # "lts branch", "production branch", "new feature branch"
+    version: str
+    date: str
+    notes: str  # the release notes' URL on docs.nvidia.com, or ""
+
+
+def newest_releases(feed: object, url: str) -> dict[str, Release]:
+    """Each branch's newest release (by version) in releases.json; malformed rows are skipped,
+    a file that is not the list at all is refused."""
+    if not isinstance(feed, Mapping) or not feed:
+        raise RecordError(f"{url} is not NVIDIA's list of releases (no branches)")
+    newest: dict[str, Release] = {}
+    for branch, entry in feed.items():
+        infos = entry.get("driver_info") if isinstance(entry, Mapping) else None
+        if not isinstance(branch, str) or not isinstance(infos, list):
+            continue
+        branch_type = str(entry.get("type", ""))
+        for info in infos:
+            version = info.get("release_version") if isinstance(info, Mapping) else None
+            if not isinstance(version, str) or not RELEASE_VERSION.fullmatch(version):
+                continue
+            if version.split(".", 1)[0] != branch:
+                continue
+            if branch in newest and release_key(version) <= release_key(newest[branch].version):
+                continue
+            notes = str(info.get("release_notes", ""))
+            newest[branch] = Release(
+                branch,
+                branch_type,
+                version,
+                str(info.get("release_date", "")),
+                notes if notes.startswith("https://docs.nvidia.com/") else "",
+            )
+    if not newest:
+        raise RecordError(f"{url} lists no driver release: not NVIDIA's list of releases")
+    return newest

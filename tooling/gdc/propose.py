@@ -1,0 +1,311 @@
+"""``invoke propose-drivers``: what NVIDIA published since versions.toml was written, as pull
+requests made by ``invoke record-driver``.
+
+1. NVIDIA's list of datacenter driver releases (``releases.json``, gdc.nvidia) gives each
+   branch's newest release.
+2. A branch versions.toml tracks (it keeps one driver per branch: "the newest release of each
+   active datacenter branch") whose newest release is newer than the one listed gets a
+   proposal: the new release's entry, recorded from NVIDIA's files (gdc.record), replacing the
+   branch's old one. A tracked driver whose entry still has "TODO" values is recorded again:
+   when NVIDIA's files now give some of them (NVLSM's, say), that is a proposal too. Branches
+   NVIDIA lists that versions.toml does not track are only named.
+3. Each proposal is recorded into a scratch copy of versions.toml. ``--dry-run`` prints the
+   change; otherwise it is committed on a branch of its own (``record-driver/<version>``, or
+   ``record-driver/<version>-<digest of the new values>`` for a filled entry), pushed, and
+   opened as a pull request with ``gh``. A change is proposed once: when a pull request from
+   its branch exists (open, merged or closed), it is not proposed again.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import shutil
+import tempfile
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gdc import commands
+from gdc import record as recording
+from gdc.nvidia import (
+    MAX_RELEASES_BYTES,
+    Nvidia,
+    RecordError,
+    Release,
+    Sources,
+    newest_releases,
+    release_key,
+)
+from gdc.versions import Driver, VersionsError, load_versions
+from nvidia_driver.atomic import write_atomically
+
+Say = Callable[[str], None]
+BOT = ("github-actions[bot]", "41898282+github-actions[bot]@users.noreply.github.com")
+SECOND_SOURCES = (
+    "nixpkgs pkgs/os-specific/linux/nvidia-x11/default.nix (the .run files), the AUR "
+    "PKGBUILDs nvidia-fabricmanager, libnvidia-nscq, nvlsm and libnvsdm (the redist archives)"
+)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A driver to record: a tracked branch's newer release, or a tracked entry with TODOs."""
+
+    tracked: str  # the branch's driver in versions.toml
+    version: str  # the driver to record
+    release: Release | None = None  # NVIDIA's newer release; None: fill tracked's TODOs
+
+    def describe(self) -> str:
+        branch = self.version.split(".", 1)[0]
+        if self.release is None:
+            return f"{branch}: {self.version} has TODO values: recording it again"
+        kind = self.release.branch_type or "branch"
+        date = f", released {self.release.date}" if self.release.date else ""
+        return f"{branch}: {self.version} ({kind}{date}) replaces {self.tracked}"
+
+
+def has_todo(driver: Driver) -> bool:
+    return None in driver.sha256.values() or any(
+        archive.version is None or None in archive.sha256.values() for archive in driver.redist
+    )
+
+
+def find_candidates(
+    tracked: Mapping[str, Driver], newest: Mapping[str, Release]
+) -> tuple[list[Candidate], list[str]]:
+    """What to record for the tracked branches (branch -> driver), and a note per other one."""
+    candidates, notes = [], []
+    for branch, driver in sorted(tracked.items()):
+        release = newest.get(branch)
+        if release is not None and release_key(release.version) > release_key(driver.version):
+            candidates.append(Candidate(driver.version, release.version, release))
+            continue
+        if release is None:
+            notes.append(f"{branch}: NVIDIA's list has no branch {branch}; {driver.version} stays")
+        else:
+            notes.append(f"{branch}: {driver.version} is the newest release NVIDIA lists")
+        if has_todo(driver):
+            candidates.append(Candidate(driver.version, driver.version))
+    for branch, release in sorted(newest.items()):
+        if branch not in tracked:
+            kind = release.branch_type or "branch"
+            notes.append(
+                f"{branch} ({kind}, {release.version}) is not tracked in versions.toml: "
+                f"`invoke record-driver {release.version}` adds it"
+            )
+    return candidates, notes
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A candidate recorded: the new versions.toml, and where it goes."""
+
+    candidate: Candidate
+    record: recording.Record
+    text: str  # versions.toml with the record's entry
+    diff: str
+
+    @property
+    def branch(self) -> str:
+        if self.candidate.release is not None:
+            return f"record-driver/{self.record.version}"
+        values = tomllib.loads(self.record.entry())
+        digest = hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()
+        return f"record-driver/{self.record.version}-{digest[:8]}"
+
+    @property
+    def title(self) -> str:
+        version = self.record.version
+        if self.candidate.release is not None:
+            return f"versions.toml: driver {version} replaces {self.candidate.tracked}"
+        return f"versions.toml: driver {version}'s TODO values, from NVIDIA's files"
+
+
+@dataclass(frozen=True)
+class Repository:
+    """git (in the versions file's repository) and gh, through the tooling's command seam."""
+
+    root: Path
+    run: commands.Runner = commands.run
+    output: commands.Capture = commands.output
+
+    @classmethod
+    def of(cls, path: Path) -> Repository:
+        """The git work tree that holds path."""
+        status, out = commands.output(
+            ["git", "-C", str(path.parent), "rev-parse", "--show-toplevel"]
+        )
+        if status != 0 or not out.strip():
+            raise RecordError(f"{path} is not in a git work tree: propose-drivers commits to it")
+        return cls(Path(out.strip()).resolve())
+
+    def base(self) -> str:
+        """The branch checked out, which pull requests go to; refused with local changes."""
+        if self.git_output("status", "--porcelain"):
+            raise RecordError(
+                f"{self.root} has uncommitted changes: propose-drivers commits on branches of its "
+                "own; commit or stash them first"
+            )
+        base = self.git_output("rev-parse", "--abbrev-ref", "HEAD")
+        if base == "HEAD":
+            raise RecordError(
+                f"{self.root} is not on a branch: check out the branch the pull requests should "
+                "go to (main)"
+            )
+        return base
+
+    def git(self, *args: str) -> None:
+        status = self.run(["git", "-C", str(self.root), *args])
+        if status != 0:
+            raise RecordError(f"git {' '.join(args)} exited {status}")
+
+    def git_output(self, *args: str) -> str:
+        status, out = self.output(["git", "-C", str(self.root), *args])
+        if status != 0:
+            raise RecordError(f"git {' '.join(args)} exited {status}")
+        return out.strip()
+
+    def gh(self, *args: str) -> str:
+        status, out = self.output(["gh", *args])
+        if status != 0:
+            raise RecordError(
+                f"gh {' '.join(args[:2])} exited {status}: is gh installed and GH_TOKEN set "
+                "(a token that may push and open pull requests)?"
+            )
+        return out.strip()
+
+
+@dataclass
+class Proposer:
+    path: Path  # versions.toml
+    sources: Sources
+    env: Mapping[str, str]
+    date: str
+    say: Say = print
+    repository: Repository | None = None  # None: a dry run
+    opened: list[str] = field(default_factory=list)
+    _base: str = field(default="", init=False)  # the branch the pull requests go to
+
+    def run(self) -> list[Proposal]:
+        if self.repository is not None:
+            self._base = self.repository.base()  # before any request
+        nvidia = Nvidia(self.env)
+        url = self.sources.releases()
+        feed = nvidia.json(url, MAX_RELEASES_BYTES, "NVIDIA's list of driver releases")
+        try:
+            tracked = {driver.branch: driver for driver in load_versions(self.path).drivers}
+        except VersionsError as exc:
+            raise RecordError(str(exc)) from None
+        candidates, notes = find_candidates(tracked, newest_releases(feed, url))
+        for note in notes:
+            self.say(note)
+        proposals, failed = [], 0
+        for candidate in candidates:
+            self.say(candidate.describe())
+            try:
+                proposal = self._propose(candidate)
+            except RecordError as exc:
+                self.say(f"{candidate.version}: {exc}")
+                failed += 1
+                continue
+            if proposal is not None:
+                proposals.append(proposal)
+        if failed:
+            raise RecordError(
+                f"{failed} of {len(candidates)} drivers were not recorded or proposed (see "
+                "above); the others were"
+            )
+        return proposals
+
+    def _propose(self, candidate: Candidate) -> Proposal | None:
+        proposal = self._record(candidate)
+        if proposal is None:
+            self.say(f"{candidate.version}: NVIDIA's files give nothing versions.toml lacks")
+        elif self.repository is None:
+            self.say(proposal.diff)
+            self.say(
+                f"{candidate.version}: {proposal.record.summary()} (dry run: no branch, "
+                "no pull request)"
+            )
+        else:
+            self._pull_request(proposal, self.repository, self._base)
+        return proposal
+
+    def _record(self, candidate: Candidate) -> Proposal | None:
+        """The candidate recorded into a scratch copy; None when no value changed."""
+        before = self.path.read_text()
+        with tempfile.TemporaryDirectory(prefix="propose-drivers.") as scratch:
+            copy = Path(scratch) / self.path.name
+            shutil.copyfile(self.path, copy)
+            record, _ = recording.record_driver(
+                candidate.version, copy, self.sources, verify=False, date=self.date, env=self.env
+            )
+            after = copy.read_text()
+        if tomllib.loads(after) == tomllib.loads(before):
+            return None
+        name = self.path.name
+        diff = difflib.unified_diff(
+            before.splitlines(keepends=True),
+            after.splitlines(keepends=True),
+            f"a/{name}",
+            f"b/{name}",
+        )
+        return Proposal(candidate, record, after, "".join(diff).rstrip("\n"))
+
+    def _pull_request(self, proposal: Proposal, repository: Repository, base: str) -> None:
+        branch, version = proposal.branch, proposal.record.version
+        found = repository.gh(
+            "pr", "list", "--head", branch, "--state", "all", "--json", "number", "--jq", "length"
+        )
+        if found not in {"", "0"}:
+            self.say(f"{version}: already proposed (a pull request from {branch} exists)")
+            return
+        repository.git("switch", "--quiet", "--create", branch)
+        try:
+            write_atomically(self.path, proposal.text, self.path.stat().st_mode & 0o777)
+            repository.git("add", "--", str(self.path.resolve().relative_to(repository.root)))
+            repository.git("-c", f"user.name={BOT[0]}", "-c", f"user.email={BOT[1]}", "commit",
+                           "--quiet", "--message", proposal.title,
+                           "--message", proposal.record.summary())  # fmt: skip
+            # gh lends git its token for this one push, as `gh auth setup-git` would, without
+            # writing it into any git config.
+            repository.git("-c", "credential.helper=",
+                           "-c", "credential.helper=!gh auth git-credential",
+                           "push", "--quiet", "origin",
+                           f"{branch}:refs/heads/{branch}")  # fmt: skip
+            url = repository.gh("pr", "create", "--base", base, "--head", branch, "--title",
+                                proposal.title, "--body", self._body(proposal))  # fmt: skip
+        finally:
+            repository.git("switch", "--discard-changes", "--quiet", base)
+            repository.git("branch", "--quiet", "-D", branch)
+        self.opened.append(url)
+        self.say(f"{version}: opened {url}")
+
+    def _body(self, proposal: Proposal) -> str:
+        record, release = proposal.record, proposal.candidate.release
+        if release is None:
+            why = (
+                f"versions.toml leaves values of {record.version} TODO that NVIDIA's files now "
+                "give."
+            )
+        else:
+            date = f", released {release.date}" if release.date else ""
+            why = (
+                f"NVIDIA's list of datacenter driver releases ({self.sources.releases()}) has "
+                f"{release.version} ({release.branch_type or 'branch'}{date}), newer than "
+                f"{proposal.candidate.tracked} in versions.toml."
+            )
+            if release.notes:
+                why += f" Release notes: {release.notes}"
+        sources = "\n".join(f"- `{checksum.source}`" for checksum in record.checksums)
+        return (
+            f"{why}\n\n`invoke propose-drivers` recorded the entry with `invoke record-driver "
+            f"{record.version}` from NVIDIA's own files:\n\n{sources}\n- `{record.manifest}`\n\n"
+            f"{record.summary()}\n\nBefore merging, check the values against a second source "
+            f"where one has the same files ({SECOND_SOURCES}). Once merged, the nightly "
+            f"`invoke publish` builds and pushes the images of {record.version}.\n\n"
+            f"```diff\n{proposal.diff}\n```\n"
+        )
