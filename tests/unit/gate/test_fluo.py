@@ -16,6 +16,16 @@ def _fluo(cluster: Cluster) -> tuple[Operator, Client]:
     return Operator(client, before_reboot_annotations=[APPROVAL]), client
 
 
+def _asked_with_its_image_published(cluster: Cluster) -> None:
+    """gpu-1's agent stages 4593.2.5, whose image exists; FLUO labels it before-reboot."""
+    cluster.add_node("gpu-1")
+    cluster.cluster_policy("610.57.04")
+    cluster.publish(NEW)
+    operator, client = _fluo(cluster)
+    Agent(client, "gpu-1").update_engine_staged(STAGED)
+    operator.process()
+
+
 def test_the_gates_approve_the_nodes_fluo_asks_about_that_have_no_gpu(cluster: Cluster) -> None:
     """FLUO waits for its annotations on every node; the gate runs on GPU nodes only."""
     cluster.add_node("gpu-1")
@@ -61,12 +71,7 @@ def test_a_held_gpu_node_halts_fluo_until_its_image_is_published(cluster: Cluste
 def test_a_node_that_changed_under_the_gate_is_read_and_judged_again(cluster: Cluster) -> None:
     """The approval carries the resourceVersion it was decided on: the API server answers 409
     when FLUO (or anyone) changed the node since, and the gate decides on the new node."""
-    cluster.add_node("gpu-1")
-    cluster.cluster_policy("610.57.04")
-    cluster.publish(NEW)
-    operator, client = _fluo(cluster)
-    Agent(client, "gpu-1").update_engine_staged(STAGED)
-    operator.process()
+    _asked_with_its_image_published(cluster)
     changed = []
 
     def meanwhile(method: str, path: str) -> None:
@@ -91,12 +96,7 @@ def test_a_node_that_changed_under_the_gate_is_read_and_judged_again(cluster: Cl
 
 def test_a_node_fluo_no_longer_asks_about_is_left_alone(cluster: Cluster) -> None:
     """cleanupState took the label (and the annotations) while the gate looked."""
-    cluster.add_node("gpu-1")
-    cluster.cluster_policy("610.57.04")
-    cluster.publish(NEW)
-    operator, client = _fluo(cluster)
-    Agent(client, "gpu-1").update_engine_staged(STAGED)
-    operator.process()
+    _asked_with_its_image_published(cluster)
 
     def cleanup(method: str, path: str) -> None:
         if method == "PATCH" and path == "/api/v1/nodes/gpu-1":

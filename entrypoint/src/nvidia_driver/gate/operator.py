@@ -177,14 +177,19 @@ def driver_spec(api: KubeAPI, node: Mapping[str, Any]) -> DriverSpec | str:
         return f"ClusterPolicy {name} has driver.enabled=false: the Operator installs no driver"
     if _bool(driver.get("useNvidiaDriverCRD")):
         return _nvidia_driver_spec(api, node)
+    return _spec(f"ClusterPolicy {name}", driver, per_pool=False)
+
+
+def _spec(source: str, fields: Mapping[str, Any], *, per_pool: bool) -> DriverSpec:
+    """spec.driver of a ClusterPolicy and spec of an NVIDIADriver share these field names."""
     return DriverSpec(
-        source=f"ClusterPolicy {name}",
-        repository=str(driver.get("repository", "")),
-        image=str(driver.get("image", "")),
-        version=str(driver.get("version", "")),
-        use_precompiled=_bool(driver.get("usePrecompiled")),
-        pull_secrets=_secrets(driver.get("imagePullSecrets")),
-        per_pool=False,
+        source=source,
+        repository=str(fields.get("repository", "")),
+        image=str(fields.get("image", "")),
+        version=str(fields.get("version", "")),
+        use_precompiled=_bool(fields.get("usePrecompiled")),
+        pull_secrets=_secrets(fields.get("imagePullSecrets")),
+        per_pool=per_pool,
     )
 
 
@@ -215,15 +220,7 @@ def _nvidia_driver_spec(api: KubeAPI, node: Mapping[str, Any]) -> DriverSpec | s
     name = one_line(resource.get("metadata", {}).get("name", "?"), 100)
     if spec.get("driverType", "gpu") != "gpu":
         return f"NVIDIADriver {name} is driverType {one_line(spec.get('driverType'), 40)}, not gpu"
-    return DriverSpec(
-        source=f"NVIDIADriver {name}",
-        repository=str(spec.get("repository", "")),
-        image=str(spec.get("image", "")),
-        version=str(spec.get("version", "")),
-        use_precompiled=_bool(spec.get("usePrecompiled")),
-        pull_secrets=_secrets(spec.get("imagePullSecrets")),
-        per_pool=True,
-    )
+    return _spec(f"NVIDIADriver {name}", spec, per_pool=True)
 
 
 def _node_selector(resource: Mapping[str, Any]) -> Mapping[str, str]:
