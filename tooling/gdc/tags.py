@@ -28,7 +28,7 @@ from nvidia_driver.sources import gpuoperator
 from nvidia_driver.sources.gpuoperator import OS_ID, kernel_in_tag
 
 DEFAULT_IMAGE = "driver"  # the Operator's default driver.image
-_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+_TAG = gpuoperator.TAG
 _PREFIX = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 _FLATCAR_VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+")
 
@@ -132,13 +132,7 @@ def repository(registry: str, image: str = DEFAULT_IMAGE) -> str:
     return (f"{registry.rstrip('/')}/{image}" if registry else image).lower()
 
 
-# The OCI distribution reference grammar (distribution/reference, regexp.go): a host with an
-# optional port, then path components of lower-case letters and digits joined by ".", "_",
-# "__" or dashes.
-_DOMAIN = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
-_HOST = rf"(?:{_DOMAIN}(?:\.{_DOMAIN})*|\[[0-9a-fA-F:]+\])(?::[0-9]+)?"
-_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_REPOSITORY = re.compile(rf"(?:{_HOST}/)?{_COMPONENT}(?:/{_COMPONENT})*")
+_REPOSITORY = gpuoperator.REPOSITORY  # the OCI distribution reference grammar
 
 
 def check_repository(registry: str, image: str = DEFAULT_IMAGE) -> str:

@@ -236,3 +236,16 @@ def test_the_version_says_which_image_the_cluster_runs(
 ) -> None:
     spec = DriverSpec("p", "ghcr.io/o", "driver", version, precompiled, (), per_pool=False)
     assert (spec.kind, spec.driver) == (kind, driver)
+
+
+def test_a_policy_that_names_no_pullable_image_holds_in_one_line(cluster: Cluster) -> None:
+    """Text from the cluster never reaches the node's annotation or event with a line break."""
+    cluster.add_node("gpu-1")
+    cluster.cluster_policy("610.57.04\nRebootAllowed")
+    verdict = _judge(cluster)
+    assert not verdict.allowed
+    assert "\n" not in verdict.line
+    assert (
+        "/driver:610.57.04 RebootAllowed-flatcar4593.2.5' is not an image reference the "
+        "Operator could pull" in verdict.line
+    )

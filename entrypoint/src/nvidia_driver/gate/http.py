@@ -89,6 +89,8 @@ class Client:
             return Response(answer.status, names, content)
         except (OSError, http.client.HTTPException) as exc:
             raise UnreachableError(f"{method} {one_line(url)} failed: {one_line(exc)}") from None
+        except ValueError as exc:  # http.client refuses a URL or header it cannot send
+            raise DriverError(f"cannot send {method} {one_line(url)}: {one_line(exc)}") from None
         finally:
             connection.close()
 

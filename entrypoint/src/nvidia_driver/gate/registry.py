@@ -31,6 +31,7 @@ from nvidia_driver.gate.http import send_retried as _send_retried
 from nvidia_driver.gate.oneline import one_line
 from nvidia_driver.limits import MiB
 from nvidia_driver.sources.download import Backoff
+from nvidia_driver.sources.gpuoperator import DIGEST, REPOSITORY, TAG
 
 INDEX_TYPES = (
     "application/vnd.oci.image.index.v1+json",
@@ -79,8 +80,12 @@ class ImageRef:
             host, name = first, rest
         else:  # distribution/reference: no host means Docker Hub, one component is library/
             host, name = DOCKER_HUB, repository if rest else f"library/{repository}"
-        if not name or not reference:
-            raise DriverError(f"cannot read an image reference from {one_line(text)!r}")
+        valid = TAG.fullmatch(reference) or DIGEST.fullmatch(reference)
+        if not (valid and REPOSITORY.fullmatch(f"{host}/{name}")):
+            raise DriverError(
+                f"{one_line(text)!r} is not an image reference the Operator could pull (the "
+                "OCI reference grammar): check the policy's repository, image and version"
+            )
         return cls(host, name, reference)
 
     def __str__(self) -> str:

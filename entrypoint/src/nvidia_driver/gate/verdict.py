@@ -56,11 +56,12 @@ class Verdict:
 
 
 def held(line: str) -> Verdict:
-    return Verdict(allowed=False, line=line)
+    """A held verdict; its line is made one line here, whatever the cluster put in it."""
+    return Verdict(allowed=False, line=one_line(line))
 
 
 def allowed(line: str) -> Verdict:
-    return Verdict(allowed=True, line=line)
+    return Verdict(allowed=True, line=one_line(line))
 
 
 @dataclass

@@ -28,6 +28,16 @@ OS_ID = "flatcar"  # /etc/os-release ID, as NFD's system-os_release.ID label car
 DIGEST_PREFIX = "sha256:"  # a version the Operator takes as a digest: nothing is appended
 _NOT_IN_TAG = re.compile(r"[^A-Za-z0-9_.-]")
 
+# The OCI distribution reference grammar (distribution/reference, regexp.go), which the
+# Operator parses the image with (ref.New): a host with an optional port, then path components
+# of lower-case letters and digits joined by ".", "_", "__" or dashes; a tag of at most 128.
+_DOMAIN = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_HOST = rf"(?:{_DOMAIN}(?:\.{_DOMAIN})*|\[[0-9a-fA-F:]+\])(?::[0-9]+)?"
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+REPOSITORY = re.compile(rf"(?:{_HOST}/)?{_COMPONENT}(?:/{_COMPONENT})*")
+TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
 
 def os_tag(flatcar_version: str) -> str:
     """``4593.2.0`` -> ``flatcar4593.2.0``: ID + VERSION_ID, never shortened for Flatcar."""
