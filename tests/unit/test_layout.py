@@ -2,6 +2,7 @@
 
     cli, __main__     the command line
     node/, image/     the driver on a node; the image build (neither imports the other)
+    gate/             the reboot gate (imports neither node/ nor image/)
     kbuild/           kernel trees and their providers, compiler, patches, make, packages, pipeline
     sources/          Flatcar's release facts and server, verified downloads, NVIDIA's redist
     formats/          bounded readers: tar streams, GPT, ext4, ELF, kernel images
@@ -29,7 +30,8 @@ LAYERS = {
     "kbuild": ("sources", "formats", BASE),
     "node": ("kbuild", "sources", "formats", BASE),
     "image": ("kbuild", "sources", "formats", BASE),
-    "cli": ("node", "image", "kbuild", "sources", "formats", BASE),
+    "gate": ("kbuild", "sources", "formats", BASE),
+    "cli": ("node", "image", "gate", "kbuild", "sources", "formats", BASE),
 }
 ENTRY_MODULES = {"cli", "__main__"}
 MAX_LINES = 600

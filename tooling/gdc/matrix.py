@@ -20,9 +20,8 @@ every supported LTS stream, from Flatcar's lts-info) plus the releases pinned th
 Excluded, with the reason: streams without a usable current release, releases not built for an
 arch, arm64 releases whose module build tree carries x86-64 host tools (before 4230.1.0, LTS
 4081: :data:`NATIVE_ARM64_TOOLS`), and driver/kernel pairs known not to build, i.e. a driver
-branch that a kernel change broke (:data:`KERNEL_BREAKS`) and for which the entrypoint ships no
-compatibility patch (``patches/index.json``, chosen by its own
-:func:`~nvidia_driver.kbuild.patches.select_patches`).
+branch that a kernel change broke and for which the entrypoint ships no compatibility patch
+(:func:`nvidia_driver.kbuild.compat.build_problem`, which the reboot gate shares).
 
 ``invoke matrix --json`` prints one line (``invoke matrix --github-output`` writes it to
 ``$GITHUB_OUTPUT`` as ``json=``)::
@@ -72,7 +71,8 @@ from gdc.tags import (
 )
 from gdc.tags import repository as join_repository
 from gdc.versions import Driver, Versions
-from nvidia_driver.kbuild.patches import parse_kernel_release, select_patches, shipped_patches
+from nvidia_driver.errors import DriverError
+from nvidia_driver.kbuild import compat
 from nvidia_driver.sources.flatcar import FlatcarVersion
 
 __all__ = ["ALL", "PINNED", "Covered", "Exclusion", "Image", "Matrix", "Platform"]
@@ -90,26 +90,6 @@ NATIVE_ARM64_TOOLS = {
     "stable": FlatcarVersion(4230, 2, 0),
     "lts": FlatcarVersion(4230, 3, 0),
 }
-
-
-@dataclass(frozen=True)
-class KernelBreak:
-    """A kernel change that old driver branches need a compatibility patch for.
-
-    From which kernel it breaks comes from the entrypoint's patch index (the lowest
-    ``min_kernel`` of the patches named ``patch``); which branches it breaks is said here.
-    """
-
-    patch: str  # the patch's name in patches/index.json
-    tree: str  # the source tree it breaks: kernel-open or kernel
-    fixed_in_branch: int  # the first branch whose own sources handle the change
-
-
-KERNEL_BREAKS = (
-    # Linux 6.12.97 gave pci_resize_resource() a 4th argument; NVIDIA's sources handle it from
-    # 580 on, Flatcar patches 535, 550 and 570 (flatcar/scripts a08a106, fa087c4).
-    KernelBreak("pci-resize-resource-exclude-bars", "kernel-open", 580),
-)
 
 
 @dataclass(frozen=True)
@@ -180,35 +160,12 @@ class Matrix:
 # --- drivers -----------------------------------------------------------------------------------
 
 
-def _break_since(kernel_break: KernelBreak) -> str:
-    kernels = [patch.min_kernel for patch in shipped_patches() if patch.name == kernel_break.patch]
-    if not kernels:
-        raise releases.ReleaseError(
-            f"gdc.matrix.KERNEL_BREAKS names patch {kernel_break.patch!r}, which "
-            "patches/index.json does not list: fix the name"
-        )
-    return str(min(kernels))
-
-
 def build_problem(driver: Driver, kernel_release: str) -> str:
     """Why driver's modules do not build for the kernel, or "" when they should."""
-    branch = int(driver.branch)
-    kernel = parse_kernel_release(kernel_release)
-    for kernel_break in KERNEL_BREAKS:
-        since = _break_since(kernel_break)
-        if branch >= kernel_break.fixed_in_branch or kernel < parse_kernel_release(since):
-            continue
-        selected = select_patches(branch, kernel_release, kernel_break.tree)
-        if any(patch.name == kernel_break.patch for patch in selected):
-            continue
-        return (
-            f"driver {driver.version} {kernel_break.tree} does not build on kernel "
-            f"{kernel_release}: it needs patch {kernel_break.patch} (kernels from {since}; "
-            f"fixed by NVIDIA from branch {kernel_break.fixed_in_branch}) and "
-            f"entrypoint/src/nvidia_driver/kbuild/patches/index.json has none for branch {branch}; "
-            "add one or drop the driver"
-        )
-    return ""
+    try:
+        return compat.build_problem(driver.version, kernel_release)
+    except DriverError as exc:
+        raise releases.ReleaseError(str(exc)) from None
 
 
 def arch_problem(release: Covered, arch: str) -> str:

@@ -12,6 +12,8 @@ in ``uname -r`` form. So:
   supported release, so that ``driver.version=<driver>-flatcar`` resolves on every node.
 
 An optional prefix (``flatcar-test-<sha8>``) goes in front of every tag, as NVIDIA's dev builds do.
+The Operator's formulas live in the entrypoint, which the reboot gate shares them with
+(:mod:`nvidia_driver.sources.gpuoperator`).
 """
 
 from __future__ import annotations
@@ -22,11 +24,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from gdc.versions import driver_branch
+from nvidia_driver.sources import gpuoperator
+from nvidia_driver.sources.gpuoperator import OS_ID, kernel_in_tag
 
-OS_ID = "flatcar"
 DEFAULT_IMAGE = "driver"  # the Operator's default driver.image
-_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
-_NOT_IN_TAG = re.compile(r"[^A-Za-z0-9_.-]")
+_TAG = gpuoperator.TAG
 _PREFIX = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 _FLATCAR_VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+")
 
@@ -44,12 +46,7 @@ def os_tag(flatcar_version: str) -> str:
     """``4593.2.0`` -> ``flatcar4593.2.0``: ID + VERSION_ID, never shortened for Flatcar."""
     if not _FLATCAR_VERSION.fullmatch(flatcar_version):
         raise TagError(f"invalid Flatcar version {flatcar_version!r}: expected e.g. 4593.2.0")
-    return f"{OS_ID}{flatcar_version}"
-
-
-def kernel_in_tag(kernel_release: str) -> str:
-    """The kernel as a tag can hold it: characters a tag may not contain become ``-``."""
-    return _NOT_IN_TAG.sub("-", kernel_release)
+    return gpuoperator.os_tag(flatcar_version)
 
 
 def ci_prefix(env: Mapping[str, str]) -> str:
@@ -82,8 +79,8 @@ def build_image_tags(
 ) -> tuple[str, ...]:
     """``<driver>-flatcar`` then one ``<driver>-flatcar-flatcar<V>`` alias per release."""
     driver_branch(driver_version)  # validates
-    base = f"{driver_version}-{OS_ID}"
-    aliases = [f"{base}-{os_tag(version)}" for version in dict.fromkeys(flatcar_versions)]
+    base = gpuoperator.build_image_version(driver_version)
+    aliases = [_driver_tag(base, version) for version in dict.fromkeys(flatcar_versions)]
     return tuple(_prefixed(prefix, tag) for tag in (base, *aliases))
 
 
@@ -102,10 +99,19 @@ def precompiled_tags(
     branch = driver_branch(driver_version)
     carried = list(dict.fromkeys(flatcar_versions))
     by_kernel = list(dict.fromkeys([*os_versions, *carried]))
-    kernel = kernel_in_tag(kernel_release)
-    tags = [f"{driver_version}-{os_tag(version)}" for version in carried]
-    tags += [f"{branch}-{kernel}-{os_tag(version)}" for version in by_kernel]
+    tags = [_driver_tag(driver_version, version) for version in carried]
+    tags += [_precompiled_tag(branch, kernel_release, version) for version in by_kernel]
     return tuple(_prefixed(prefix, tag) for tag in tags)
+
+
+def _driver_tag(version: str, flatcar_version: str) -> str:
+    os_tag(flatcar_version)  # validates, with the tooling's message
+    return gpuoperator.driver_tag(version, flatcar_version)
+
+
+def _precompiled_tag(version: str, kernel_release: str, flatcar_version: str) -> str:
+    os_tag(flatcar_version)  # validates
+    return gpuoperator.precompiled_tag(version, kernel_release, flatcar_version)
 
 
 def staging_tag(driver_version: str, kernel_release: str, arch: str, prefix: str = "") -> str:
@@ -126,13 +132,7 @@ def repository(registry: str, image: str = DEFAULT_IMAGE) -> str:
     return (f"{registry.rstrip('/')}/{image}" if registry else image).lower()
 
 
-# The OCI distribution reference grammar (distribution/reference, regexp.go): a host with an
-# optional port, then path components of lower-case letters and digits joined by ".", "_",
-# "__" or dashes.
-_DOMAIN = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
-_HOST = rf"(?:{_DOMAIN}(?:\.{_DOMAIN})*|\[[0-9a-fA-F:]+\])(?::[0-9]+)?"
-_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_REPOSITORY = re.compile(rf"(?:{_HOST}/)?{_COMPONENT}(?:/{_COMPONENT})*")
+_REPOSITORY = gpuoperator.REPOSITORY  # the OCI distribution reference grammar
 
 
 def check_repository(registry: str, image: str = DEFAULT_IMAGE) -> str:

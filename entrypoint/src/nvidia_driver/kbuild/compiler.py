@@ -63,7 +63,14 @@ def kernel_gcc_major(tree: Path) -> int | None:
     version = config.get("CONFIG_GCC_VERSION", "")
     if re.fullmatch(r"[0-9]{1,8}", version) and int(version) > 0:
         return int(version) // 10000
-    match = re.search(r"gcc[^)]*\)\s+([0-9]+)\.", config.get("CONFIG_CC_VERSION_TEXT", ""))
+    return gcc_major_of(config.get("CONFIG_CC_VERSION_TEXT", ""))
+
+
+def gcc_major_of(version_text: str) -> int | None:
+    """The gcc major of a compiler's version text: CONFIG_CC_VERSION_TEXT, which the kernel's
+    banner carries too ("... (x86_64-cros-linux-gnu-gcc (Gentoo Hardened 14.3.1 p4) 14.3.1
+    20250801, GNU ld ...)", scripts/mkcompile_h)."""
+    match = re.search(r"gcc[^)]*\)\s+([0-9]+)\.", version_text)
     return int(match.group(1)) if match else None
 
 

@@ -1,0 +1,240 @@
+"""The gate's loop on one node: read what is staged, judge it, say so, and let the reboot go.
+
+Every :attr:`Settings.interval` seconds, :meth:`Gate.step`:
+
+* FLUO: when the operator has labelled the node ``before-reboot=true`` and the gate's approval
+  annotation is not ``true`` yet, judges FLUO's ``new-version``: holds (leaves the approval
+  unset) or sets it ``true``. FLUO waits for its annotations on every node, so the gates also
+  approve the nodes without ``nvidia.com/gpu.present=true`` that FLUO labels (the gate runs on
+  GPU nodes only, where its image's layers already are: a CPU node pulls nothing).
+* kured: asks update_engine what it staged; while nothing is, or the staged release is held,
+  its own pod carries ``reboot-gate=held`` (which kured's ``--blocking-pod-selector`` names);
+  for a release its image serves, ``open``.
+
+The verdict goes on the node as the :data:`~.managers.VERDICT` annotation and, when it changes,
+as an event (``RebootHeld`` or ``RebootAllowed``) and a log line. Node writes are merge patches
+that carry the resourceVersion of the node they were decided on: on a 409 the node is read
+again and the decision remade, so a gate never approves a node that changed under it (FLUO
+deleting its annotations, a new release staged).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from nvidia_driver.errors import DriverError
+from nvidia_driver.gate.kubeapi import ConflictError, KubeAPI
+from nvidia_driver.gate.managers import (
+    APPROVAL,
+    APPROVAL_ENV,
+    BEFORE_REBOOT,
+    HELD,
+    NEW_VERSION,
+    OPEN,
+    POD_LABEL,
+    TRUE,
+    VERDICT,
+    Manager,
+)
+from nvidia_driver.gate.oneline import one_line
+from nvidia_driver.gate.operator import GPU_PRESENT
+from nvidia_driver.gate.updateengine import SYSTEM_BUS, read_status
+from nvidia_driver.gate.verdict import Checker, Verdict, allowed, held
+from nvidia_driver.log import say, warn
+
+COMPONENT = "nvidia-reboot-gate"
+DEFAULT_INTERVAL = 60.0
+CONFLICT_RETRIES = 5
+
+
+@dataclass(frozen=True)
+class Settings:
+    node_name: str
+    manager: Manager
+    namespace: str  # the gate pod's: its events, and (kured) the pod itself
+    pod_name: str = ""  # kured: the pod whose label kured's blocking selector matches
+    approval: str = APPROVAL  # FLUO: the annotation listed in --before-reboot-annotations
+    interval: float = DEFAULT_INTERVAL
+    system_bus: Path = SYSTEM_BUS
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], manager: Manager, interval: float) -> Settings:
+        settings = cls(
+            node_name=env.get("NODE_NAME", "").strip(),
+            manager=manager,
+            namespace=env.get("POD_NAMESPACE", "").strip(),
+            pod_name=env.get("POD_NAME", "").strip(),
+            approval=env.get(APPROVAL_ENV, "").strip() or APPROVAL,
+            interval=interval,
+        )
+        needed = {"NODE_NAME": settings.node_name, "POD_NAMESPACE": settings.namespace}
+        if manager is Manager.KURED:
+            needed["POD_NAME"] = settings.pod_name
+        unset = [name for name, value in needed.items() if not value]
+        if unset:
+            raise DriverError(
+                f"{', '.join(unset)} unset: the gate's DaemonSet sets them from the downward API "
+                "(deploy/reboot-gate); set them when running it by hand"
+            )
+        return settings
+
+
+@dataclass
+class Gate:
+    settings: Settings
+    api: KubeAPI
+    checker: Checker
+    status: Callable[[Path], str] = field(default=lambda bus: read_status(bus).staged)
+    clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    _said: str = ""  # the last verdict reported as an event and a log line
+    _label: str = ""  # kured: the value the gate last gave its pod's label
+
+    @property
+    def _node_path(self) -> str:
+        return f"/api/v1/nodes/{self.settings.node_name}"
+
+    def step(self) -> Verdict | None:
+        """One look at the node; the verdict, or None when there is nothing to decide."""
+        if self.settings.manager is Manager.FLUO:
+            return self._fluo()
+        return self._kured()
+
+    def run(self, stop: threading.Event) -> None:
+        """Step every interval until ``stop`` is set; a failed step holds, and is said."""
+        say(f"Reboot gate on node {self.settings.node_name} ({self.settings.manager})")
+        if self.settings.manager is Manager.KURED:
+            self._pod_label(HELD)  # a restarted gate holds until it has looked again
+        while not stop.is_set():
+            try:
+                self.step()
+            except DriverError as exc:
+                warn(f"reboot gate: {one_line(exc)}; the reboot stays held")
+            stop.wait(self.settings.interval)
+
+    # --- FLUO ------------------------------------------------------------------------------
+
+    def _fluo(self) -> Verdict | None:
+        verdict = self._fluo_own()
+        self._approve_other_nodes()
+        return verdict
+
+    def _approve_other_nodes(self) -> None:
+        """Approve the nodes FLUO asks about that no gate runs on: those without GPUs."""
+        for node in self.api.list("/api/v1/nodes", f"{BEFORE_REBOOT}={TRUE},{GPU_PRESENT}!={TRUE}"):
+            if _annotations(node).get(self.settings.approval) == TRUE:
+                continue
+            verdict = allowed(f"not a GPU node (no {GPU_PRESENT}=true label)")
+            try:
+                name = node.get("metadata", {}).get("name", "")
+                patch = {VERDICT: verdict.text, self.settings.approval: TRUE}
+                self._annotate(f"/api/v1/nodes/{name}", node, patch)
+            except ConflictError:
+                continue  # changed meanwhile (another gate approved it): the next step looks again
+
+    def _fluo_own(self) -> Verdict | None:
+        for _ in range(CONFLICT_RETRIES):
+            node = self.api.get(self._node_path)
+            labels, annotations = _labels(node), _annotations(node)
+            if labels.get(BEFORE_REBOOT) != TRUE:
+                return None  # FLUO is not asking (any more)
+            if annotations.get(self.settings.approval) == TRUE:
+                return None  # approved already; FLUO removes the label next
+            verdict = self.checker.verdict(node, annotations.get(NEW_VERSION, ""))
+            patch = {VERDICT: verdict.text}
+            if verdict.allowed:
+                patch[self.settings.approval] = TRUE
+            try:
+                if patch != {VERDICT: annotations.get(VERDICT)}:
+                    self._annotate(self._node_path, node, patch)
+            except ConflictError:
+                continue  # the node changed since: look again, decide again
+            self._report(verdict)
+            return verdict
+        raise DriverError(f"node {self.settings.node_name} kept changing under the gate")
+
+    # --- kured -----------------------------------------------------------------------------
+
+    def _kured(self) -> Verdict:
+        staged = self.status(self.settings.system_bus)
+        for _ in range(CONFLICT_RETRIES):
+            node = self.api.get(self._node_path)
+            if not staged:
+                verdict = held("no Flatcar release is staged (update_engine waits for no reboot)")
+            else:
+                verdict = self.checker.verdict(node, staged)
+            if not verdict.allowed:
+                self._pod_label(HELD)  # before the node says why: held is never late
+            try:
+                if _annotations(node).get(VERDICT) != verdict.text:
+                    self._annotate(self._node_path, node, {VERDICT: verdict.text})
+            except ConflictError:
+                continue
+            if verdict.allowed:
+                self._pod_label(OPEN)
+            if staged or self._said:  # nothing staged since the start: nothing to tell
+                self._report(verdict)
+            return verdict
+        raise DriverError(f"node {self.settings.node_name} kept changing under the gate")
+
+    def _pod_label(self, value: str) -> None:
+        if value == self._label:
+            return
+        path = f"/api/v1/namespaces/{self.settings.namespace}/pods/{self.settings.pod_name}"
+        self.api.merge_patch(path, {"metadata": {"labels": {POD_LABEL: value}}})
+        self._label = value
+
+    # --- the node: annotation and event ----------------------------------------------------
+
+    def _annotate(self, path: str, node: Mapping[str, Any], annotations: Mapping[str, str]) -> None:
+        """Merge annotations into the node as it was read: a 409 if it changed since."""
+        version = node.get("metadata", {}).get("resourceVersion", "")
+        patch = {"metadata": {"resourceVersion": version, "annotations": dict(annotations)}}
+        self.api.merge_patch(path, patch)
+
+    def _report(self, verdict: Verdict) -> None:
+        if verdict.text == self._said:
+            return
+        self._said = verdict.text
+        say(f"Reboot {'allowed' if verdict.allowed else 'held'}: {verdict.line}")
+        now = self.clock()
+        name, namespace = self.settings.node_name, self.settings.namespace
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {
+                "name": f"{name}.{time.time_ns():x}",
+                "namespace": self.settings.namespace,
+            },
+            # uid = the node's name, as the kubelet's node events have it: kubectl describe
+            # node looks events up so (kubernetes pkg/kubelet NodeRecorder, kubectl describe).
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": name, "uid": name},
+            "reason": "RebootAllowed" if verdict.allowed else "RebootHeld",
+            "message": verdict.line,
+            "type": "Normal" if verdict.allowed else "Warning",
+            "source": {"component": COMPONENT, "host": name},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": name,
+            "firstTimestamp": f"{now:%Y-%m-%dT%H:%M:%SZ}",
+            "lastTimestamp": f"{now:%Y-%m-%dT%H:%M:%SZ}",
+            "count": 1,
+        }
+        try:
+            self.api.create(f"/api/v1/namespaces/{namespace}/events", event)
+        except DriverError as exc:  # the annotation says it already
+            warn(f"reboot gate: cannot record the event: {one_line(exc)}")
+
+
+def _labels(node: Mapping[str, Any]) -> Mapping[str, str]:
+    labels = node.get("metadata", {}).get("labels")
+    return labels if isinstance(labels, Mapping) else {}
+
+
+def _annotations(node: Mapping[str, Any]) -> Mapping[str, str]:
+    annotations = node.get("metadata", {}).get("annotations")
+    return annotations if isinstance(annotations, Mapping) else {}

@@ -1,0 +1,176 @@
+"""One bounded HTTP exchange, for the Kubernetes API and the registries the gate asks.
+
+Each exchange (connect, send, every read of the answer) ends by one deadline, no read waits
+longer than the timeout, and an answer over its byte limit is refused. Redirects are not
+followed: neither the API server nor a registry's manifest endpoint sends one that the gate
+should follow. The answer is returned whatever its status; failures to exchange at all raise
+:class:`UnreachableError`, a :class:`~nvidia_driver.errors.DriverError` worth another try.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import http.client
+import socket
+import ssl
+import time
+import urllib.parse
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from nvidia_driver.errors import DriverError
+from nvidia_driver.gate.oneline import one_line
+from nvidia_driver.limits import MiB
+from nvidia_driver.sources.download import Backoff
+
+USER_AGENT = "nvidia-driver-reboot-gate (Flatcar GPU driver container)"
+CHUNK = 64 * 1024
+MAX_RETRY_AFTER = 30.0  # seconds: a server asking for more is waited for this long
+_TOO_MANY_REQUESTS, _SERVER_ERRORS = 429, 500
+
+
+class UnreachableError(DriverError):
+    """The exchange did not complete (connection, timeout, deadline, truncated answer)."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    timeout: float = 20.0  # seconds one connect or read may wait
+    deadline: float = 60.0  # seconds for the whole exchange
+    max_bytes: int = 16 * MiB  # the answer's body
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    headers: Mapping[str, str]  # names lower-cased
+    body: bytes
+
+    def header(self, name: str) -> str:
+        return self.headers.get(name.lower(), "")
+
+
+@dataclass(frozen=True)
+class Client:
+    """Sends requests within the limits; ``context`` verifies https servers."""
+
+    limits: Limits = field(default_factory=Limits)
+    context: ssl.SSLContext | None = None
+    clock: Callable[[], float] = time.monotonic
+
+    def send(
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str] | None = None,
+        body: bytes | None = None,
+    ) -> Response:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in {"http", "https"} or not parts.hostname:
+            raise DriverError(f"cannot send to {one_line(url)}: only http and https URLs work")
+        ends = self.clock() + self.limits.deadline
+        target = parts.path or "/"
+        if parts.query:
+            target += f"?{parts.query}"
+        connection = self._connection(parts, ends)
+        try:
+            connection.putrequest(method, target, skip_accept_encoding=True)
+            for name, value in {"User-Agent": USER_AGENT, **(headers or {})}.items():
+                connection.putheader(name, value)
+            if body is not None:
+                connection.putheader("Content-Length", str(len(body)))
+            connection.endheaders(body)
+            # The answer is read from this socket, also once the connection lets go of it.
+            sock = connection.sock
+            self._pace(sock, url, ends)
+            answer = connection.getresponse()
+            names = {key.lower(): value for key, value in answer.getheaders()}
+            content = b"" if method == "HEAD" else self._read(answer, sock, url, ends)
+            return Response(answer.status, names, content)
+        except (OSError, http.client.HTTPException) as exc:
+            raise UnreachableError(f"{method} {one_line(url)} failed: {one_line(exc)}") from None
+        except ValueError as exc:  # http.client refuses a URL or header it cannot send
+            raise DriverError(f"cannot send {method} {one_line(url)}: {one_line(exc)}") from None
+        finally:
+            connection.close()
+
+    def _connection(
+        self, parts: urllib.parse.SplitResult, ends: float
+    ) -> http.client.HTTPConnection:
+        timeout = self._remaining(ends, parts.geturl())
+        host, port = parts.hostname or "", parts.port
+        if parts.scheme == "https":
+            context = self.context or ssl.create_default_context()
+            return http.client.HTTPSConnection(host, port, timeout=timeout, context=context)
+        return http.client.HTTPConnection(host, port, timeout=timeout)
+
+    def _remaining(self, ends: float, url: str) -> float:
+        remaining = ends - self.clock()
+        if remaining <= 0:
+            raise UnreachableError(
+                f"{one_line(url)} did not answer within {self.limits.deadline:g} s"
+            )
+        return min(self.limits.timeout, remaining)
+
+    def _pace(self, sock: object, url: str, ends: float) -> None:
+        """The socket's timeout for the next wait: the timeout, or what is left of the deadline."""
+        if isinstance(sock, socket.socket):
+            sock.settimeout(self._remaining(ends, url))
+
+    def _read(self, answer: http.client.HTTPResponse, sock: object, url: str, ends: float) -> bytes:
+        length = answer.getheader("Content-Length")
+        if length and length.isdigit() and int(length) > self.limits.max_bytes:
+            raise DriverError(
+                f"{one_line(url)} answered {int(length)} bytes, over the limit of "
+                f"{self.limits.max_bytes}: not what the gate asked for"
+            )
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            self._pace(sock, url, ends)
+            chunk = answer.read1(CHUNK)
+            if not chunk:
+                return b"".join(chunks)
+            size += len(chunk)
+            if size > self.limits.max_bytes:
+                raise DriverError(
+                    f"{one_line(url)} answered more than {self.limits.max_bytes} bytes: "
+                    "not what the gate asked for"
+                )
+            chunks.append(chunk)
+
+
+def retryable(response: Response) -> bool:
+    return response.status == _TOO_MANY_REQUESTS or response.status >= _SERVER_ERRORS
+
+
+def send_retried(
+    send: Callable[[], Response], backoff: Backoff, sleep: Callable[[float], None]
+) -> Response:
+    """``send()`` until it answers other than 429 or 5xx, within ``backoff`` (the downloads'
+    bounded, growing pauses); the last answer.
+
+    An exchange that fails is tried again too; the last failure is raised.
+    """
+    delays = backoff.delays()
+    for delay in delays:
+        try:
+            response = send()
+        except UnreachableError:
+            sleep(delay)
+            continue
+        if not retryable(response):
+            return response
+        sleep(max(delay, _retry_after(response)))
+    return send()
+
+
+def _retry_after(response: Response) -> float:
+    value = response.header("Retry-After").strip()
+    if value.isdigit():
+        return min(float(value), MAX_RETRY_AFTER)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return 0.0
+    return max(0.0, min(when.timestamp() - time.time(), MAX_RETRY_AFTER))

@@ -1,0 +1,210 @@
+"""The Kubernetes API, spoken directly: the pod's service account token and CA, JSON over HTTPS.
+
+What the gate relies on, and the fake API server of the tests enforces:
+
+* reads are GETs, lists paged with ``limit`` and ``continue`` (bounded: :data:`MAX_PAGES`);
+* writes are JSON merge patches (RFC 7386, ``application/merge-patch+json``) that carry the
+  ``metadata.resourceVersion`` the decision was made on: the server answers 409 Conflict when the
+  object changed since, and the caller reads it again and decides again (:class:`ConflictError`);
+* 429 and 5xx answers, and exchanges that fail, are retried a bounded number of times.
+
+The token is read from its file at every request: the kubelet rotates projected tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import time
+import urllib.parse
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nvidia_driver.errors import DriverError
+from nvidia_driver.gate.http import (
+    Client,
+    Limits,
+    Response,
+    UnreachableError,
+    send_retried,
+)
+from nvidia_driver.gate.oneline import one_line
+from nvidia_driver.sources.download import Backoff
+
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+# The API server's URL: a ``kubectl proxy`` on 127.0.0.1 to run the gate outside the cluster.
+API_SERVER_ENV = "REBOOT_GATE_API_SERVER"
+MERGE_PATCH = "application/merge-patch+json"
+PAGE_SIZE = 250
+MAX_PAGES = 200  # 50,000 objects
+_TOKEN_LIMIT = 64 * 1024
+_LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
+_CONFLICT, _NOT_FOUND = 409, 404
+_OK = range(200, 300)
+
+
+class ConflictError(DriverError):
+    """409: the object changed since it was read (or already exists)."""
+
+
+class NotFoundError(DriverError):
+    """404: no such object."""
+
+
+@dataclass
+class KubeAPI:
+    base_url: str  # scheme://host:port
+    token_file: Path | None = None
+    client: Client = field(default_factory=Client)
+    backoff: Backoff = field(default_factory=lambda: Backoff(attempts=4, first_delay=1.0))
+    sleep: Callable[[float], None] = time.sleep
+
+    def __post_init__(self) -> None:
+        parts = urllib.parse.urlsplit(self.base_url)
+        if parts.scheme not in {"http", "https"} or not parts.hostname:
+            raise DriverError(
+                f"invalid Kubernetes API server URL {one_line(self.base_url)!r}: give https://"
+                f"host:port (or http://127.0.0.1:port for kubectl proxy) in {API_SERVER_ENV}"
+            )
+        if parts.scheme == "http" and parts.hostname not in _LOOPBACK:
+            raise DriverError(
+                f"refusing plain http to the Kubernetes API at {one_line(parts.hostname)}: the "
+                "service account token would cross the network in clear; use https, or "
+                "kubectl proxy on 127.0.0.1"
+            )
+        self.base_url = self.base_url.rstrip("/")
+
+    @classmethod
+    def from_env(
+        cls,
+        env: Mapping[str, str],
+        service_account: Path = SERVICE_ACCOUNT_DIR,
+        limits: Limits | None = None,
+    ) -> KubeAPI:
+        """In the cluster: KUBERNETES_SERVICE_HOST/PORT with the pod's token and CA."""
+        url = env.get(API_SERVER_ENV, "").strip()
+        if not url:
+            host = env.get("KUBERNETES_SERVICE_HOST", "").strip()
+            port = env.get("KUBERNETES_SERVICE_PORT", "").strip() or "443"
+            if not host:
+                raise DriverError(
+                    "not in a Kubernetes pod (no KUBERNETES_SERVICE_HOST): run the gate as the "
+                    f"DaemonSet of deploy/reboot-gate, or set {API_SERVER_ENV}"
+                )
+            url = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+        context = None
+        ca = service_account / "ca.crt"
+        if url.startswith("https://") and ca.is_file():
+            context = ssl.create_default_context(cafile=str(ca))
+        token = service_account / "token"
+        return cls(
+            url,
+            token_file=token if token.is_file() else None,
+            client=Client(limits or Limits(), context),
+        )
+
+    # --- the verbs the gate uses -----------------------------------------------------------
+
+    def get(self, path: str, query: Mapping[str, str] | None = None) -> dict[str, Any]:
+        return self._exchange("GET", path, query)
+
+    def list(self, path: str, label_selector: str = "") -> list[dict[str, Any]]:
+        """Every item of a list, page by page."""
+        items: list[dict[str, Any]] = []
+        query = {"limit": str(PAGE_SIZE)}
+        if label_selector:
+            query["labelSelector"] = label_selector
+        for _ in range(MAX_PAGES):
+            page = self._exchange("GET", path, query)
+            found = page.get("items")
+            if not isinstance(found, list):
+                raise DriverError(f"Kubernetes API: GET {path} answered no list of items")
+            items += [item for item in found if isinstance(item, dict)]
+            metadata = page.get("metadata")
+            token = metadata.get("continue") if isinstance(metadata, dict) else None
+            if not token:
+                return items
+            query["continue"] = str(token)
+        raise DriverError(f"Kubernetes API: GET {path} has more than {MAX_PAGES} pages")
+
+    def merge_patch(self, path: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        """Apply an RFC 7386 merge patch; :class:`ConflictError` if its resourceVersion is stale."""
+        return self._exchange("PATCH", path, body=patch, content_type=MERGE_PATCH)
+
+    def create(self, path: str, document: Mapping[str, Any]) -> dict[str, Any]:
+        return self._exchange("POST", path, body=document, content_type="application/json")
+
+    # --- one exchange, retried -------------------------------------------------------------
+
+    def _exchange(
+        self,
+        method: str,
+        path: str,
+        query: Mapping[str, str] | None = None,
+        body: Mapping[str, Any] | None = None,
+        content_type: str = "",
+    ) -> dict[str, Any]:
+        url = self.base_url + path
+        if query:
+            url += "?" + urllib.parse.urlencode(query)
+        payload = None if body is None else json.dumps(body).encode()
+
+        def send() -> Response:
+            headers = {"Accept": "application/json", **self._authorization()}
+            if content_type:
+                headers["Content-Type"] = content_type
+            return self.client.send(method, url, headers, payload)
+
+        try:
+            response = send_retried(send, self.backoff, self.sleep)
+        except UnreachableError as exc:
+            raise DriverError(f"Kubernetes API: {exc}; check the cluster's network") from None
+        if response.status in _OK:
+            return _document(response, method, path)
+        raise _failure(response, method, path)
+
+    def _authorization(self) -> dict[str, str]:
+        if self.token_file is None:
+            return {}
+        try:
+            with self.token_file.open("rb") as file:
+                token = file.read(_TOKEN_LIMIT).decode("ascii").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise DriverError(
+                f"cannot read the service account token {self.token_file}: {one_line(exc)}; "
+                "check that the pod mounts its service account (automountServiceAccountToken)"
+            ) from None
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def _document(response: Response, method: str, path: str) -> dict[str, Any]:
+    try:
+        document = json.loads(response.body or b"{}")
+    except ValueError:
+        raise DriverError(f"Kubernetes API: {method} {path} answered no JSON") from None
+    if not isinstance(document, dict):
+        raise DriverError(f"Kubernetes API: {method} {path} answered no JSON object")
+    return document
+
+
+def _failure(response: Response, method: str, path: str) -> DriverError:
+    message = ""
+    try:
+        status = json.loads(response.body)
+        message = str(status.get("message", "")) if isinstance(status, dict) else ""
+    except ValueError:
+        pass
+    line = f"Kubernetes API: {method} {path} answered {response.status}"
+    if message:
+        line += f": {one_line(message, 200)}"
+    if response.status == _CONFLICT:
+        return ConflictError(line)
+    if response.status == _NOT_FOUND:
+        return NotFoundError(line)
+    if response.status in {401, 403}:
+        return DriverError(
+            f"{line}; check the gate's service account and RBAC (deploy/reboot-gate)"
+        )
+    return DriverError(line)

@@ -1,0 +1,71 @@
+"""``nvidia-driver reboot-gate``: the gate's parts, made from the pod's environment.
+
+The environment (deploy/reboot-gate sets it): ``NODE_NAME``, ``POD_NAMESPACE`` and, for kured,
+``POD_NAME`` from the downward API; ``GPU_OPERATOR_NAMESPACE`` (where the Operator's pull
+secrets are, default ``gpu-operator``); ``REBOOT_GATE_ANNOTATION`` (FLUO's before-reboot
+annotation, default :data:`~.managers.APPROVAL`); ``DRIVER_VERSION`` (the build image's own);
+``FLATCAR_RELEASES_URL``, ``FLATCAR_RELEASE_BASE_URL`` and ``FLATCAR_KEYRING`` for mirrors; the
+``NVIDIA_DRIVER_DOWNLOAD_*`` limits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from types import FrameType
+
+from nvidia_driver.commands import Commands
+from nvidia_driver.gate.buildcheck import BuildImage
+from nvidia_driver.gate.gate import Gate, Settings
+from nvidia_driver.gate.kubeapi import KubeAPI
+from nvidia_driver.gate.managers import Manager
+from nvidia_driver.gate.verdict import Checker, Releases
+from nvidia_driver.kbuild.cachedirs import cache_dir, work_dir
+from nvidia_driver.kbuild.release import ReleaseSources
+from nvidia_driver.log import say
+from nvidia_driver.sources.download import Downloader, DownloadLimits
+from nvidia_driver.sources.flatcar import releases_url_from_env
+
+# An emptyDir in the gate's pod: a kernel banner (cache), the vmlinuz it came from (work).
+CACHE = Path("/var/cache/nvidia-reboot-gate/cache")
+WORK = Path("/var/cache/nvidia-reboot-gate/work")
+OPERATOR_NAMESPACE = "gpu-operator"
+FEED_DEADLINE = 300.0  # seconds: the feed is ~2 MB, a pass should not wait for it for hours
+
+
+def make_gate(env: Mapping[str, str], manager: Manager, interval: float) -> Gate:
+    settings = Settings.from_env(env, manager, interval)
+    api = KubeAPI.from_env(env)
+    commands = Commands(dict(env))
+    sources = ReleaseSources.from_env(commands, cache_dir(CACHE, env), work_dir(WORK, env), env)
+    limits = DownloadLimits.from_env(env)
+    feed = Downloader(dataclasses.replace(limits, deadline=min(limits.deadline, FEED_DEADLINE)))
+    checker = Checker(
+        api,
+        Releases(releases_url_from_env(env), feed),
+        BuildImage(env.get("DRIVER_VERSION", "").strip(), commands, sources),
+        operator_namespace=env.get("GPU_OPERATOR_NAMESPACE", "").strip() or OPERATOR_NAMESPACE,
+    )
+    return Gate(settings, api, checker)
+
+
+def reboot_gate(env: Mapping[str, str], manager: str, interval: float, *, once: bool) -> int:
+    gate = make_gate(env, Manager(manager), interval)
+    if once:
+        verdict = gate.step()
+        say(verdict.text if verdict else "Nothing to decide: no reboot is being asked for")
+        return 0
+    stop = threading.Event()
+
+    def stopping(signum: int, frame: FrameType | None) -> None:
+        del frame
+        say(f"Caught signal {signum}: the reboot gate stops")
+        stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, stopping)
+    gate.run(stop)
+    return 0

@@ -1,0 +1,272 @@
+"""Which driver images the GPU Operator will ask for once a node runs a staged release.
+
+Read from NVIDIA/gpu-operator (a22dbf6), and composed with the formulas of
+:mod:`nvidia_driver.sources.gpuoperator`:
+
+* ClusterPolicy (``nvidia.com/v1`` ``clusterpolicies``, ``spec.driver``): one DaemonSet, or one
+  per kernel with ``usePrecompiled``; every one takes the OS tag of the *first* GPU node the
+  Operator lists (``getGPUNodeOSInfo``: ``nvidia.com/gpu.present=true``, ``Limit(1)``), which
+  may be any GPU node. So after node N moves to release B with kernel KB, the Operator may ask
+  for B's tag on every GPU node, and for KB's tag with the OS tag of any GPU node's release.
+* NVIDIADriver (``nvidia.com/v1alpha1`` ``nvidiadrivers``, ``driver.useNvidiaDriverCRD``): one
+  DaemonSet per node pool, a pool per OS tag (and kernel, with ``usePrecompiled``) of the nodes
+  the resource owns (``internal/state/nodepool.go``; the node label
+  ``nvidia.com/gpu-operator.driver.owner`` names it). Node N then pulls B's own tag, nothing
+  else changes.
+
+The image path is the Operator's ``imagePath``: ``<repository>/<image>:<version>`` (``@`` for
+a ``sha256:`` version, to which nothing is appended), or ``<image>`` alone when repository and
+version are empty (kbld).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from nvidia_driver.errors import DriverError
+from nvidia_driver.gate.kubeapi import KubeAPI, NotFoundError
+from nvidia_driver.gate.oneline import one_line
+from nvidia_driver.sources.gpuoperator import (
+    DIGEST_PREFIX,
+    OS_ID,
+    build_image_version,
+    driver_tag,
+    precompiled_tag,
+)
+
+CLUSTER_POLICIES = "/apis/nvidia.com/v1/clusterpolicies"
+NVIDIA_DRIVERS = "/apis/nvidia.com/v1alpha1/nvidiadrivers"
+NODES = "/api/v1/nodes"
+# The labels the Operator reads (controllers/state_manager.go, internal/consts/consts.go).
+GPU_PRESENT = "nvidia.com/gpu.present"
+DRIVER_OWNER = "nvidia.com/gpu-operator.driver.owner"
+NFD_OS_ID = "feature.node.kubernetes.io/system-os_release.ID"
+NFD_VERSION_ID = "feature.node.kubernetes.io/system-os_release.VERSION_ID"
+NFD_KERNEL = "feature.node.kubernetes.io/kernel-version.full"
+ARCH = "kubernetes.io/arch"
+_BUILD_SUFFIX = build_image_version("")  # "-flatcar": the build image's tag ends so
+_DRIVER_AT_END = re.compile(r"[0-9]{3,}(?:\.[0-9]+){0,2}$")  # 610.57.04, or the branch 610
+
+
+class Kind(StrEnum):
+    """What the cluster's driver image is, as its version says."""
+
+    PRECOMPILED = "precompiled"  # <driver>: a precompiled image per release
+    BRANCH = "usePrecompiled"  # <branch>: the Operator's per-kernel tags
+    BUILD = "build"  # <driver>-flatcar: the build image, through its per-release alias
+    DIGEST = "digest"  # sha256:...: one image for every release, nothing appended
+
+
+@dataclass(frozen=True)
+class DriverSpec:
+    """The fields of a ClusterPolicy's spec.driver or an NVIDIADriver's spec the image is
+    composed of."""
+
+    source: str  # "ClusterPolicy cluster-policy"
+    repository: str
+    image: str
+    version: str
+    use_precompiled: bool
+    pull_secrets: tuple[str, ...]
+    per_pool: bool  # NVIDIADriver: every release's nodes get a DaemonSet of their own
+
+    @property
+    def path(self) -> str:
+        """The Operator's imagePath, before any suffix."""
+        if not self.repository and not self.version and self.image:
+            return self.image
+        if not (self.repository and self.image and self.version):
+            raise DriverError(
+                f"{self.source}: repository, image and version must all be set, as the "
+                f"Operator requires (repository={self.repository!r}, image={self.image!r}, "
+                f"version={self.version!r})"
+            )
+        separator = "@" if self.version.startswith(DIGEST_PREFIX) else ":"
+        return f"{self.repository}/{self.image}{separator}{self.version}"
+
+    @property
+    def tag(self) -> str:
+        """The tag the path ends in ("" for a digest)."""
+        last = self.path.rpartition("/")[2]
+        return "" if DIGEST_PREFIX in last or ":" not in last else last.rpartition(":")[2]
+
+    @property
+    def kind(self) -> Kind:
+        if not self.tag:
+            return Kind.DIGEST
+        if self.use_precompiled:
+            return Kind.BRANCH
+        return Kind.BUILD if self.tag.endswith(_BUILD_SUFFIX) else Kind.PRECOMPILED
+
+    @property
+    def driver(self) -> str:
+        """The driver version (or branch) the tag ends in, after any prefix; "" for none."""
+        match = _DRIVER_AT_END.search(self.tag.removesuffix(_BUILD_SUFFIX))
+        return match.group(0) if match else ""
+
+
+@dataclass(frozen=True)
+class GPUNode:
+    """What the Operator reads of a GPU node: its release, kernel and arch."""
+
+    name: str
+    version_id: str
+    kernel: str
+    arch: str
+
+    @classmethod
+    def of(cls, node: Mapping[str, Any]) -> GPUNode | None:
+        """None for a node without NFD's Flatcar labels (the Operator skips or refuses it)."""
+        labels = _labels(node)
+        version, kernel = labels.get(NFD_VERSION_ID, ""), labels.get(NFD_KERNEL, "")
+        if labels.get(NFD_OS_ID) != OS_ID or not version or not kernel:
+            return None
+        info = node.get("status", {}).get("nodeInfo", {})
+        arch = labels.get(ARCH) or str(info.get("architecture", ""))
+        return cls(str(node.get("metadata", {}).get("name", "")), version, kernel, arch)
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """One image the Operator may ask for after the reboot, and the arches that will pull it."""
+
+    reference: str
+    arches: frozenset[str]
+
+
+def _labels(node: Mapping[str, Any]) -> Mapping[str, str]:
+    labels = node.get("metadata", {}).get("labels", {})
+    return labels if isinstance(labels, Mapping) else {}
+
+
+def _bool(value: object) -> bool:
+    return value is True or (isinstance(value, str) and value.lower() == "true")
+
+
+def _secrets(value: object) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        return ()
+    names = [item if isinstance(item, str) else item.get("name", "") for item in value
+             if isinstance(item, str | Mapping)]  # fmt: skip
+    return tuple(str(name) for name in names if name)
+
+
+# --- which resource says how this node's driver is installed ---------------------------------
+
+
+def driver_spec(api: KubeAPI, node: Mapping[str, Any]) -> DriverSpec | str:
+    """The spec the node's driver image comes from, or why the Operator installs none there."""
+    # The Operator serves one ClusterPolicy and marks any other "ignored".
+    policies = [
+        policy
+        for policy in api.list(CLUSTER_POLICIES)
+        if policy.get("status", {}).get("state") != "ignored"
+    ]
+    if not policies:
+        return "no ClusterPolicy: the GPU Operator installs no driver"
+    policy = min(policies, key=lambda p: str(p.get("metadata", {}).get("creationTimestamp", "")))
+    name = one_line(policy.get("metadata", {}).get("name", "?"), 100)
+    driver = policy.get("spec", {}).get("driver", {})
+    if not isinstance(driver, Mapping):
+        driver = {}
+    if driver.get("enabled") is False or driver.get("enabled") == "false":
+        return f"ClusterPolicy {name} has driver.enabled=false: the Operator installs no driver"
+    if _bool(driver.get("useNvidiaDriverCRD")):
+        return _nvidia_driver_spec(api, node)
+    return _spec(f"ClusterPolicy {name}", driver, per_pool=False)
+
+
+def _spec(source: str, fields: Mapping[str, Any], *, per_pool: bool) -> DriverSpec:
+    """spec.driver of a ClusterPolicy and spec of an NVIDIADriver share these field names."""
+    return DriverSpec(
+        source=source,
+        repository=str(fields.get("repository", "")),
+        image=str(fields.get("image", "")),
+        version=str(fields.get("version", "")),
+        use_precompiled=_bool(fields.get("usePrecompiled")),
+        pull_secrets=_secrets(fields.get("imagePullSecrets")),
+        per_pool=per_pool,
+    )
+
+
+def _nvidia_driver_spec(api: KubeAPI, node: Mapping[str, Any]) -> DriverSpec | str:
+    labels = _labels(node)
+    owner = labels.get(DRIVER_OWNER, "")
+    if owner:
+        try:
+            resources = [api.get(f"{NVIDIA_DRIVERS}/{owner}")]
+        except NotFoundError:
+            return (
+                f"the node's {DRIVER_OWNER} label names NVIDIADriver {one_line(owner, 100)}, "
+                "which does not exist: the Operator installs no driver here"
+            )
+    else:  # Operators before the owner label: the resources whose nodeSelector takes the node
+        resources = [
+            resource
+            for resource in api.list(NVIDIA_DRIVERS)
+            if all(labels.get(k) == v for k, v in _node_selector(resource).items())
+        ]
+    if not resources:
+        return "no NVIDIADriver selects this node: the GPU Operator installs no driver here"
+    if len(resources) > 1:
+        names = ", ".join(one_line(r.get("metadata", {}).get("name", "?"), 60) for r in resources)
+        raise DriverError(f"NVIDIADrivers {names} all select this node: the Operator refuses that")
+    resource = resources[0]
+    spec = resource.get("spec", {})
+    name = one_line(resource.get("metadata", {}).get("name", "?"), 100)
+    if spec.get("driverType", "gpu") != "gpu":
+        return f"NVIDIADriver {name} is driverType {one_line(spec.get('driverType'), 40)}, not gpu"
+    return _spec(f"NVIDIADriver {name}", spec, per_pool=True)
+
+
+def _node_selector(resource: Mapping[str, Any]) -> Mapping[str, str]:
+    """GetNodeSelector: the spec's, else every GPU node."""
+    selector = resource.get("spec", {}).get("nodeSelector")
+    return selector if isinstance(selector, Mapping) and selector else {GPU_PRESENT: "true"}
+
+
+# --- which images the Operator may ask for after the reboot ----------------------------------
+
+
+def gpu_nodes(api: KubeAPI) -> list[GPUNode]:
+    """Every GPU node with NFD's Flatcar labels, as the ClusterPolicy's DaemonSets see them."""
+    found = (GPUNode.of(node) for node in api.list(NODES, f"{GPU_PRESENT}=true"))
+    return [node for node in found if node is not None]
+
+
+def wanted_images(spec: DriverSpec, after: GPUNode, others: Iterable[GPUNode]) -> list[Wanted]:
+    """The images node ``after`` (already on its staged release) makes the Operator ask for
+    that it may not have asked for before: B's tags, and with ``usePrecompiled`` KB's."""
+    path = spec.path
+    if spec.kind is Kind.DIGEST:
+        if spec.use_precompiled:
+            raise DriverError(
+                f"{spec.source}: usePrecompiled with a digest version: the Operator rejects it"
+            )
+        return []  # one image for every release
+    if spec.per_pool:
+        if spec.use_precompiled:
+            reference = precompiled_tag(path, after.kernel, after.version_id)
+        else:
+            reference = driver_tag(path, after.version_id)
+        return [Wanted(reference, frozenset({after.arch}))]
+    cluster = [node for node in others if node.name != after.name] + [after]
+    if not spec.use_precompiled:
+        # The one DaemonSet takes B's tag once any node on B is listed first: every GPU node
+        # pulls it then.
+        arches = frozenset(node.arch for node in cluster)
+        return [Wanted(driver_tag(path, after.version_id), arches)]
+    versions = sorted({node.version_id for node in cluster})
+    pulling = {
+        k: frozenset(n.arch for n in cluster if n.kernel == k) for k in {n.kernel for n in cluster}
+    }  # kernel -> the arches of its nodes, which its DaemonSet runs on
+    return [
+        Wanted(precompiled_tag(path, kernel, version), pulling[kernel])
+        for kernel in sorted(pulling)
+        for version in versions
+        if kernel == after.kernel or version == after.version_id
+    ]

@@ -1,0 +1,264 @@
+"""Whether a registry serves an image for an arch: the OCI distribution API, read only.
+
+``GET /v2/<name>/manifests/<reference>``: 404 means not published; an index must list a
+``linux/<arch>`` manifest, a single image manifest's config must name the arch. On a 401 the
+client follows the ``WWW-Authenticate`` challenge (distribution's token authentication, as
+ghcr.io, Docker Hub and registry:2 speak it): a ``Bearer`` challenge sends it to the realm for a
+token of the challenge's scope, with the pull secret's credentials if there are any (anonymous
+otherwise, which public images need), a ``Basic`` one sends the credentials themselves.
+
+Registries on 127.0.0.1, ::1 or localhost are spoken to over plain http, all others over https,
+as gdc.registry does. Credentials come from the GPU Operator's pull secrets (docker config
+JSON, as ``kubectl create secret docker-registry`` writes it).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+import time
+import urllib.parse
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from nvidia_driver.errors import DriverError
+from nvidia_driver.gate.http import Client, Limits, Response, UnreachableError
+from nvidia_driver.gate.http import send_retried as _send_retried
+from nvidia_driver.gate.oneline import one_line
+from nvidia_driver.limits import MiB
+from nvidia_driver.sources.download import Backoff
+from nvidia_driver.sources.gpuoperator import DIGEST, REPOSITORY, TAG
+
+INDEX_TYPES = (
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+)
+IMAGE_TYPES = (
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+)
+ACCEPT = ", ".join((*INDEX_TYPES, *IMAGE_TYPES))
+LIMITS = Limits(timeout=20.0, deadline=60.0, max_bytes=4 * MiB)  # manifests are a few KiB
+DOCKER_HUB = "docker.io"
+_DOCKER_HUB_API = "registry-1.docker.io"  # where docker.io's API is
+_DOCKER_HUB_KEYS = ("https://index.docker.io/v1/", "index.docker.io", "docker.io")
+_PLAIN_HTTP = frozenset({"127.0.0.1", "localhost", "::1"})
+_CHALLENGE = re.compile(r'(\w+)="([^"]*)"')
+_NOT_FOUND, _UNAUTHORIZED = 404, 401
+_OK = range(200, 300)
+
+
+class Presence(Enum):
+    PUBLISHED = "published"
+    MISSING = "not published yet"
+    NO_ARCH = "published without this arch"
+
+
+@dataclass(frozen=True)
+class Credentials:
+    username: str
+    password: str
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    """``ghcr.io/me/driver:610.57.04-flatcar4593.2.5`` (or ``...@sha256:...``)."""
+
+    host: str  # as written, with its port; docker.io when the reference names none
+    name: str
+    reference: str  # a tag, or a digest
+
+    @classmethod
+    def parse(cls, text: str) -> ImageRef:
+        repository, reference = _split_reference(text)
+        first, _, rest = repository.partition("/")
+        if rest and ("." in first or ":" in first or first == "localhost"):
+            host, name = first, rest
+        else:  # distribution/reference: no host means Docker Hub, one component is library/
+            host, name = DOCKER_HUB, repository if rest else f"library/{repository}"
+        valid = TAG.fullmatch(reference) or DIGEST.fullmatch(reference)
+        if not (valid and REPOSITORY.fullmatch(f"{host}/{name}")):
+            raise DriverError(
+                f"{one_line(text)!r} is not an image reference the Operator could pull (the "
+                "OCI reference grammar): check the policy's repository, image and version"
+            )
+        return cls(host, name, reference)
+
+    def __str__(self) -> str:
+        separator = "@" if self.reference.startswith("sha256:") else ":"
+        return f"{self.host}/{self.name}{separator}{self.reference}"
+
+    @property
+    def api_host(self) -> str:
+        return _DOCKER_HUB_API if self.host == DOCKER_HUB else self.host
+
+
+def _split_reference(text: str) -> tuple[str, str]:
+    if "@" in text:
+        repository, _, digest = text.partition("@")
+        return repository, digest
+    slash = text.rfind("/")
+    colon = text.rfind(":")
+    if colon > slash:
+        return text[:colon], text[colon + 1 :]
+    return text, ""
+
+
+def plain_http(host: str) -> bool:
+    return (urllib.parse.urlsplit(f"//{host}").hostname or "") in _PLAIN_HTTP
+
+
+def credentials_from_docker_config(document: Mapping[str, Any]) -> dict[str, Credentials]:
+    """host -> credentials from a docker config (``{"auths": {...}}``, or a .dockercfg's map)."""
+    auths = document.get("auths", document)
+    found: dict[str, Credentials] = {}
+    if not isinstance(auths, Mapping):
+        return found
+    for key, entry in auths.items():
+        if not isinstance(entry, Mapping) or not isinstance(key, str):
+            continue
+        username, password = entry.get("username"), entry.get("password")
+        encoded = entry.get("auth")
+        if isinstance(encoded, str) and encoded:
+            try:
+                username, _, password = base64.b64decode(encoded).decode().partition(":")
+            except (binascii.Error, UnicodeDecodeError):
+                continue
+        if isinstance(username, str) and isinstance(password, str) and username:
+            found[_registry_key(key)] = Credentials(username, password)
+    return found
+
+
+def _registry_key(key: str) -> str:
+    """``https://ghcr.io/v1/`` -> ``ghcr.io``; Docker Hub's keys -> ``docker.io``."""
+    if key in _DOCKER_HUB_KEYS:
+        return DOCKER_HUB
+    parsed = urllib.parse.urlsplit(key if "://" in key else f"//{key}")
+    return parsed.netloc or key
+
+
+@dataclass
+class Registry:
+    """Asks registries about manifests; one token per repository, reused while it works."""
+
+    credentials: Mapping[str, Credentials] = field(default_factory=dict)  # host -> credentials
+    client: Client = field(default_factory=lambda: Client(LIMITS))
+    backoff: Backoff = field(default_factory=lambda: Backoff(attempts=3, first_delay=2.0))
+    sleep: Callable[[float], None] = time.sleep
+    _tokens: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    def presence(self, image: ImageRef, arch: str) -> Presence:
+        """Whether ``image`` is published for ``linux/<arch>``; a DriverError if it cannot tell."""
+        response = self._get(image, f"manifests/{image.reference}", ACCEPT)
+        if response.status == _NOT_FOUND:
+            return Presence.MISSING
+        manifest = _json(response, image)
+        media_type = response.header("Content-Type").split(";")[0].strip()
+        media_type = media_type or str(manifest.get("mediaType", ""))
+        if media_type in INDEX_TYPES or "manifests" in manifest:
+            platforms = [
+                entry.get("platform", {})
+                for entry in manifest.get("manifests", [])
+                if isinstance(entry, Mapping)
+            ]
+            wanted = {"os": "linux", "architecture": arch}
+            listed = any(
+                isinstance(p, Mapping) and all(p.get(k) == v for k, v in wanted.items())
+                for p in platforms
+            )
+            return Presence.PUBLISHED if listed else Presence.NO_ARCH
+        digest = manifest.get("config", {}).get("digest", "")
+        if not isinstance(digest, str) or not digest.startswith("sha256:"):
+            raise DriverError(f"{image}: the manifest names no config blob")
+        config = _json(self._get(image, f"blobs/{digest}", "*/*"), image)
+        return Presence.PUBLISHED if config.get("architecture") == arch else Presence.NO_ARCH
+
+    # --- the exchange, with the token dance ------------------------------------------------
+
+    def _get(self, image: ImageRef, path: str, accept: str) -> Response:
+        scheme = "http" if plain_http(image.api_host) else "https"
+        url = f"{scheme}://{image.api_host}/v2/{image.name}/{path}"
+        response = self._send(url, accept, self._tokens.get((image.host, image.name), ""))
+        if response.status == _UNAUTHORIZED:
+            authorization = self._authorize(image, response, scheme)
+            self._tokens[image.host, image.name] = authorization
+            response = self._send(url, accept, authorization)
+        if response.status in _OK or response.status == _NOT_FOUND:
+            return response
+        raise DriverError(f"{image}: the registry answered {response.status}{_errors(response)}")
+
+    def _send(self, url: str, accept: str, authorization: str) -> Response:
+        headers = {"Accept": accept}
+        if authorization:
+            headers["Authorization"] = authorization
+        try:
+            return _send_retried(
+                lambda: self.client.send("GET", url, headers), self.backoff, self.sleep
+            )
+        except UnreachableError as exc:
+            raise DriverError(f"{exc}; check the node's network and proxy") from None
+
+    def _authorize(self, image: ImageRef, challenge: Response, scheme: str) -> str:
+        header = challenge.header("WWW-Authenticate")
+        kind, _, params = header.partition(" ")
+        fields = dict(_CHALLENGE.findall(params))
+        credentials = self.credentials.get(image.host)
+        basic = ""
+        if credentials is not None:
+            pair = f"{credentials.username}:{credentials.password}".encode()
+            basic = "Basic " + base64.b64encode(pair).decode()
+        if kind.lower() == "basic":
+            if not basic:
+                raise DriverError(f"{image}: the registry wants credentials: {_SET_PULL_SECRETS}")
+            return basic
+        realm = fields.get("realm", "")
+        if kind.lower() != "bearer" or not realm:
+            raise DriverError(f"{image}: the registry's challenge {one_line(header)!r} is unknown")
+        if urllib.parse.urlsplit(realm).scheme != scheme and not plain_http(image.api_host):
+            raise DriverError(f"{image}: refusing the token realm {one_line(realm)}: not https")
+        query = {"service": fields.get("service", "")}
+        query["scope"] = fields.get("scope") or f"repository:{image.name}:pull"
+        url = f"{realm}?{urllib.parse.urlencode(query)}"
+        response = self._send(url, "application/json", basic)
+        if response.status not in _OK:
+            why = "refused the pull secret's credentials" if basic else "gives no anonymous token"
+            raise DriverError(
+                f"{image}: the registry {why} ({response.status}{_errors(response)}): "
+                f"{_SET_PULL_SECRETS}"
+            )
+        document = _json(response, image)
+        token = document.get("token") or document.get("access_token")
+        if not isinstance(token, str) or not token:
+            raise DriverError(f"{image}: the registry's token endpoint answered no token")
+        return f"Bearer {token}"
+
+
+_SET_PULL_SECRETS = (
+    "set the GPU Operator's driver.imagePullSecrets and let the gate read them "
+    "(docs/gpu-operator.md, the reboot gate's RBAC)"
+)
+
+
+def _json(response: Response, image: ImageRef) -> dict[str, Any]:
+    try:
+        document = json.loads(response.body)
+    except ValueError:
+        raise DriverError(f"{image}: the registry answered no JSON") from None
+    if not isinstance(document, dict):
+        raise DriverError(f"{image}: the registry answered no JSON object")
+    return document
+
+
+def _errors(response: Response) -> str:
+    """``: <code> <message>`` of the first error an OCI error body lists, or ""."""
+    try:
+        errors = json.loads(response.body).get("errors", [])
+        first = errors[0] if isinstance(errors, list) and errors else {}
+        text = f"{first.get('code', '')} {first.get('message', '')}".strip()
+    except (ValueError, AttributeError):
+        return ""
+    return f": {one_line(text, 120)}" if text else ""

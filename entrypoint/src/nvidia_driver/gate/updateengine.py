@@ -1,0 +1,135 @@
+"""What update_engine has staged, asked over the host's D-Bus system bus, as FLUO's agent asks.
+
+Without FLUO there is no agent to put update_engine's ``NewVersion`` on the node, so the gate
+asks update_engine itself: ``GetStatus`` of ``com.coreos.update1.Manager`` at
+``/com/coreos/update1`` on the bus name ``com.coreos.update1`` (flatcar/update_engine
+``src/update_engine/dbus_constants.h``, ``dbus_service.cc``: it returns last checked time,
+progress, current operation, new version and new size, ``xdssx``). Its bus policy
+(``com.coreos.update1.conf``) lets root call it, so the pod needs the host's
+``/run/dbus/system_bus_socket`` and uid 0, not privilege: FLUO's agent mounts the same
+(``examples/deploy/update-agent.yaml``).
+
+The exchange (D-Bus Specification, "Authentication Protocol" and "Message Bus Specification"):
+a NUL byte, ``AUTH EXTERNAL <uid in hex>``, ``OK <guid>``, ``BEGIN``; then ``Hello`` to the bus,
+which every connection must send first, then the call. Every read is bounded in time and bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from nvidia_driver.errors import DriverError
+from nvidia_driver.formats import dbus
+from nvidia_driver.gate.oneline import one_line
+
+SYSTEM_BUS = Path("/run/dbus/system_bus_socket")
+SERVICE = "com.coreos.update1"
+OBJECT = "/com/coreos/update1"
+INTERFACE = "com.coreos.update1.Manager"
+NEED_REBOOT = "UPDATE_STATUS_UPDATED_NEED_REBOOT"  # update_attempter.h: staged, waiting
+_BUS = ("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus")
+_AUTH_LINE_LIMIT = 512
+_MESSAGES_LIMIT = 64  # messages read while waiting for one reply (signals come in between)
+
+
+@dataclass(frozen=True)
+class Status:
+    current_operation: str
+    new_version: str
+
+    @property
+    def staged(self) -> str:
+        """The staged release when one waits for a reboot, else ""."""
+        return self.new_version if self.current_operation == NEED_REBOOT else ""
+
+
+def _failure(why: str) -> DriverError:
+    return DriverError(
+        f"cannot ask update_engine what it staged: {why}; the gate's pod needs the host's "
+        f"{SYSTEM_BUS} mounted and uid 0 (deploy/reboot-gate/kured)"
+    )
+
+
+class _Connection:
+    def __init__(self, path: Path, timeout: float) -> None:
+        self.ends = time.monotonic() + timeout
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.buffer = b""
+        self.serial = 0
+        try:
+            self._wait()
+            self.sock.connect(str(path))
+        except OSError:
+            self.sock.close()
+            raise
+
+    def _wait(self) -> None:
+        remaining = self.ends - time.monotonic()
+        if remaining <= 0:
+            raise _failure("the bus did not answer in time")
+        self.sock.settimeout(remaining)
+
+    def _read_more(self) -> None:
+        self._wait()
+        chunk = self.sock.recv(4096)
+        if not chunk:
+            raise _failure("the bus closed the connection")
+        self.buffer += chunk
+
+    def auth_line(self, line: str) -> str:
+        self.sock.sendall(line.encode() + b"\r\n")
+        while b"\r\n" not in self.buffer:
+            if len(self.buffer) > _AUTH_LINE_LIMIT:
+                raise _failure("the bus's authentication answer is too long")
+            self._read_more()
+        answer, _, self.buffer = self.buffer.partition(b"\r\n")
+        return answer.decode(errors="replace")
+
+    def call(self, destination: str, path: str, interface: str, member: str) -> dbus.Message:
+        self.serial += 1
+        self.sock.sendall(dbus.method_call(self.serial, destination, path, interface, member))
+        for _ in range(_MESSAGES_LIMIT):
+            message = self._message()
+            if message.reply_serial != self.serial:
+                continue  # a signal (NameAcquired) or another reply
+            if message.kind == dbus.ERROR:
+                raise _failure(f"{member} failed: {one_line(message.error_name, 120)}")
+            return message
+        raise _failure(f"no reply to {member} among {_MESSAGES_LIMIT} messages")
+
+    def _message(self) -> dbus.Message:
+        while len(self.buffer) < dbus.FIXED_HEADER:
+            self._read_more()
+        length = dbus.message_length(self.buffer[: dbus.FIXED_HEADER])
+        while len(self.buffer) < length:
+            self._read_more()
+        data, self.buffer = self.buffer[:length], self.buffer[length:]
+        return dbus.parse_message(data)
+
+
+def read_status(bus: Path = SYSTEM_BUS, timeout: float = 10.0) -> Status:
+    """update_engine's current operation and new version."""
+    try:
+        connection = _Connection(bus, timeout)
+    except OSError as exc:
+        raise _failure(f"{bus}: {one_line(exc.strerror or exc, 120)}") from None
+    try:
+        connection.sock.sendall(b"\0")
+        answer = connection.auth_line(f"AUTH EXTERNAL {str(os.getuid()).encode().hex()}")
+        if not answer.startswith("OK "):
+            raise _failure(f"the bus refused EXTERNAL authentication ({one_line(answer, 80)})")
+        connection.sock.sendall(b"BEGIN\r\n")
+        connection.call(_BUS[0], _BUS[1], _BUS[2], "Hello")
+        reply = connection.call(SERVICE, OBJECT, INTERFACE, "GetStatus")
+    except OSError as exc:
+        raise _failure(one_line(exc, 160)) from None
+    finally:
+        connection.sock.close()
+    body = reply.body
+    if len(body) != 5 or not isinstance(body[2], str) or not isinstance(body[3], str):  # noqa: PLR2004 - xdssx
+        raise _failure("GetStatus answered no (xdssx) status")
+    return Status(body[2], body[3])

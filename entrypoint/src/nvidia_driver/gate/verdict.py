@@ -1,0 +1,187 @@
+"""The verdict on one staged release for one node: may it reboot into it, and why (one line).
+
+1. The policy: the ClusterPolicy, or the node's NVIDIADriver (:mod:`.operator`); none, or one
+   that installs no driver, lets the reboot go.
+2. The release's kernel, from Flatcar's releases feed (``FLATCAR_RELEASES_URL``); a release the
+   feed does not list yet is held: the per-kernel tags and the build check need its kernel.
+3. The images the Operator may ask for on that release (:func:`.operator.wanted_images`), each
+   looked up in its registry for every arch that would pull it, with the Operator's pull
+   secrets.
+4. Where a node would build at runtime (the build image, a digest, or a ClusterPolicy's
+   precompiled image of another release), whether the build can serve the kernel
+   (:mod:`.buildcheck`).
+
+Whatever cannot be checked (the API, a registry or the feed failing) holds the reboot, and the
+line says what failed: the gate fails closed.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from nvidia_driver.errors import DriverError
+from nvidia_driver.gate.buildcheck import BuildImage, Outcome
+from nvidia_driver.gate.kubeapi import KubeAPI
+from nvidia_driver.gate.oneline import one_line
+from nvidia_driver.gate.operator import DriverSpec as Spec
+from nvidia_driver.gate.operator import GPUNode, Kind, Wanted, driver_spec, gpu_nodes, wanted_images
+from nvidia_driver.gate.registry import (
+    Credentials,
+    ImageRef,
+    Presence,
+    Registry,
+    credentials_from_docker_config,
+)
+from nvidia_driver.limits import MiB
+from nvidia_driver.sources.download import Downloader
+from nvidia_driver.sources.flatcar import FlatcarVersion, Release, parse_releases
+
+FEED_LIMIT = 64 * MiB  # releases.json: ~2 MB in 2026
+SHOWN = 3  # missing images named in the line; the rest are counted
+
+
+@dataclass(frozen=True)
+class Verdict:
+    allowed: bool
+    line: str  # one line, for the node's annotation, its event and the log
+
+    @property
+    def text(self) -> str:
+        return f"{'allowed' if self.allowed else 'held'}: {self.line}"
+
+
+def held(line: str) -> Verdict:
+    """A held verdict; its line is made one line here, whatever the cluster put in it."""
+    return Verdict(allowed=False, line=one_line(line))
+
+
+def allowed(line: str) -> Verdict:
+    return Verdict(allowed=True, line=one_line(line))
+
+
+@dataclass
+class Releases:
+    """The releases feed, read when a release is asked for that it has not listed yet."""
+
+    url: str
+    downloader: Downloader
+    _known: dict[FlatcarVersion, Release] = field(default_factory=dict)
+
+    def find(self, version: FlatcarVersion) -> Release | None:
+        if version not in self._known:
+            text = self.downloader.get_small(self.url, FEED_LIMIT, "Flatcar's releases feed")
+            self._known = {release.version: release for release in parse_releases(text.decode())}
+        return self._known.get(version)
+
+
+@dataclass
+class Checker:
+    api: KubeAPI
+    releases: Releases
+    build: BuildImage
+    operator_namespace: str
+    registry: Callable[[Mapping[str, Credentials]], Registry] = Registry
+
+    def verdict(self, node: Mapping[str, Any], staged: str) -> Verdict:
+        try:
+            version = FlatcarVersion.parse(staged)
+        except DriverError:
+            return held(f"the staged release {one_line(staged, 60)!r} is not a Flatcar version: "
+                        "cannot tell which image it needs")  # fmt: skip
+        prefix = f"flatcar {version}"
+        try:
+            return self._verdict(node, version, prefix)
+        except DriverError as exc:
+            return held(f"{prefix}: cannot check its driver image: "
+                        f"{one_line(exc)}")  # fmt: skip
+
+    def _verdict(self, node: Mapping[str, Any], version: FlatcarVersion, prefix: str) -> Verdict:
+        spec = driver_spec(self.api, node)
+        if isinstance(spec, str):
+            return allowed(f"{prefix}: {spec}")
+        release = self.releases.find(version)
+        if release is None:
+            feed = one_line(self.releases.url, 120)
+            return held(f"{prefix}: not in Flatcar's releases feed ({feed}) yet, so its kernel "
+                        "is unknown")  # fmt: skip
+        metadata, info = node.get("metadata", {}), node.get("status", {}).get("nodeInfo", {})
+        arch = str(metadata.get("labels", {}).get("kubernetes.io/arch", "")) or str(
+            info.get("architecture", "")
+        )
+        after = GPUNode(str(metadata.get("name", "")), str(version), release.kernel_release, arch)
+        wanted = wanted_images(spec, after, [] if spec.per_pool else gpu_nodes(self.api))
+        problems = _counted(self._unpublished(spec, wanted))
+        build = self._build(spec, str(version), arch, release.kernel_release)
+        if build.problem:
+            problems.append(build.problem)
+        if problems:
+            return held(f"{prefix}: {'; '.join(problems)}")
+        said = _counted([image.reference for image in wanted])
+        said = [f"{', '.join(said)} published"] if wanted else [f"{spec.source} names a digest"]
+        if build.note:
+            said.append(build.note)
+        return allowed(f"{prefix}: {'; '.join(said)}")
+
+    def _unpublished(self, spec: Spec, wanted: list[Wanted]) -> list[str]:
+        """What is missing of the wanted images, one phrase each."""
+        registry = self.registry(self._credentials(spec))
+        missing: list[str] = []
+        for image in wanted:
+            for pulling in sorted(image.arches):
+                presence = registry.presence(ImageRef.parse(image.reference), pulling)
+                if presence is Presence.MISSING:
+                    missing.append(f"{image.reference} not published yet")
+                    break
+                if presence is Presence.NO_ARCH:
+                    missing.append(f"{image.reference} has no linux/{pulling} image")
+        return missing
+
+    def _build(self, spec: Spec, version: str, arch: str, kernel: str) -> Outcome:
+        """The runtime build's outcome where a node on the release would build at runtime."""
+        runs_build_image = spec.kind in {Kind.BUILD, Kind.DIGEST}
+        other_release = spec.kind is Kind.PRECOMPILED and not spec.per_pool
+        if not (runs_build_image or other_release):
+            return Outcome()  # the per-release or per-kernel image carries the packages
+        own = self.build.driver_version
+        if spec.kind is Kind.BUILD and spec.driver != own:
+            return Outcome(
+                problem=f"the gate runs the build image of driver {own or 'none'}, the "
+                f"{spec.source} names {one_line(spec.driver or spec.version, 60)}: run the "
+                "gate from the cluster's build image so it can check that image's compilers"
+            )
+        driver = spec.driver or own  # a digest: the gate's own image, as the docs require
+        if not driver:
+            return Outcome(problem="the gate runs in no build image (no DRIVER_VERSION), so it "
+                                   "cannot check a runtime build")  # fmt: skip
+        sources = self.build.sources_build(driver, version, arch, kernel)
+        if sources.problem or not runs_build_image:
+            return sources
+        return self.build.compilers(version, arch)
+
+    def _credentials(self, spec: Spec) -> dict[str, Credentials]:
+        """The registries' credentials in the Operator's pull secrets (docker config JSON)."""
+        found: dict[str, Credentials] = {}
+        for name in spec.pull_secrets:
+            path = f"/api/v1/namespaces/{self.operator_namespace}/secrets/{name}"
+            data = self.api.get(path).get("data", {})
+            encoded = data.get(".dockerconfigjson") or data.get(".dockercfg") or ""
+            try:
+                document = json.loads(base64.b64decode(encoded))
+            except (binascii.Error, ValueError):
+                raise DriverError(
+                    f"pull secret {one_line(name, 60)} holds no docker config JSON"
+                ) from None
+            if isinstance(document, dict):
+                found.update(credentials_from_docker_config(document))
+        return found
+
+
+def _counted(phrases: list[str]) -> list[str]:
+    """The first :data:`SHOWN` phrases, and how many more there are."""
+    more = len(phrases) - SHOWN
+    return phrases[:SHOWN] + ([f"and {more} more"] if more > 0 else [])

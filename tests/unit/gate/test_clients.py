@@ -1,0 +1,177 @@
+"""The gate's HTTP exchanges: bounded in time and bytes; the Kubernetes API's semantics."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import Cluster
+from fake_apiserver import FakeAPIServer, Fault
+
+from nvidia_driver.errors import DriverError
+from nvidia_driver.gate.http import Client, Limits, UnreachableError
+from nvidia_driver.gate.kubeapi import ConflictError, KubeAPI, NotFoundError
+from nvidia_driver.gate.oneline import one_line
+from nvidia_driver.sources.download import Backoff
+
+
+@pytest.fixture
+def silent_server() -> Iterator[str]:
+    """Accepts connections and never answers: a hung API server or registry."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.05)
+        while not stop.is_set():
+            try:
+                accepted.append(listener.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept)
+    thread.start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    stop.set()
+    thread.join()
+    for connection in accepted:
+        connection.close()
+    listener.close()
+
+
+def test_an_exchange_ends_by_its_deadline(silent_server: str) -> None:
+    client = Client(Limits(timeout=0.2, deadline=0.5))
+    with pytest.raises(UnreachableError, match=r"^GET http://127\.0\.0\.1:\d+/x failed: timed out"):
+        client.send("GET", f"{silent_server}/x")
+
+
+def test_an_answer_over_its_byte_limit_is_refused(cluster: Cluster) -> None:
+    for index in range(20):
+        cluster.add_node(f"gpu-{index}")
+    api = cluster.api_client()
+    api.client = Client(Limits(max_bytes=1000))
+    with pytest.raises(DriverError, match=r"answered \d+ bytes, over the limit of 1000"):
+        api.list("/api/v1/nodes")
+
+
+def test_a_stale_resource_version_is_a_conflict(cluster: Cluster) -> None:
+    stored = cluster.add_node("gpu-1")
+    cluster.api.edit("/api/v1/nodes/gpu-1", lambda _: None)  # someone else wrote meanwhile
+    patch = {
+        "metadata": {
+            "resourceVersion": stored["metadata"]["resourceVersion"],
+            "annotations": {"a": "b"},
+        }
+    }
+    with pytest.raises(
+        ConflictError, match=r"answered 409: Operation cannot be fulfilled on nodes"
+    ):
+        cluster.api_client().merge_patch("/api/v1/nodes/gpu-1", patch)
+
+
+def test_a_merge_patch_merges_and_null_deletes(cluster: Cluster) -> None:
+    """RFC 7386, as the fake API server applies it."""
+    cluster.add_node("gpu-1", labels={"drop": "me"})
+    api = cluster.api_client()
+    api.merge_patch("/api/v1/nodes/gpu-1", {"metadata": {"labels": {"drop": None, "new": "x"}}})
+    labels = cluster.node("gpu-1")["metadata"]["labels"]
+    assert "drop" not in labels
+    assert labels["new"] == "x"
+    assert labels["nvidia.com/gpu.present"] == "true"
+
+
+def test_5xx_answers_are_retried_a_bounded_number_of_times(cluster: Cluster) -> None:
+    cluster.add_node("gpu-1")
+    api = cluster.api_client()
+    cluster.api.faults.append(Fault("GET", "/api/v1/nodes/gpu-1", 503, times=2))
+    assert api.get("/api/v1/nodes/gpu-1")["metadata"]["name"] == "gpu-1"
+    cluster.api.faults.append(Fault("GET", "/api/v1/nodes/gpu-1", 500, times=3))
+    with pytest.raises(DriverError) as caught:
+        api.get("/api/v1/nodes/gpu-1")
+    assert (
+        str(caught.value) == "Kubernetes API: GET /api/v1/nodes/gpu-1 answered 500: injected fault"
+    )
+    assert cluster.sleeps == [0.5, 1.0, 0.5, 1.0]
+
+
+def test_lists_are_read_page_by_page(cluster: Cluster) -> None:
+    for index in range(260):
+        cluster.api.put(f"/api/v1/nodes/n{index:03}", {"metadata": {"labels": {"gpu": "yes"}}})
+    cluster.add_node("cpu-1", gpu=False)
+    nodes = cluster.api_client().list("/api/v1/nodes", "gpu=yes")
+    assert len(nodes) == 260
+    pages = [entry for entry in cluster.api.log if entry[:2] == ("GET", "/api/v1/nodes")]
+    assert len(pages) == 2
+
+
+def test_a_missing_object_and_a_refused_one_say_so(cluster: Cluster) -> None:
+    api = cluster.api_client()
+    with pytest.raises(NotFoundError, match=r'answered 404: nodes "nope" not found$'):
+        api.get("/api/v1/nodes/nope")
+    with pytest.raises(DriverError) as caught:
+        api._exchange("DELETE", "/api/v1/nodes/nope")
+    assert str(caught.value).endswith(
+        'cannot delete resource "nodes" in API group "" at the cluster scope; check the gate\'s '
+        "service account and RBAC (deploy/reboot-gate)"
+    )
+
+
+def test_the_token_is_read_at_every_request(cluster: Cluster, tmp_path: Path) -> None:
+    cluster.add_node("gpu-1")
+    api = cluster.api_client()
+    cluster.token_file.write_text("rotated\n")
+    with pytest.raises(DriverError, match="answered 401"):
+        api.get("/api/v1/nodes/gpu-1")
+    cluster.api.users["rotated"] = None
+    assert api.get("/api/v1/nodes/gpu-1")["metadata"]["name"] == "gpu-1"
+
+
+def test_the_token_never_crosses_the_network_in_clear() -> None:
+    with pytest.raises(DriverError, match=r"refusing plain http to the Kubernetes API at 10\.0\."):
+        KubeAPI("http://10.0.0.1:6443")
+    KubeAPI("http://127.0.0.1:8001")  # kubectl proxy
+
+
+def test_the_in_cluster_api_server_comes_from_the_pods_environment(tmp_path: Path) -> None:
+    api = KubeAPI.from_env(
+        {"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "443"},
+        service_account=tmp_path,
+    )
+    assert api.base_url == "https://[fd00::1]:443"
+    with pytest.raises(DriverError, match="not in a Kubernetes pod"):
+        KubeAPI.from_env({}, service_account=tmp_path)
+
+
+def test_the_fake_refuses_patch_types_it_does_not_implement() -> None:
+    """A client sending another patch type would fail here, not pass on missing semantics."""
+    with FakeAPIServer() as server:
+        server.put("/api/v1/nodes/n", {"metadata": {}})
+        api = KubeAPI(server.url, backoff=Backoff(attempts=1))
+        with pytest.raises(DriverError, match="answered 415"):
+            api._exchange(
+                "PATCH",
+                "/api/v1/nodes/n",
+                body={},
+                content_type="application/strategic-merge-patch+json",
+            )
+
+
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        ("two\nlines", "two lines"),
+        ("carriage\rreturn\x1b[31m", "carriage return [31m"),
+        ("bidi\u202eoverride, line\u2028separator", "bidi override, line separator"),
+        ("x" * 500, "x" * 399 + "…"),
+    ],
+)
+def test_text_from_the_cluster_reaches_annotations_events_and_logs_as_one_line(
+    text: str, line: str
+) -> None:
+    assert one_line(text) == line

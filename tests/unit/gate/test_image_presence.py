@@ -1,0 +1,116 @@
+"""Whether a registry serves a tag for an arch: the OCI distribution API and its token auth."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+
+import pytest
+from oci_registry import OCIRegistry
+
+from nvidia_driver.errors import DriverError
+from nvidia_driver.gate.registry import (
+    Credentials,
+    ImageRef,
+    Presence,
+    Registry,
+    credentials_from_docker_config,
+)
+from nvidia_driver.sources.download import Backoff
+
+TAG = "610.57.04-flatcar4593.2.5"
+
+
+@pytest.fixture
+def registry() -> Iterator[OCIRegistry]:
+    with OCIRegistry() as served:
+        yield served
+
+
+def _client(credentials: dict[str, Credentials] | None = None) -> Registry:
+    return Registry(
+        credentials or {}, backoff=Backoff(attempts=2, first_delay=0.1), sleep=lambda _: None
+    )
+
+
+def test_a_tag_is_missing_until_published(registry: OCIRegistry) -> None:
+    image = ImageRef.parse(f"{registry.host}/o/driver:{TAG}")
+    assert _client().presence(image, "amd64") is Presence.MISSING
+    registry.add_image("o/driver", [TAG], ("amd64",))
+    assert _client().presence(image, "amd64") is Presence.PUBLISHED
+    assert _client().presence(image, "arm64") is Presence.NO_ARCH
+
+
+def test_a_single_arch_image_is_judged_by_its_config(registry: OCIRegistry) -> None:
+    registry.add_image("o/driver", [TAG], ("arm64",), index=False)
+    image = ImageRef.parse(f"{registry.host}/o/driver:{TAG}")
+    assert _client().presence(image, "arm64") is Presence.PUBLISHED
+    assert _client().presence(image, "amd64") is Presence.NO_ARCH
+
+
+def test_a_private_registry_takes_the_pull_secrets_credentials(registry: OCIRegistry) -> None:
+    registry.username, registry.password = "robot", "s3cret"
+    registry.add_image("o/driver", [TAG])
+    image = ImageRef.parse(f"{registry.host}/o/driver:{TAG}")
+    client = _client({registry.host: Credentials("robot", "s3cret")})
+    assert client.presence(image, "amd64") is Presence.PUBLISHED
+    assert client.presence(image, "amd64") is Presence.PUBLISHED  # the token is kept
+    assert registry.tokens_issued == ["repository:o/driver:pull"]
+    wrong = _client({registry.host: Credentials("robot", "wrong")})
+    with pytest.raises(DriverError, match=r"the registry refused the pull secret's credentials"):
+        wrong.presence(image, "amd64")
+
+
+@pytest.mark.parametrize(
+    ("text", "host", "name", "reference", "api_host"),
+    [
+        (
+            "ghcr.io/o/driver:610.57.04-flatcar",
+            "ghcr.io",
+            "o/driver",
+            "610.57.04-flatcar",
+            "ghcr.io",
+        ),
+        ("127.0.0.1:5000/gdc/driver:x", "127.0.0.1:5000", "gdc/driver", "x", "127.0.0.1:5000"),
+        ("nvidia/driver:580", "docker.io", "nvidia/driver", "580", "registry-1.docker.io"),
+        ("driver:580", "docker.io", "library/driver", "580", "registry-1.docker.io"),
+        (
+            "ghcr.io/o/driver@sha256:" + "ab" * 32,
+            "ghcr.io",
+            "o/driver",
+            "sha256:" + "ab" * 32,
+            "ghcr.io",
+        ),
+    ],
+)
+def test_image_references_read_as_the_distribution_grammar_does(
+    text: str, host: str, name: str, reference: str, api_host: str
+) -> None:
+    image = ImageRef.parse(text)
+    assert (image.host, image.name, image.reference, image.api_host) == (
+        host,
+        name,
+        reference,
+        api_host,
+    )
+    assert ImageRef.parse(str(image)) == image
+
+
+def test_docker_config_json_in_every_form_kubectl_and_docker_write() -> None:
+    auth = base64.b64encode(b"u:p").decode()
+    config = {
+        "auths": {
+            "ghcr.io": {"auth": auth},
+            "https://quay.io/v1/": {"username": "q", "password": "w"},
+            "https://index.docker.io/v1/": {"auth": auth},
+            "broken.example": {"auth": "!!"},
+        }
+    }
+    assert credentials_from_docker_config(config) == {
+        "ghcr.io": Credentials("u", "p"),
+        "quay.io": Credentials("q", "w"),
+        "docker.io": Credentials("u", "p"),
+    }
+    assert credentials_from_docker_config({"ghcr.io": {"auth": auth}}) == {  # .dockercfg
+        "ghcr.io": Credentials("u", "p")
+    }

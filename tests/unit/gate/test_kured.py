@@ -1,0 +1,121 @@
+"""The gate as a kured blocker: update_engine asked over D-Bus, the pod's label held or open."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import NAMESPACE, STAGED, Cluster
+from fake_apiserver import selector_matches
+from fake_dbus import FakeSystemBus
+
+from nvidia_driver.errors import DriverError
+from nvidia_driver.gate.managers import HELD, OPEN, POD_LABEL, VERDICT, Manager
+from nvidia_driver.gate.updateengine import read_status
+
+# What kured is started with (docs/gpu-operator.md).
+BLOCKING_POD_SELECTOR = f"{POD_LABEL}={HELD}"
+
+
+def kured_blocked(cluster: Cluster, node: str) -> bool:
+    """pkg/blockers/kubernetespod.go IsBlocked: pods of every namespace matching the selector,
+    with the field selector spec.nodeName=<node>,status.phase!=Succeeded,Failed,Unknown."""
+    pods = cluster.api.items(f"/api/v1/namespaces/{NAMESPACE}/pods")
+    return any(
+        selector_matches(BLOCKING_POD_SELECTOR, pod["metadata"].get("labels", {}))
+        and pod["spec"]["nodeName"] == node
+        and pod["status"]["phase"] not in {"Succeeded", "Failed", "Unknown"}
+        for pod in pods
+    )
+
+
+def gate_pod(node: str) -> dict[str, Any]:
+    """The DaemonSet's pod, as kured/0500_daemonset.yaml's template makes it."""
+    return {
+        "metadata": {"labels": {"app": "nvidia-reboot-gate", POD_LABEL: HELD}},
+        "spec": {"nodeName": node},
+        "status": {"phase": "Running"},
+    }
+
+
+@pytest.fixture
+def bus(tmp_path: Path) -> Iterator[FakeSystemBus]:
+    with FakeSystemBus(tmp_path / "system_bus_socket") as system_bus:
+        yield system_bus
+
+
+def test_kured_is_blocked_until_the_staged_release_has_its_image(
+    kured_cluster: Cluster, bus: FakeSystemBus
+) -> None:
+    cluster = kured_cluster
+    cluster.add_node("gpu-1")
+    cluster.cluster_policy("610.57.04")
+    cluster.api.put(
+        f"/api/v1/namespaces/{NAMESPACE}/pods/nvidia-reboot-gate-gpu-1", gate_pod("gpu-1")
+    )
+    gate = cluster.gate("gpu-1", Manager.KURED, system_bus=bus.path)
+
+    verdict = gate.step()  # nothing staged: nothing to reboot for, and kured stays blocked
+    assert verdict is not None
+    assert verdict.line == "no Flatcar release is staged (update_engine waits for no reboot)"
+    assert kured_blocked(cluster, "gpu-1")
+    assert cluster.events() == []
+
+    bus.stage(STAGED)  # update_engine's postinst also touches /run/reboot-required
+    verdict = gate.step()
+    assert verdict is not None
+    assert not verdict.allowed
+    assert verdict.line.endswith(f"driver:610.57.04-flatcar{STAGED} not published yet")
+    assert kured_blocked(cluster, "gpu-1")
+    assert cluster.node("gpu-1")["metadata"]["annotations"][VERDICT] == f"held: {verdict.line}"
+
+    cluster.publish(f"610.57.04-flatcar{STAGED}")
+    verdict = gate.step()
+    assert verdict is not None
+    assert verdict.allowed
+    assert not kured_blocked(cluster, "gpu-1")
+    assert [event["reason"] for event in cluster.events()] == ["RebootHeld", "RebootAllowed"]
+    assert bus.uids == [str(os.getuid())] * 3
+    assert [call.member for call in bus.calls] == ["Hello", "GetStatus"] * 3
+
+
+def test_a_restarted_gate_blocks_before_it_looks_again(
+    kured_cluster: Cluster, bus: FakeSystemBus
+) -> None:
+    """Pod labels outlive a container restart: the gate holds first, then decides."""
+    cluster = kured_cluster
+    cluster.add_node("gpu-1")
+    pod = gate_pod("gpu-1")
+    pod["metadata"]["labels"][POD_LABEL] = OPEN
+    cluster.api.put(f"/api/v1/namespaces/{NAMESPACE}/pods/nvidia-reboot-gate-gpu-1", pod)
+    stop = threading.Event()
+    stop.set()
+    cluster.gate("gpu-1", Manager.KURED, system_bus=bus.path).run(stop)
+    assert kured_blocked(cluster, "gpu-1")
+
+
+def test_update_engine_not_on_the_bus_is_one_line(bus: FakeSystemBus, tmp_path: Path) -> None:
+    bus.update_engine = False
+    with pytest.raises(DriverError) as caught:
+        read_status(bus.path)
+    assert str(caught.value) == (
+        "cannot ask update_engine what it staged: GetStatus failed: "
+        "org.freedesktop.DBus.Error.ServiceUnknown; the gate's pod needs the host's "
+        "/run/dbus/system_bus_socket mounted and uid 0 (deploy/reboot-gate/kured)"
+    )
+    with pytest.raises(DriverError, match=r"^cannot ask update_engine what it staged: .*No such"):
+        read_status(tmp_path / "absent")
+
+
+def test_update_engine_s_status_says_what_waits_for_a_reboot(bus: FakeSystemBus) -> None:
+    assert read_status(bus.path).staged == ""
+    bus.stage("4593.2.5")
+    status = read_status(bus.path)
+    assert (status.current_operation, status.staged) == (
+        "UPDATE_STATUS_UPDATED_NEED_REBOOT",
+        "4593.2.5",
+    )

@@ -1,0 +1,93 @@
+"""deploy/reboot-gate says what the gate's code expects, and grants no more than it uses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from conftest import DEPLOY, rbac_rules
+
+from nvidia_driver.gate.main import CACHE
+from nvidia_driver.gate.managers import APPROVAL, APPROVAL_ENV, HELD, POD_LABEL
+from nvidia_driver.gate.updateengine import SYSTEM_BUS
+
+DOCS = Path(__file__).resolve().parents[3] / "docs" / "gpu-operator.md"
+
+
+def _daemonset(variant: str) -> dict[str, Any]:
+    document: dict[str, Any] = yaml.safe_load(
+        (DEPLOY / variant / "0500_daemonset.yaml").read_text()
+    )
+    return document
+
+
+def _container(variant: str) -> dict[str, Any]:
+    [container] = _daemonset(variant)["spec"]["template"]["spec"]["containers"]
+    return dict(container)
+
+
+def _env(variant: str) -> dict[str, Any]:
+    return {
+        item["name"]: item.get("value", item.get("valueFrom"))
+        for item in _container(variant)["env"]
+    }
+
+
+def test_both_variants_run_the_gate_from_the_build_image_on_gpu_nodes() -> None:
+    for variant in ("fluo", "kured"):
+        spec = _daemonset(variant)["spec"]["template"]["spec"]
+        container = _container(variant)
+        assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+        assert container["image"].endswith(":610.57.04-flatcar")  # the build image's tag
+        assert container["command"] == ["nvidia-driver"]
+        assert container["args"] == ["reboot-gate", "--manager", variant]
+        env = _env(variant)
+        assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+        assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+        assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
+        assert {m["mountPath"] for m in container["volumeMounts"]} >= {str(CACHE.parent)}
+        assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        assert "privileged" not in container["securityContext"]
+
+
+def test_the_fluo_variant_sets_the_annotation_fluo_is_told_to_wait_for() -> None:
+    assert _env("fluo")[APPROVAL_ENV] == APPROVAL
+    assert f"--before-reboot-annotations={APPROVAL}" in DOCS.read_text()
+    assert _daemonset("fluo")["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"]
+
+
+def test_the_kured_variant_blocks_from_its_start_and_reaches_update_engine() -> None:
+    template = _daemonset("kured")["spec"]["template"]
+    assert template["metadata"]["labels"][POD_LABEL] == HELD
+    assert f"--blocking-pod-selector={POD_LABEL}={HELD}" in DOCS.read_text()
+    assert _env("kured")["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    mounts = {m["name"]: m["mountPath"] for m in _container("kured")["volumeMounts"]}
+    volumes = {v["name"]: v for v in template["spec"]["volumes"]}
+    assert mounts["host-dbus"] == str(SYSTEM_BUS.parent)
+    assert volumes["host-dbus"]["hostPath"]["path"] == str(SYSTEM_BUS.parent)
+    assert _container("kured")["securityContext"]["runAsUser"] == 0  # the bus policy's root
+
+
+def test_the_rbac_grants_what_the_gate_uses_and_nothing_else() -> None:
+    granted = {
+        (rule.get("namespace", ""), group, resource, verb)
+        for rule in rbac_rules("common", "fluo", "kured", "pull-secrets")
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert granted == {
+        ("", "", "nodes", "get"),
+        ("", "", "nodes", "list"),
+        ("", "", "nodes", "patch"),
+        ("", "nvidia.com", "clusterpolicies", "get"),
+        ("", "nvidia.com", "clusterpolicies", "list"),
+        ("", "nvidia.com", "nvidiadrivers", "get"),
+        ("", "nvidia.com", "nvidiadrivers", "list"),
+        ("nvidia-reboot-gate", "", "events", "create"),
+        ("nvidia-reboot-gate", "", "pods", "patch"),  # kured only
+        ("gpu-operator", "", "secrets", "get"),  # pull-secrets only, by name
+    }
+    [secrets] = [rule for rule in rbac_rules("pull-secrets") if rule["resources"] == ["secrets"]]
+    assert secrets["resourceNames"]  # never every secret of the Operator's namespace

@@ -1,0 +1,251 @@
+"""What the gate checks in each GPU Operator mode, against the registry and Flatcar's feed."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import pytest
+from conftest import STAGED, Cluster, rbac_rules
+
+from nvidia_driver.gate.operator import DriverSpec, GPUNode, Kind, wanted_images
+from nvidia_driver.gate.verdict import Verdict, allowed, held
+
+B, KB = STAGED, "6.12.102-flatcar"
+
+
+def _judge(cluster: Cluster, name: str = "gpu-1", staged: str = STAGED) -> Verdict:
+    return cluster.checker(cluster.api_client()).verdict(cluster.node(name), staged)
+
+
+def _nvidia_driver(cluster: Cluster, name: str, version: str, **spec: Any) -> None:
+    cluster.api.put(
+        f"/apis/nvidia.com/v1alpha1/nvidiadrivers/{name}",
+        {
+            "apiVersion": "nvidia.com/v1alpha1",
+            "kind": "NVIDIADriver",
+            "spec": {
+                "driverType": "gpu",
+                "repository": cluster.repository,
+                "image": "driver",
+                "version": version,
+                **spec,
+            },
+        },
+    )
+
+
+def test_clusterpolicy_default_mode_wants_the_staged_release_tag_on_every_arch(
+    cluster: Cluster,
+) -> None:
+    """One DaemonSet for every GPU node: once a node on B is listed first, all pull B's tag."""
+    cluster.add_node("gpu-1")
+    cluster.add_node("gpu-2", arch="arm64")
+    cluster.cluster_policy("610.57.04")
+    cluster.publish(f"610.57.04-flatcar{B}", ("amd64",))
+    assert _judge(cluster) == held(
+        f"flatcar {B}: {cluster.repository}/driver:610.57.04-flatcar{B} has no linux/arm64 image"
+    )
+    cluster.publish(f"610.57.04-flatcar{B}", ("amd64", "arm64"))
+    assert _judge(cluster) == allowed(
+        f"flatcar {B}: {cluster.repository}/driver:610.57.04-flatcar{B} published"
+    )
+
+
+def test_clusterpolicy_use_precompiled_wants_every_tag_the_first_node_rule_can_ask_for() -> None:
+    """Per-kernel DaemonSets, each with the first GPU node's OS tag: B's kernel with every
+    release's tag, and every kernel with B's tag."""
+    spec = DriverSpec(
+        "ClusterPolicy p",
+        "r.example/o",
+        "driver",
+        "610",
+        use_precompiled=True,
+        pull_secrets=(),
+        per_pool=False,
+    )
+    after = GPUNode("gpu-1", B, KB, "amd64")
+    others = [
+        GPUNode("gpu-1", "4593.2.4", "6.12.95-flatcar", "amd64"),
+        GPUNode("gpu-2", "4593.2.4", "6.12.95-flatcar", "amd64"),
+        GPUNode("gpu-3", "4628.1.1", "6.12.87-flatcar", "arm64"),
+    ]
+    wanted = {w.reference: sorted(w.arches) for w in wanted_images(spec, after, others)}
+    assert wanted == {
+        f"r.example/o/driver:610-{KB}-flatcar4593.2.4": ["amd64"],
+        f"r.example/o/driver:610-{KB}-flatcar{B}": ["amd64"],
+        f"r.example/o/driver:610-{KB}-flatcar4628.1.1": ["amd64"],
+        f"r.example/o/driver:610-6.12.87-flatcar-flatcar{B}": ["arm64"],
+        f"r.example/o/driver:610-6.12.95-flatcar-flatcar{B}": ["amd64"],
+    }
+
+
+def test_nvidiadriver_pools_want_only_the_nodes_own_release(cluster: Cluster) -> None:
+    """One DaemonSet per release (and kernel): the node joins B's pool, nothing else moves."""
+    owner = {"nvidia.com/gpu-operator.driver.owner": "flatcar"}
+    cluster.add_node("gpu-1", labels=owner)
+    cluster.add_node("gpu-2", arch="arm64", labels=owner)
+    cluster.cluster_policy("unused", crd=True)
+    _nvidia_driver(cluster, "flatcar", "610", usePrecompiled=True)
+    cluster.publish(f"610-{KB}-flatcar{B}")
+    assert _judge(cluster) == allowed(
+        f"flatcar {B}: {cluster.repository}/driver:610-{KB}-flatcar{B} published"
+    )
+    assert not any(path.endswith("/api/v1/nodes") for _, path, _ in cluster.api.log)
+
+
+def test_an_nvidiadriver_is_found_by_its_node_selector_without_the_owner_label(
+    cluster: Cluster,
+) -> None:
+    cluster.add_node("gpu-1")
+    cluster.cluster_policy("unused", crd=True)
+    _nvidia_driver(
+        cluster,
+        "flatcar",
+        "610.57.04",
+        nodeSelector={"feature.node.kubernetes.io/system-os_release.ID": "flatcar"},
+    )
+    _nvidia_driver(
+        cluster,
+        "ubuntu",
+        "610.57.04",
+        nodeSelector={"feature.node.kubernetes.io/system-os_release.ID": "ubuntu"},
+    )
+    assert _judge(cluster) == held(
+        f"flatcar {B}: {cluster.repository}/driver:610.57.04-flatcar{B} not published yet"
+    )
+
+
+@pytest.mark.parametrize(
+    ("policy", "line"),
+    [
+        (
+            {"enabled": False},
+            (
+                "ClusterPolicy cluster-policy has driver.enabled=false: the Operator installs no "
+                "driver"
+            ),
+        ),
+        (None, "no ClusterPolicy: the GPU Operator installs no driver"),
+    ],
+)
+def test_a_cluster_whose_operator_installs_no_driver_reboots_freely(
+    cluster: Cluster, policy: dict[str, Any] | None, line: str
+) -> None:
+    cluster.add_node("gpu-1")
+    if policy is not None:
+        cluster.api.put(
+            "/apis/nvidia.com/v1/clusterpolicies/cluster-policy", {"spec": {"driver": policy}}
+        )
+    assert _judge(cluster) == allowed(f"flatcar {B}: {line}")
+
+
+def test_a_digest_asks_for_no_tag_and_the_build_is_checked(cluster: Cluster) -> None:
+    """driver.version=sha256:...: the Operator appends nothing; a kernel the driver's sources
+    do not build on holds (the gate's own image, 560 here, has no patch for 6.12.97+)."""
+    cluster.add_node("gpu-1")
+    cluster.cluster_policy("sha256:" + "ab" * 32)
+    api = cluster.api_client()
+    checker = cluster.checker(api)
+    checker.build.driver_version = "560.35.03"
+    verdict = checker.verdict(cluster.node("gpu-1"), B)
+    assert not verdict.allowed
+    assert verdict.line.startswith(
+        f"flatcar {B}: driver 560.35.03 kernel-open does not build "
+        f"on kernel {KB}: it needs patch pci-resize-resource"
+    )
+
+
+def test_a_feed_without_the_staged_release_holds_until_it_lists_it(cluster: Cluster) -> None:
+    cluster.add_node("gpu-1")
+    cluster.cluster_policy("610.57.04")
+    cluster.publish(f"610.57.04-flatcar{B}")
+    listed = cluster.feed.pop(B)
+    cluster.write_feed()
+    assert _judge(cluster) == held(
+        f"flatcar {B}: not in Flatcar's releases feed "
+        f"({cluster.feed_file.as_uri()}) yet, so its kernel is "
+        "unknown"
+    )
+    cluster.feed[B] = listed
+    cluster.write_feed()
+    assert _judge(cluster).allowed
+
+
+def test_the_operators_pull_secret_opens_a_private_registry(cluster: Cluster) -> None:
+    cluster.registry.username, cluster.registry.password = "robot", "s3cret"
+    cluster.add_node("gpu-1")
+    cluster.cluster_policy("610.57.04", secrets=("driver-pull-secret",))
+    cluster.publish(f"610.57.04-flatcar{B}")
+    # The secret lives in the Operator's namespace, which the gate may not read by default.
+    assert (
+        "Kubernetes API: GET /api/v1/namespaces/gpu-operator/secrets/driver-pull-secret "
+        "answered 403" in _judge(cluster).line
+    )
+    cluster.api.users["gate-service-account-token"] = rbac_rules("common", "fluo", "pull-secrets")
+    auth = base64.b64encode(b"robot:s3cret").decode()
+    config = json.dumps({"auths": {cluster.registry.host: {"auth": auth}}}).encode()
+    cluster.api.put(
+        "/api/v1/namespaces/gpu-operator/secrets/driver-pull-secret",
+        {
+            "type": "kubernetes.io/dockerconfigjson",
+            "data": {".dockerconfigjson": base64.b64encode(config).decode()},
+        },
+    )
+    assert _judge(cluster).allowed
+    assert cluster.registry.tokens_issued == ["repository:o/driver:pull"]
+
+
+def test_a_registry_that_wants_credentials_the_gate_lacks_holds(cluster: Cluster) -> None:
+    cluster.registry.username, cluster.registry.password = "robot", "s3cret"
+    cluster.add_node("gpu-1")
+    cluster.cluster_policy("610.57.04")
+    assert _judge(cluster) == held(
+        f"flatcar {B}: cannot check its driver image: "
+        f"{cluster.repository}/driver:610.57.04-flatcar{B}: the registry gives no "
+        "anonymous token (401: DENIED): set the GPU Operator's "
+        "driver.imagePullSecrets and let the gate read them (docs/gpu-operator.md, "
+        "the reboot gate's RBAC)"
+    )
+
+
+def test_a_broken_registry_holds(cluster: Cluster) -> None:
+    cluster.add_node("gpu-1")
+    cluster.cluster_policy("610.57.04")
+    cluster.registry.status = 503
+    verdict = _judge(cluster)
+    assert not verdict.allowed
+    assert verdict.line.endswith(
+        f"/o/driver:610.57.04-flatcar{B}: the registry answered 503: UNAVAILABLE down"
+    )
+
+
+@pytest.mark.parametrize(
+    ("version", "precompiled", "kind", "driver"),
+    [
+        ("610.57.04", False, Kind.PRECOMPILED, "610.57.04"),
+        ("610.57.04-flatcar", False, Kind.BUILD, "610.57.04"),
+        ("flatcar-test-5b98d7b9-610.57.04-flatcar", False, Kind.BUILD, "610.57.04"),
+        ("610", True, Kind.BRANCH, "610"),
+        ("sha256:" + "ab" * 32, False, Kind.DIGEST, ""),
+    ],
+)
+def test_the_version_says_which_image_the_cluster_runs(
+    version: str, precompiled: bool, kind: Kind, driver: str
+) -> None:
+    spec = DriverSpec("p", "ghcr.io/o", "driver", version, precompiled, (), per_pool=False)
+    assert (spec.kind, spec.driver) == (kind, driver)
+
+
+def test_a_policy_that_names_no_pullable_image_holds_in_one_line(cluster: Cluster) -> None:
+    """Text from the cluster never reaches the node's annotation or event with a line break."""
+    cluster.add_node("gpu-1")
+    cluster.cluster_policy("610.57.04\nRebootAllowed")
+    verdict = _judge(cluster)
+    assert not verdict.allowed
+    assert "\n" not in verdict.line
+    assert (
+        "/driver:610.57.04 RebootAllowed-flatcar4593.2.5' is not an image reference the "
+        "Operator could pull" in verdict.line
+    )
