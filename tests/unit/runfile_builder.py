@@ -1,6 +1,6 @@
 """Small NVIDIA-style .run files built at test time.
 
-The layout follows NVIDIA's makeself 1.6.0-nvN (shared/reference/nvidia-run-format.md section 1):
+The layout follows NVIDIA's makeself 1.6.0-nvN (docs/nvidia-run-format.md section 1):
 a ``#! /bin/sh`` stub whose leading lines are ``KEY=value``, an embedded "decompressor", then a
 compressed tar of ``./``-prefixed members from line ``skip`` to EOF. The CRC is computed by
 coreutils ``cksum``, independently of the code under test.
