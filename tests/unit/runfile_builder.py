@@ -12,7 +12,6 @@ import gzip
 import hashlib
 import io
 import lzma
-import shutil
 import subprocess
 import tarfile
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 import pytest
+from tools import needs
 
 Compression = Literal["gzip", "xz", "zstd"]
 COMPRESSIONS: tuple[Compression, ...] = ("gzip", "xz", "zstd")
@@ -51,7 +51,7 @@ CRCsum=1
 exit 0
 """
 
-needs_zstd = pytest.mark.skipif(shutil.which("zstd") is None, reason="needs the zstd command")
+needs_zstd = needs("zstd")
 
 
 def compression_params() -> list[object]:

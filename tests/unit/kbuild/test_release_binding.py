@@ -8,7 +8,6 @@ build_library/set_lsb_release), which the verified bytes are checked against.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from kerneltree_fixtures import (
     tar_gz,
     write,
 )
+from tools import needs, require
 
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
@@ -99,8 +99,7 @@ def test_no_release_file_or_a_link_in_its_place_is_refused(tmp_path: Path) -> No
 
 @pytest.fixture(scope="module")
 def signer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Signer]:
-    if shutil.which("gpg") is None or shutil.which("gpgv") is None:
-        pytest.skip("gpg not installed (CI installs gnupg)")
+    require("gpg", "gpgv")
     made = Signer.create(tmp_path_factory.mktemp("gpg") / "home", "Buildbot <b@example.invalid>")
     yield made
     made.stop_agent()
@@ -188,7 +187,7 @@ def developer_container(tmp_path: Path, version: str) -> bytes:
     return bzip2_file(disk, tmp_path / f"dev-{version}.bin.bz2").read_bytes()
 
 
-@pytest.mark.skipif(shutil.which("mkfs.ext4") is None, reason="e2fsprogs builds the image")
+@needs("mkfs.ext4")
 def test_an_older_releases_developer_container_is_refused_and_forgotten(
     server: ReleaseServer, signer: Signer, tmp_path: Path
 ) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 from fetch_gpg import Signer, gpg
 from fetch_server import ReleaseServer, flatcar_digests
+from tools import require
 
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
@@ -50,9 +50,7 @@ class Flatcar:
 
 @pytest.fixture(scope="module")
 def gpg_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    missing = [tool for tool in ("gpg", "gpgv", "gpgconf") if shutil.which(tool) is None]
-    if missing:
-        pytest.skip(f"{', '.join(missing)} not installed (CI installs gnupg)")
+    require("gpg", "gpgv", "gpgconf")
     return tmp_path_factory.mktemp("signers")
 
 
