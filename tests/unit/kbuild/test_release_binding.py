@@ -8,6 +8,8 @@ build_library/set_lsb_release), which the verified bytes are checked against.
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -189,8 +191,18 @@ def developer_container(tmp_path: Path, version: str) -> bytes:
 
 @needs("mkfs.ext4")
 def test_an_older_releases_developer_container_is_refused_and_forgotten(
-    server: ReleaseServer, signer: Signer, tmp_path: Path
+    server: ReleaseServer, signer: Signer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The unpacked container gets /dev/null, /dev/zero and /dev/urandom for its chroot: mknod
+    # needs root (CAP_MKNOD), which unit tests do not have. The nodes it asks for are recorded
+    # (and stand in as empty files); the integration tests build in such a chroot as root.
+    nodes: dict[str, tuple[int, int, int]] = {}
+
+    def mknod(path: Path, mode: int, device: int) -> None:
+        nodes[Path(path).name] = (stat.S_IFMT(mode), os.major(device), os.minor(device))
+        Path(path).touch()
+
+    monkeypatch.setattr(os, "mknod", mknod)
     name = "flatcar_developer_container.bin.bz2"
     publish(server, NEW, name, developer_container(tmp_path, OLD), signer)
     cache = tmp_path / "cache"
@@ -204,3 +216,5 @@ def test_an_older_releases_developer_container_is_refused_and_forgotten(
     publish(server, NEW, name, developer_container(tmp_path, NEW), signer)
     tree = release.developer_container(NEW, "amd64", KERNEL)
     assert (tree.build_dir / "Makefile").is_file()
+    assert nodes == {device: (stat.S_IFCHR, 1, minor)
+                     for device, minor in (("null", 3), ("zero", 5), ("urandom", 9))}  # fmt: skip
