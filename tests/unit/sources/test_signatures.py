@@ -69,6 +69,14 @@ def new_flatcar(base: Path, name: str, first_expires: str = "1y", made: int = 0)
     )
     listing = gpg(home, "--with-colons", "--list-keys")
     primary = next(line.split(":")[9] for line in listing.splitlines() if line[:4] == "fpr:")
+    if made:
+        # gpg's faked clock runs on from its start: the subkey's starts a second after the
+        # primary's creation, which a busy machine can put seconds past the first start ("key
+        # created in the future ... Time conflict" otherwise).
+        created = next(
+            int(line.split(":")[5]) for line in listing.splitlines() if line[:4] == "pub:"
+        )
+        options = ("--faked-system-time", str(created + 1))
     signer = Signer(home, primary)
     return Flatcar(signer, signer.add_subkey(first_expires, options=options))
 
