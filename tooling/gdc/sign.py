@@ -47,7 +47,7 @@ NO_COSIGN = (
 )
 NO_SYFT = "syft is not on PATH: signatures only, no SBOM attestations; install syft for them"
 SHA256 = re.compile(r"[0-9a-f]{64}")
-MAX_SYFT_BYTES = 512 << 20  # syft 1.42's binary is about 100 MB
+MAX_SYFT_BYTES = 512 << 20  # a bound for reading it: syft's binary is a fraction of it
 
 
 class SignError(RuntimeError):
@@ -123,12 +123,16 @@ def pinned_syft(sha256: str) -> str:
     path = Path(found).resolve()
     digest = hashlib.sha256()
     size = 0
-    with path.open("rb") as binary:
-        while chunk := binary.read(1 << 20):
-            size += len(chunk)
-            if size > MAX_SYFT_BYTES:
-                raise SignError(f"{path} is over {MAX_SYFT_BYTES >> 20} MiB: not the pinned syft")
-            digest.update(chunk)
+    try:
+        with path.open("rb") as binary:
+            while chunk := binary.read(1 << 20):
+                size += len(chunk)
+                if size > MAX_SYFT_BYTES:
+                    limit = MAX_SYFT_BYTES >> 20
+                    raise SignError(f"{path} is over {limit} MiB: not the pinned syft")
+                digest.update(chunk)
+    except OSError as exc:
+        raise SignError(f"cannot read {path} to check its SHA-256: {exc}") from None
     if digest.hexdigest() != sha256:
         raise SignError(f"{path} has SHA-256 {digest.hexdigest()}, not the pinned {sha256}: "
                         "install the syft the workflow pins, or update --syft-sha256")  # fmt: skip
