@@ -5,7 +5,7 @@
     invoke push  [same]
     invoke matrix  [--json | --github-output] [--registry R] [--prefix P]
     invoke publish --registry R [--arch A] [--step stage|merge|all] [--rebuild] [--dry-run]
-    invoke sign    --registry R [--key K] [--no-sbom] [--require-cosign]
+    invoke sign    --registry R [--key K] [--no-sbom] [--require-cosign] [--syft-sha256 HEX]
     invoke record-driver VERSION [--verify]   (versions.toml's entry, from NVIDIA's own files)
     invoke propose-drivers [--dry-run]        (a pull request per newer point release)
 
@@ -114,6 +114,7 @@ SIGN_HELP = {
     "key": "cosign key reference (default: keyless, with the CI job's OIDC token)",
     "sbom": "attest an SPDX SBOM made by syft (default); --no-sbom signs only",
     "require_cosign": "fail when cosign is not on PATH (default: say so, sign nothing)",
+    "syft_sha256": "SHA-256 of the syft binary: any other syft is refused (the workflows pin it)",
 }
 
 RECORD_HELP = {
@@ -407,8 +408,13 @@ def sign(  # noqa: PLR0917 - invoke maps each option to a parameter
     key: str = "",
     sbom: bool = True,
     require_cosign: bool = False,
+    syft_sha256: str = "",
 ) -> None:
     """Sign each published image of the matrix with cosign and attest its SBOM."""
+    try:
+        signing.check_sha256(syft_sha256)
+    except signing.SignError as exc:
+        raise Exit(f"invoke sign: {exc}", code=1) from None
     if not commands.available("cosign"):
         if require_cosign:
             raise Exit(f"invoke sign: {signing.NO_COSIGN}", code=1)
@@ -419,8 +425,8 @@ def sign(  # noqa: PLR0917 - invoke maps each option to a parameter
                           image, _prefix(prefix, ci_prefix))  # fmt: skip
         repository, client = _registry(registry, image)
         signer = signing.Signer(repository, key)
-        results = signing.sign_images(covered, client, signer, sbom=sbom)
-    except FAILURES as exc:
+        results = signing.sign_images(covered, client, signer, sbom=sbom, syft_sha256=syft_sha256)
+    except (*FAILURES, signing.SignError) as exc:
         raise Exit(f"invoke sign: {exc}; nothing was signed", code=1) from None
     print(signing.summary(results, repository), end="")
     failed = [result for result in results if result.status is signing.Status.FAILED]

@@ -19,7 +19,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from fixtures.cross_build import CrossBuild, cross_build_open
+from fixtures.cross_build import ARM64_DRIVER, CrossBuild, cross_build_open
 from fixtures.kernel import TRIXIE_ARM64_KERNEL, KernelTree, kernel_tree
 from fixtures.qemu import BootResult
 from fixtures.qemu import modinfo as module_info
@@ -30,7 +30,7 @@ from nvidia_driver.kbuild.packages import Package, load_package
 
 pytestmark = [pytest.mark.integration, pytest.mark.arm64_cross]
 
-DRIVER = "550.163.01"
+DRIVER = ARM64_DRIVER
 NO_GPU = "NVRM: No NVIDIA GPU found"
 BROKEN_BUILD = ("invalid module format", "unknown symbol", "disagrees about version")
 EM_AARCH64 = 183

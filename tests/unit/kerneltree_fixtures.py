@@ -19,7 +19,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
+from tools import require
 
 from nvidia_driver.commands import Commands
 
@@ -259,10 +259,8 @@ def decompressor_commands(kind: str, directory: Path) -> Commands:
     """Commands whose PATH offers lbzip2 (kind "lbzip2", this machine's) or nothing."""
     directory.mkdir(parents=True, exist_ok=True)
     if kind == "lbzip2":
-        found = shutil.which("lbzip2")
-        if found is None:
-            pytest.skip("lbzip2 is not installed (.ci/run installs it)")
-        (directory / "lbzip2").symlink_to(found)
+        require("lbzip2")
+        (directory / "lbzip2").symlink_to(shutil.which("lbzip2") or "lbzip2")
     return Commands(env={"PATH": str(directory)})
 
 

@@ -1,6 +1,6 @@
 """Small NVIDIA-style .run files built at test time.
 
-The layout follows NVIDIA's makeself 1.6.0-nvN (shared/reference/nvidia-run-format.md section 1):
+The layout follows NVIDIA's makeself 1.6.0-nvN (docs/nvidia-run-format.md section 1):
 a ``#! /bin/sh`` stub whose leading lines are ``KEY=value``, an embedded "decompressor", then a
 compressed tar of ``./``-prefixed members from line ``skip`` to EOF. The CRC is computed by
 coreutils ``cksum``, independently of the code under test.
@@ -12,7 +12,6 @@ import gzip
 import hashlib
 import io
 import lzma
-import shutil
 import subprocess
 import tarfile
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 import pytest
+from tools import needs
 
 Compression = Literal["gzip", "xz", "zstd"]
 COMPRESSIONS: tuple[Compression, ...] = ("gzip", "xz", "zstd")
@@ -51,7 +51,7 @@ CRCsum=1
 exit 0
 """
 
-needs_zstd = pytest.mark.skipif(shutil.which("zstd") is None, reason="needs the zstd command")
+needs_zstd = needs("zstd")
 
 
 def compression_params() -> list[object]:

@@ -1,7 +1,7 @@
 """A small unpacked NVIDIA driver package (the tree a .run extracts to), built at test time.
 
 Every file is a few bytes of text; the .manifest is written from the same list, in the real
-format (shared/reference/nvidia-run-format.md section 3). The list mixes what a headless node
+format (docs/nvidia-run-format.md section 3). The list mixes what a headless node
 gets with what it must not: X11/desktop, 32-bit, installer-internal and systemd files, and one
 line of each kind the .manifest may hold.
 """

@@ -4,16 +4,11 @@ from __future__ import annotations
 
 import bz2
 import gzip
-import io
 import lzma
-import shutil
 import struct
 import subprocess
-import tarfile
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
+from tools import require
 
 FLATCAR_RELEASE = "6.12.81-flatcar"
 FLATCAR_BANNER = (
@@ -56,9 +51,8 @@ def vmlinux(
 
 
 def run_tool(tool: str, *args: str, data: bytes) -> bytes:
-    """The output of a compressor fed ``data``; skips the test when it is not installed."""
-    if shutil.which(tool) is None:
-        pytest.skip(f"{tool} is not installed")
+    """The output of a compressor fed ``data``; fails the test when it is not installed."""
+    require(tool)
     return subprocess.run([tool, *args], input=data, capture_output=True, check=True).stdout
 
 
@@ -116,33 +110,3 @@ def zboot(payload: bytes, compression: str) -> bytes:
     name = ZBOOT_NAMES.get(compression, compression).encode()
     header[24:56] = name.ljust(32, b"\0")
     return bytes(header) + payload + filler(0x200, seed=8)
-
-
-def _ar_members(archive: bytes) -> Iterator[tuple[str, bytes]]:
-    offset = len(b"!<arch>\n")
-    while offset + 60 <= len(archive):
-        name = archive[offset : offset + 16].decode().strip().rstrip("/")
-        size = int(archive[offset + 48 : offset + 58].decode())
-        start = offset + 60
-        yield name, archive[start : start + size]
-        offset = start + size + size % 2
-
-
-def _is_vmlinuz(path: Path) -> bool:
-    return path.parent.name == "boot" and path.name.startswith("vmlinuz-")
-
-
-def vmlinuz_from_deb(deb: Path) -> tuple[str, bytes] | None:
-    """The (file name, bytes) of boot/vmlinuz-* in a Debian linux-image package."""
-    data_tars = [
-        member
-        for name, member in _ar_members(deb.read_bytes())
-        if name.startswith("data.tar") and not name.endswith(".zst")  # tarfile can't read zstd
-    ]
-    for member in data_tars:
-        with tarfile.open(fileobj=io.BytesIO(member), mode="r|*") as tar:
-            for entry in tar:
-                extracted = tar.extractfile(entry) if _is_vmlinuz(Path(entry.name)) else None
-                if extracted is not None:
-                    return Path(entry.name).name, extracted.read()
-    return None

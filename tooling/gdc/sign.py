@@ -7,7 +7,9 @@ tags point at the same digest), once per digest:
   cosign's signature tag ``sha256-<hex>.sig`` for it;
 * ``syft scan registry:<repository>@<digest> -o spdx-json=<file>``, then ``cosign attest --yes
   [--key K] --type spdxjson --predicate <file> <repository>@<digest>``, unless it has
-  ``sha256-<hex>.att``. Without syft on PATH the attestation is skipped, saying so.
+  ``sha256-<hex>.att``. Without syft on PATH the attestation is skipped, saying so. With
+  ``--syft-sha256`` (the workflows pass the pinned build's), syft runs only if its binary has
+  that SHA-256, by the absolute path that was checked.
 
 Without --key, cosign signs keyless (Sigstore; in GitHub Actions through the job's OIDC token,
 which needs ``permissions: id-token: write``). cosign and syft log in to the registry with the
@@ -23,9 +25,12 @@ Users verify an image signed in this repository's workflows with::
 
 from __future__ import annotations
 
+import hashlib
+import re
+import shutil
 import tempfile
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 
@@ -41,6 +46,8 @@ NO_COSIGN = (
     "to make this an error"
 )
 NO_SYFT = "syft is not on PATH: signatures only, no SBOM attestations; install syft for them"
+SHA256 = re.compile(r"[0-9a-f]{64}")
+MAX_SYFT_BYTES = 512 << 20  # a bound for reading it: syft's binary is a fraction of it
 
 
 class SignError(RuntimeError):
@@ -68,6 +75,7 @@ class Signer:
     repository: Repository
     key: str = ""
     runner: Runner = commands.run
+    syft: str = "syft"  # the command, or the absolute path of the checked binary
 
     def _cosign(self, command: str, *args: str) -> list[str]:
         argv = ["cosign", command, "--yes"]
@@ -81,7 +89,7 @@ class Signer:
         return self._cosign("sign", reference)
 
     def sbom_argv(self, reference: str, output: Path) -> list[str]:
-        argv = ["syft", "scan", f"registry:{reference}", "-o", f"spdx-json={output}"]
+        argv = [self.syft, "scan", f"registry:{reference}", "-o", f"spdx-json={output}"]
         if plain_http(self.repository.host):
             argv = ["env", "SYFT_REGISTRY_INSECURE_USE_HTTP=true", *argv]
         return argv
@@ -97,8 +105,38 @@ class Signer:
             raise SignError(f"cannot run {argv[0]}: {exc}") from None
         if code != 0:
             command = argv[2] if argv[0] == "env" else argv[0]
-            raise SignError(f"{command} {argv[argv.index(command) + 1]} exited {code}: see its "
-                            "output above")  # fmt: skip
+            raise SignError(f"{Path(command).name} {argv[argv.index(command) + 1]} exited {code}: "
+                            "see its output above")  # fmt: skip
+
+
+def check_sha256(value: str) -> None:
+    """Refuse a --syft-sha256 that is not 64 lowercase hex digits, before any network call."""
+    if value and not SHA256.fullmatch(value):
+        raise SignError(f"--syft-sha256 {value!r} is not a SHA-256 (64 lowercase hex digits)")
+
+
+def pinned_syft(sha256: str) -> str:
+    """The absolute path of the syft on PATH, once its binary's SHA-256 is ``sha256``."""
+    found = shutil.which("syft")
+    if found is None:
+        raise SignError(f"syft is not on PATH, and --syft-sha256 asks for it: {NO_SYFT}")
+    path = Path(found).resolve()
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        with path.open("rb") as binary:
+            while chunk := binary.read(1 << 20):
+                size += len(chunk)
+                if size > MAX_SYFT_BYTES:
+                    limit = MAX_SYFT_BYTES >> 20
+                    raise SignError(f"{path} is over {limit} MiB: not the pinned syft")
+                digest.update(chunk)
+    except OSError as exc:
+        raise SignError(f"cannot read {path} to check its SHA-256: {exc}") from None
+    if digest.hexdigest() != sha256:
+        raise SignError(f"{path} has SHA-256 {digest.hexdigest()}, not the pinned {sha256}: "
+                        "install the syft the workflow pins, or update --syft-sha256")  # fmt: skip
+    return str(path)
 
 
 def _attached(registry: Registry, repository: Repository, digest: str, suffix: str) -> bool:
@@ -129,10 +167,14 @@ def sign_images(
     signer: Signer,
     *,
     sbom: bool = True,
+    syft_sha256: str = "",
     say: Callable[[str], None] = print,
 ) -> list[Signed]:
-    """Sign (and attest) each published image of matrix once; one result per image."""
-    if sbom and not commands.available("syft"):
+    """Sign (and attest) each published image of matrix once; one result per image. With
+    syft_sha256, syft is checked first and a mismatch signs nothing (SignError)."""
+    if sbom and syft_sha256:
+        signer = replace(signer, syft=pinned_syft(syft_sha256))
+    elif sbom and not commands.available("syft"):
         say(NO_SYFT)
         sbom = False
     results: list[Signed] = []

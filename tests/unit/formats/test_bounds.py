@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import bz2
 import io
-import shutil
 import struct
 import tarfile
 import time
@@ -30,6 +29,7 @@ from kerneltree_fixtures import (
     tar_gz,
     write,
 )
+from tools import needs
 from vmlinuz_images import vmlinux
 
 from nvidia_driver import limits
@@ -39,9 +39,7 @@ from nvidia_driver.formats.vmlinuz import kernel_banner, kernel_banner_from_file
 from nvidia_driver.kbuild import container, devcontainer, kerneltree
 
 MODULES = f"usr/lib/modules/{KERNEL}"
-needs_e2fsprogs = pytest.mark.skipif(
-    shutil.which("mkfs.ext4") is None, reason="e2fsprogs builds the ext4 images"
-)
+needs_e2fsprogs = needs("mkfs.ext4")
 
 
 class Written:

@@ -34,6 +34,7 @@ from kerneltree_fixtures import (
     tar_gz,
     write,
 )
+from tools import require
 from vmlinuz_images import bzimage, vmlinux
 
 from nvidia_driver.commands import Commands
@@ -177,8 +178,7 @@ def test_tar_reader_on_made_up_members(scratch: Path, members: list[Any]) -> Non
 
 @pytest.fixture(scope="module")
 def ext4_image(scratch: Path) -> bytes:
-    if shutil.which("mkfs.ext4") is None:
-        pytest.skip("e2fsprogs builds the ext4 image")
+    require("mkfs.ext4")
     source = scratch / "ext4-source"
     flatcar_build_tree(source / "usr/lib/modules" / KERNEL / "build")
     shutil.rmtree(source / "usr/lib/modules" / KERNEL / "build/tools")  # no large ELF files

@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import gzip
 import lzma
-import os
 from pathlib import Path
 
 import pytest
+from tools import require
 from vmlinuz_images import (
     COMPRESSORS,
     FLATCAR_BANNER,
@@ -18,7 +18,6 @@ from vmlinuz_images import (
     filler,
     run_tool,
     vmlinux,
-    vmlinuz_from_deb,
     zboot,
     zboot_payload,
 )
@@ -109,8 +108,7 @@ def test_other_kernel_release_is_reported() -> None:
 
 
 def test_missing_decompressor_is_named(no_tools: Commands) -> None:
-    if not Commands().which("zstd"):
-        pytest.skip("zstd is not installed")
+    require("zstd")
     image = bzimage(bzimage_payload("zstd", vmlinux()))
     with pytest.raises(DriverError, match="zstd not found on PATH"):
         kernel_banner(image, commands=no_tools)
@@ -193,33 +191,3 @@ def test_banner_from_file(tmp_path: Path) -> None:
     path = tmp_path / "flatcar_production_image.vmlinuz"
     path.write_bytes(bzimage(bzimage_payload("xz", vmlinux())))
     assert kernel_banner_from_file(path, kernel_release=FLATCAR_RELEASE) == FLATCAR_BANNER
-
-
-# --- a real kernel ---------------------------------------------------------------------------
-
-
-def _real_debian_kernel() -> tuple[str, bytes] | None:
-    for path in sorted(Path("/boot").glob("vmlinuz-*")):
-        if os.access(path, os.R_OK):
-            return path.name, path.read_bytes()
-    for deb in sorted(Path("/var/cache/apt/archives").glob("linux-image-*.deb")):
-        found = vmlinuz_from_deb(deb)
-        if found is not None:
-            return found
-    return None
-
-
-def test_real_debian_kernel() -> None:
-    found = _real_debian_kernel()
-    if found is None:
-        pytest.skip("no /boot/vmlinuz-* and no cached linux-image .deb")
-    name, image = found
-    release = name.removeprefix("vmlinuz-")
-    try:
-        banner = kernel_banner(image, kernel_release=release, source=name)
-    except DriverError as error:
-        if "not found on PATH" in str(error):  # e.g. Debian's cloud kernels are lz4-compressed
-            pytest.skip(str(error))
-        raise
-    assert banner.startswith(f"Linux version {release} (")
-    assert banner_release(banner) == release

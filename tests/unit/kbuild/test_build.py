@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 from simhost import SimulatedHost
+from tools import needs
 
 from nvidia_driver.commands import Commands
 from nvidia_driver.kbuild import build
@@ -43,10 +43,7 @@ def test_without_strip_the_modules_keep_their_debug_info(
     )
 
 
-@pytest.mark.skipif(
-    not all(shutil.which(tool) for tool in ("gcc", "strip", "readelf", "nm")),
-    reason="needs gcc and binutils",
-)
+@needs("gcc", "strip", "readelf", "nm")
 def test_stripping_keeps_what_loading_and_relinking_need(tmp_path: Path) -> None:
     source = tmp_path / "interface.c"
     source.write_text(

@@ -35,6 +35,7 @@ from kerneltree_fixtures import (
     tar_gz_members,
     write,
 )
+from tools import needs
 
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
@@ -43,9 +44,7 @@ from nvidia_driver.kbuild import container, devcontainer, hosttools, hosttree, k
 from nvidia_driver.kbuild.compiler import Toolchain
 from nvidia_driver.paths import Paths
 
-needs_e2fsprogs = pytest.mark.skipif(
-    shutil.which("mkfs.ext4") is None, reason="e2fsprogs builds the ext4 fixtures"
-)
+needs_e2fsprogs = needs("mkfs.ext4")
 EXT4_INDEX_FL = 0x1000  # an htree directory
 TOOLS = ("scripts/basic/fixdep", "scripts/mod/modpost", "tools/objtool/objtool")
 
@@ -555,7 +554,7 @@ def test_ext4_reader_extracts_the_wanted_paths(
 ) -> None:
     options = EXT4_VARIANTS[variant]
     if variant == "orphan_file" and not supports_orphan_file():
-        pytest.skip("mkfs.ext4 older than 1.47 has no orphan_file")
+        pytest.fail("mkfs.ext4 older than 1.47 has no orphan_file: install e2fsprogs 1.47 or newer")
     disk = _disk(tmp_path, options)
     with disk.open("rb") as image:
         partitions = gpt.read_gpt(image.fileno(), disk.name)

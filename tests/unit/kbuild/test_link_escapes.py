@@ -35,6 +35,7 @@ from kerneltree_fixtures import (
     write,
 )
 from simhost import SimulatedHost
+from tools import needs, require
 
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
@@ -61,9 +62,7 @@ class Keys:
 
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Keys]:
-    missing = [tool for tool in ("gpg", "gpgv", "gpgconf") if shutil.which(tool) is None]
-    if missing:
-        pytest.skip(f"{', '.join(missing)} not installed (CI installs gnupg)")
+    require("gpg", "gpgv", "gpgconf")
     base = tmp_path_factory.mktemp("gpg")
     trusted = Signer.create(base / "trusted", "Test Release Builder <trusted@example.invalid>")
     other = Signer.create(base / "other", "Somebody Else <other@example.invalid>")
@@ -212,7 +211,7 @@ def test_a_link_chain_in_the_hosts_tree_is_left_out_of_the_copy(
     assert f"{MODULES}/build/scripts resolves outside the kernel tree" in capsys.readouterr().out
 
 
-@pytest.mark.skipif(shutil.which("mkfs.ext4") is None, reason="e2fsprogs builds the image")
+@needs("mkfs.ext4")
 def test_a_link_chain_in_the_developer_container_is_left_out(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

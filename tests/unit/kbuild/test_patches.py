@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 
 import pytest
+from tools import needs
 
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
@@ -21,7 +21,7 @@ from nvidia_driver.kbuild.patches import (
 )
 
 PCI_RESIZE = "pci-resize-resource-exclude-bars"
-needs_patch_tool = pytest.mark.skipif(shutil.which("patch") is None, reason="needs patch(1)")
+needs_patch_tool = needs("patch")
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import shutil
 import tarfile
 import time
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ import pytest
 from fetch_gpg import Signer
 from fetch_server import ReleaseServer, flatcar_digests
 from simhost import SimulatedHost
+from tools import require
 
 # The simulated node's release (simhost's os-release), served by a stalling release server.
 TARBALL = "stable/amd64-usr/4593.2.0/flatcar-container.tar.gz"
@@ -31,8 +31,7 @@ def incompressible_tarball() -> bytes:
 
 @pytest.fixture
 def signer(tmp_path: Path) -> Iterator[Signer]:
-    if shutil.which("gpg") is None or shutil.which("gpgv") is None:
-        pytest.skip("gpg not installed (CI installs gnupg)")
+    require("gpg", "gpgv")
     made = Signer.create(tmp_path / "gpg", "Buildbot <b@example.invalid>")
     yield made
     made.stop_agent()

@@ -6,7 +6,6 @@ import errno
 import hashlib
 import io
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -21,6 +20,7 @@ from typing import BinaryIO, NoReturn
 import pytest
 from fetch_gpg import Signer
 from fetch_server import ReleaseServer, flatcar_digests
+from tools import require
 
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import CaughtSignalError, DriverError
@@ -53,9 +53,7 @@ class Keys:
 
 @pytest.fixture(scope="session")
 def keys(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Keys]:
-    missing = [tool for tool in ("gpg", "gpgv", "gpgconf") if shutil.which(tool) is None]
-    if missing:
-        pytest.skip(f"{', '.join(missing)} not installed (CI installs gnupg)")
+    require("gpg", "gpgv", "gpgconf")
     base = tmp_path_factory.mktemp("gpg")
     trusted = Signer.create(base / "trusted", "Test Release Builder <trusted@example.invalid>")
     other = Signer.create(base / "other", "Somebody Else <other@example.invalid>")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from collections.abc import Iterator
@@ -146,3 +147,50 @@ def test_without_cosign_a_clear_line_and_nothing_signed(
     assert "\n" not in sign.NO_COSIGN
     with pytest.raises(Exit, match="cosign is not on PATH: nothing signed"):
         tasks.sign(MockContext(), registry="ghcr.io/me", require_cosign=True)
+
+
+def _stub_sha256(stubs: Path) -> str:
+    return hashlib.sha256((stubs.parent / "bin" / "syft").read_bytes()).hexdigest()
+
+
+def test_a_pinned_syft_runs_by_the_path_that_was_checked(
+    registry: OCIRegistry, stubs: Path, tmp_path: Path
+) -> None:
+    assert sign.pinned_syft(_stub_sha256(stubs)) == str((stubs.parent / "bin" / "syft").resolve())
+    registry.add_image(NAME, ["610.57.04-flatcar"])
+    versions, feed = _files(tmp_path)
+    tasks.sign(MockContext(), registry=f"{registry.host}/gdc", versions_file=versions,
+               releases_url=feed, syft_sha256=_stub_sha256(stubs))  # fmt: skip
+    assert [line.split()[:2] for line in _commands(stubs)] == [
+        ["cosign", "sign"], ["syft", "scan"], ["cosign", "attest"]]  # fmt: skip
+
+
+def test_another_syft_than_the_pinned_one_signs_nothing(
+    registry: OCIRegistry, stubs: Path, tmp_path: Path
+) -> None:
+    registry.add_image(NAME, ["610.57.04-flatcar"])
+    versions, feed = _files(tmp_path)
+    actual = _stub_sha256(stubs)
+    with pytest.raises(Exit, match=rf"has SHA-256 {actual}, not the pinned {'c' * 64}: .*"
+                                   r"nothing was signed$"):  # fmt: skip
+        tasks.sign(MockContext(), registry=f"{registry.host}/gdc", versions_file=versions,
+                   releases_url=feed, syft_sha256="c" * 64)  # fmt: skip
+    assert _commands(stubs) == []
+
+
+def test_a_pinned_syft_that_is_missing_signs_nothing(
+    registry: OCIRegistry, stubs: Path, tmp_path: Path
+) -> None:
+    (stubs.parent / "bin" / "syft").unlink()
+    registry.add_image(NAME, ["610.57.04-flatcar"])
+    versions, feed = _files(tmp_path)
+    with pytest.raises(Exit, match="syft is not on PATH, and --syft-sha256 asks for it"):
+        tasks.sign(MockContext(), registry=f"{registry.host}/gdc", versions_file=versions,
+                   releases_url=feed, syft_sha256="c" * 64)  # fmt: skip
+    assert _commands(stubs) == []
+
+
+@pytest.mark.parametrize("value", ["abc", "C" * 64, "c" * 63 + "\n"])
+def test_a_malformed_syft_sha256_is_refused_before_any_request(value: str) -> None:
+    with pytest.raises(Exit, match=r"--syft-sha256 .* is not a SHA-256"):
+        tasks.sign(MockContext(), registry="ghcr.io/me", syft_sha256=value)

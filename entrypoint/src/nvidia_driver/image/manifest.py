@@ -1,6 +1,6 @@
 """The .manifest of an NVIDIA driver .run: what it installs, of which type, and where.
 
-Its format is nvidia-installer's (shared/reference/nvidia-run-format.md section 3): 8 header
+Its format is nvidia-installer's (docs/nvidia-run-format.md section 3): 8 header
 lines, then one entry a line, ``file mode TYPE [arch] [path | INHERIT_PATH_DEPTH:N] [target]
 MODULE:m``, up to the first empty line. Each TYPE has its own optional fields (FILE_TYPES).
 """

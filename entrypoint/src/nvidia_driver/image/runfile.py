@@ -1,6 +1,6 @@
 """Unpack NVIDIA's ``NVIDIA-Linux-<arch>-<version>.run`` by parsing it, never by running it.
 
-A driver .run is NVIDIA's makeself 1.6.0-nvN container (shared/reference/nvidia-run-format.md
+A driver .run is NVIDIA's makeself 1.6.0-nvN container (docs/nvidia-run-format.md
 section 1): a shell stub whose leading lines are ``KEY=value`` (``CRCsum``, ``MD5``, ``skip``, ...),
 an embedded fallback decompressor, then one compressed tar stream from line ``skip`` to the end
 of the file. The file is ~400 MB, so everything here streams it.

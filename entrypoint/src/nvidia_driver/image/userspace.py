@@ -1,7 +1,7 @@
 """Install the NVIDIA driver's userspace from its .run, driven by the package's own .manifest.
 
 This replaces ``nvidia-installer`` at image build time (both images, and the tests, take this
-path). It installs what a headless compute node needs (shared/reference/nvidia-run-format.md
+path). It installs what a headless compute node needs (docs/nvidia-run-format.md
 section 4): NVML, CUDA, OpenCL, Vulkan/EGL libraries with their SONAME links, nvidia-smi and
 the other tools, the GSP firmware (under /opt/lib/firmware/nvidia/<version>, which ``init`` copies
 into the Operator's /lib/firmware mount), and the kernel module sources that the build and the
