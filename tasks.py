@@ -41,8 +41,10 @@ from gdc.registry import Registry, RegistryError, Repository, credentials_for  #
 from gdc.releases import ReleaseError  # noqa: E402
 from gdc.tags import TagError, Variant, check_repository  # noqa: E402
 from gdc.versions import Versions, VersionsError, load_versions  # noqa: E402
+from nvidia_driver.errors import DriverError  # noqa: E402
 
 FAILURES = (
+    DriverError,  # the entrypoint's parsers the tooling reuses (a version, a kernel release)
     VersionsError,
     ReleaseError,
     TagError,
