@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from flatcar_feed import feed_entry, feed_from_tsv, lts_info_text
 
+from gdc import releases
 from gdc.coverage import LtsInfo, ReleaseError, covered_releases, parse_lts_info, read_feed
 from gdc.download import DownloadError, Limits, read_text
 from gdc.versions import Versions, parse_versions
@@ -338,3 +339,43 @@ def test_a_kernel_that_is_not_a_kernel_release_is_refused(kernel: object) -> Non
     assert exclusion.flatcar == "4790.0.1"
     assert "in the releases feed (major_software.kernel) that is not a kernel release" in \
         exclusion.reason  # fmt: skip
+
+
+# --- every error of a feed or lts-info read is one line ----------------------------------------
+
+LOOP = b"HTTP/1.1 308 Permanent Redirect\r\nLocation: /releases.json\r\nContent-Length: 0\r\n\r\n"
+
+
+BROKEN_ANSWERS = {
+    "redirect-loop": LOOP,
+    "redirect-elsewhere": (
+        b"HTTP/1.1 302 Found\r\nLocation: ftp://elsewhere/x\r\nContent-Length: 0\r\n\r\n"
+    ),
+    "folded-status": b"HTTP/1.1 500 Internal\r\n Server Error\r\nContent-Length: 0\r\n\r\n",
+    "bad-status-line": b"HTTP/1.1 OK-ish\r\n\r\n",
+    "short": _response(b'{"a":', length=100),
+    "not-utf8": _response(b'{"\xff": 1}'),
+    "gzip-cut": _response(gzip.compress(b"{}")[:-6]),
+    "gzip-damaged": _response(b"\x1f\x8bnot gzip"),
+    "closed": b"",
+}
+
+
+@pytest.mark.parametrize("answer", BROKEN_ANSWERS.values(), ids=BROKEN_ANSWERS.keys())
+def test_every_feed_and_lts_info_error_is_one_line(answer: bytes) -> None:
+    with raw_server(answer) as url:
+        with pytest.raises(ReleaseError) as error:
+            releases.load_feed(url)
+        info = releases.lts_info({}, override=url)
+    for message in (str(error.value), info.unavailable):
+        assert message, answer
+        assert "\n" not in message, message
+
+
+def test_a_redirect_loop_says_so() -> None:
+    with raw_server(LOOP) as url, pytest.raises(DownloadError) as error:
+        read_text(url)
+    assert str(error.value) == (
+        f"{url} redirects in a loop (HTTP 308, more than 10 redirects or the same URL again): "
+        "check the URL or the mirror's redirects"
+    )
