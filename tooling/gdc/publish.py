@@ -148,6 +148,12 @@ def platform_problem(arch: str, found: dict[str, str]) -> str:
     return f"it is a {_platform(found)} image, not {wanted}"
 
 
+def _wrong(arch: str, staged: Descriptor) -> str:
+    if staged.media_type in INDEX_TYPES:
+        return "it is an image index, not one arch's image"
+    return platform_problem(arch, staged.platform)
+
+
 def index_for(descriptors: Iterable[Descriptor]) -> Manifest:
     """The index of the arches' images, byte for byte the same for the same images."""
     listed = list(descriptors)
@@ -182,19 +188,19 @@ class Publisher:
         if self.registry.digest(name, tag) is None:
             return None
         manifest = self.registry.manifest(name, tag)
-        if manifest.is_index:  # a staging tag names one arch's image, never an index
-            raise BuildError(f"{tag} is an index, not one {arch} image: stage it again")
+        size = len(manifest.body)
+        if manifest.is_index:  # a staging tag names one arch's image: _wrong says so
+            return Descriptor(manifest.media_type, manifest.digest, size, {}), {}
         config = self.registry.config(name, manifest)
         # As the config says, nothing assumed: a config without an architecture is no arch's.
         platform = {key: str(config[key]) for key in ("os", "architecture", "variant")
                     if config.get(key)}  # fmt: skip
-        size = len(manifest.body)
         return Descriptor(manifest.media_type, manifest.digest, size, platform), config
 
     def _problems(self, image: Image, arch: str, found: tuple[Descriptor, dict[str, Any]],
                   base: Base) -> list[str]:  # fmt: skip
         """Why the staged image found is not what this run would merge for arch; [] if it is."""
-        wrong = platform_problem(arch, found[0].platform)
+        wrong = _wrong(arch, found[0])
         if wrong:
             return [wrong]
         recorded = inputs.from_labels((found[1].get("config") or {}).get("Labels"))
@@ -221,7 +227,7 @@ class Publisher:
         """Build or skip one arch; (status, why)."""
         base = self._base(image, arch)
         found = self._read(image, arch)
-        wrong = platform_problem(arch, found[0].platform) if found else ""
+        wrong = _wrong(arch, found[0]) if found else ""
         if found is None:
             reasons = ["not in the registry"]
         elif wrong:

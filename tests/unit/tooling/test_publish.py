@@ -399,6 +399,12 @@ def test_another_arch_s_image_under_a_staging_tag_is_rebuilt_not_up_to_date(
     assert Registry(registry.host).platforms(NAME, KERNEL_IMAGE) == {"linux/amd64",
                                                                      "linux/arm64"}  # fmt: skip
     assert registry.tags(NAME)[KERNEL_IMAGE] != before
+    # An index under a staging tag (a multi-arch push to the wrong tag): rebuilt too.
+    registry.add_image(NAME, [KERNEL_ARM64], ("amd64", "arm64"))
+    builder.built.clear()
+    outcomes, _ = _publish(registry, builder, _matrix(registry))
+    assert builder.built == [f"{KERNEL_IMAGE} arm64"]
+    assert "(it is an image index, not one arch's image)" in outcomes[2].detail
 
 
 def test_a_build_that_pushes_another_arch_fails_that_image_only(registry: OCIRegistry) -> None:
