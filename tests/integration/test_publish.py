@@ -40,6 +40,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -155,9 +156,16 @@ class Publisher:
                   "variant": variant}  # fmt: skip
         body = json.dumps(config).encode()
         digest = "sha256:" + hashlib.sha256(body).hexdigest()
-        upload = urllib.request.Request(  # a monolithic upload (distribution's POST ?digest=)
-            f"http://{self.address}/v2/gdc/driver/blobs/uploads/?digest={digest}", data=body,
-            headers={"Content-Type": "application/octet-stream"}, method="POST",
+        # A monolithic upload, as the distribution spec has it: POST for a location, PUT the
+        # bytes there with their digest.
+        start = urllib.request.Request(f"http://{self.address}/v2/gdc/driver/blobs/uploads/",
+                                       data=b"", method="POST")  # fmt: skip
+        with urllib.request.urlopen(start, timeout=30) as started:  # noqa: S310 - loopback
+            location = urllib.parse.urljoin(f"http://{self.address}/", started.headers["Location"])
+        joined = "&" if "?" in location else "?"
+        upload = urllib.request.Request(  # noqa: S310 - the loopback registry's location
+            f"{location}{joined}digest={digest}", data=body,
+            headers={"Content-Type": "application/octet-stream"}, method="PUT",
         )  # fmt: skip
         with urllib.request.urlopen(upload, timeout=30):  # noqa: S310 - the loopback registry
             pass
