@@ -76,7 +76,8 @@ class RetryBudget:
         self.spent += wait
         return True
 
-    def __str__(self) -> str:
+    def waited(self) -> str:
+        """`` after N s of retries`` for a message, or "" when nothing was waited."""
         return f" after {self.spent:.0f} s of retries" if self.spent else ""
 
 
@@ -307,10 +308,11 @@ class Registry:
         answered += f" {response.reason}"
         if response.status_code == _TOO_MANY_REQUESTS:
             raise _rate_limited(f"the registry {self.host}'s token service {params['realm']} "
-                                f"answered 429 {response.reason}{self.budget}")  # fmt: skip
+                                f"answered 429 {response.reason}"
+                                f"{self.budget.waited()}")  # fmt: skip
         if response.status_code >= _SERVER_ERROR:
             raise RegistryError(f"the registry {self.host} could not authorize: {answered}"
-                                f"{self.budget}; the registry is in trouble, retry "
+                                f"{self.budget.waited()}; the registry is in trouble, retry "
                                 "later")  # fmt: skip
         if not response.ok:
             raise self._denied(answered)
@@ -336,7 +338,7 @@ class Registry:
             raise self._denied(f"{method} {name}:{ref} is still 401 with the credentials given")
         if response.status_code == _TOO_MANY_REQUESTS:
             raise _rate_limited(f"the registry {self.host} answered {method} {name}:{ref} with "
-                                f"429 {response.reason}{self.budget}")  # fmt: skip
+                                f"429 {response.reason}{self.budget.waited()}")  # fmt: skip
         detail = _error_detail(response)
         raise RegistryError(
             f"the registry {self.host} answered {method} {name}:{ref} with "
