@@ -5,6 +5,7 @@
     invoke push  [same]
     invoke matrix  [--json | --github-output] [--registry R] [--prefix P]
     invoke publish --registry R [--arch A] [--step stage|merge|all] [--rebuild] [--dry-run]
+                   [--retry-budget SECONDS]
     invoke sign    --registry R [--key K] [--no-sbom] [--require-cosign] [--syft-sha256 HEX]
     invoke record-driver VERSION [--verify]   (versions.toml's entry, from NVIDIA's own files)
     invoke propose-drivers [--dry-run]        (a pull request per newer point release)
@@ -43,12 +44,20 @@ from gdc import tags as tag_rules  # noqa: E402
 from gdc.builder import BuildSettings, DockerBuilder  # noqa: E402
 from gdc.docker_api import Buildx, Docker, DockerError, DockerSDK  # noqa: E402
 from gdc.nvidia import RecordError, Sources  # noqa: E402
-from gdc.registry import Registry, RegistryError, Repository, credentials_for  # noqa: E402
+from gdc.registry import (  # noqa: E402
+    Registry,
+    RegistryError,
+    Repository,
+    RetryBudget,
+    credentials_for,
+)
 from gdc.releases import ReleaseError  # noqa: E402
 from gdc.tags import TagError, Variant, check_repository  # noqa: E402
 from gdc.versions import VERSIONS_FILE, Versions, VersionsError, load_versions  # noqa: E402
+from nvidia_driver.errors import DriverError  # noqa: E402
 
 FAILURES = (
+    DriverError,  # the entrypoint's parsers the tooling reuses (a version, a kernel release)
     VersionsError,
     ReleaseError,
     TagError,
@@ -102,7 +111,9 @@ PUBLISH_HELP = {
     "step": "stage (build and push each arch), merge (write the multi-arch tags) or all",
     "variant": "only build or only precompiled images (default: both)",
     "rebuild": "rebuild every image, whatever its recorded build inputs say",
-    "dry_run": "print the plan and the summary; build, push and tag nothing",
+    "dry_run": "print the plan and the summary; build, push and tag nothing; no dockerd needed",
+    "retry_budget": "seconds each image may wait on a rate-limiting (429) or failing (5xx) "
+    f"registry before it fails (default {publishing.RETRY_BUDGET_SECONDS:.0f})",
     **{key: BUILD_HELP[key] for key in ("base_image", "driver_base_url", "fabricmanager_base_url",
                                         "release_base_url", "flatcar_keyring", "network",
                                         "docker_host")},
@@ -357,6 +368,7 @@ def publish(  # noqa: PLR0917 - invoke maps each option to a parameter
     flatcar_keyring: str = "",
     network: str = "host",
     docker_host: str = "",
+    retry_budget: int = int(publishing.RETRY_BUDGET_SECONDS),
 ) -> None:
     """Build and push what the registry lacks or what changed; merge the arches; summarize."""
     started = time.monotonic()
@@ -371,17 +383,20 @@ def publish(  # noqa: PLR0917 - invoke maps each option to a parameter
     try:
         if not registry:
             raise TagError("--registry is required, e.g. ghcr.io/<your owner>")
+        if retry_budget < 0:
+            raise TagError(f"--retry-budget {retry_budget} is negative: give seconds, e.g. 120")
         versions = _versions(versions_file)
         arches = plan.parse_arches(arch, versions) if arch else versions.arches
         repository, client = _registry(registry, image)  # arguments, before any network
         covered = _matrix(versions, releases_url, lts_info_url, registry, image, tag_prefix)
+        client.budget = RetryBudget(retry_budget)
         client.check(repository.name)  # once, up front: unreachable or denied stops here
-        with DockerBuilder(
-            settings, covered, lambda multi: connect_docker(docker_host, multi), _print
-        ) as builder:
+        with DockerBuilder(settings, covered, lambda multi: connect_docker(docker_host, multi),
+                           _print, dry_run=dry_run) as builder:  # fmt: skip
             outcomes = publishing.publish(covered, client, repository, builder, arches=arches,
                                           step=chosen_step, variant=chosen_variant,
-                                          dry_run=dry_run, rebuild=rebuild)  # fmt: skip
+                                          dry_run=dry_run, rebuild=rebuild,
+                                          retry_budget=retry_budget)  # fmt: skip
     except FAILURES as exc:
         raise Exit(f"invoke publish: {exc}; nothing was built", code=1) from None
     print(publishing.summary(outcomes, covered.excluded, repository, covered.notes), end="")

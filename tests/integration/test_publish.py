@@ -1,8 +1,10 @@
 """``invoke publish`` end to end: a releases feed, Debian's registry and real builds, all local.
 
-The feed is the real one's shape, made from the recent-releases table (tests/shared), with the
-signed test release on top as the current stable release (Debian trixie's 6.12.117 kernel, which
-the loopback release server carries). The versions file covers the stable channel, amd64 and the
+The feed is the real one's shape (tests/shared/flatcar_feed.py), holding the signed test
+releases (Debian trixie's 6.12.117 kernel, which the loopback release server carries) and the
+markers: not the recent-releases table too, whose majors (3975-4790) would make the test
+releases' 9999 implausible (gdc.coverage skips a version over 1,000 majors above the rest).
+The versions file covers the stable channel, amd64 and the
 fixture driver, so the matrix is one build image and one precompiled image per kernel; the
 images the session built before (fixtures/images.py) make the first run cheap: publish runs
 from a copy of the tree (so a test can change an entrypoint file) that reports this checkout's
@@ -22,17 +24,23 @@ One scenario, in order, on one registry, with no compile of its own:
    patches and build code; the entrypoint fix is in log.py), so the scenario's one compile is
    the session's;
 5. a last run builds nothing, through a proxy that answers the first requests with 429: the
-   retries ride it out; its requests and seconds are what an hourly no-op run costs.
+   retries ride it out; its requests and seconds are what an hourly no-op run costs;
+6. an arm64 image (the precompiled image's own config, relabelled) is put under the
+   precompiled image's amd64 staging tag, as a misrouted arch job would push it: the nightly's
+   merge step (``--step merge``) fails that image, saying which platform it found, and leaves
+   its tags as they were; the build image is still up to date.
 """
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json
 import shutil
 import subprocess
 import sys
 import threading
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -49,9 +57,10 @@ from fixtures.gpg import SigningKey
 from fixtures.http_server import FaultyHTTPServer, Route
 from fixtures.images import DRIVER, ROOT
 from fixtures.release_server import TEST_RELEASE, FlatcarReleaseServer
-from flatcar_feed import feed_entry, feed_from_tsv, with_markers
+from flatcar_feed import feed_entry, with_markers
 
 from gdc import context
+from gdc.registry import Manifest, Registry
 
 pytestmark = pytest.mark.integration
 
@@ -89,10 +98,8 @@ def _redist_table(downloads: DriverDownloads) -> str:
 
 
 def _feed(*releases: str) -> bytes:
-    """The TSV's releases plus the test releases (amd64 only, as the fixture server has)."""
-    feed = feed_from_tsv()
-    for version in releases:
-        feed[version] = feed_entry("stable", "2026-11-20", KERNEL, "amd64")
+    """The test releases (amd64 only, as the fixture server has) with the feed's markers."""
+    feed = {version: feed_entry("stable", "2026-11-20", KERNEL, "amd64") for version in releases}
     return json.dumps(with_markers(feed), indent=1).encode()
 
 
@@ -140,6 +147,33 @@ class Publisher:
             reader.join(30)
         return subprocess.CompletedProcess(self.argv, process.returncode, "".join(stdout),
                                            "".join(stderr))  # fmt: skip
+
+    def restage(self, tag: str, architecture: str, variant: str) -> None:
+        """Put the image under tag again with another platform in its config, labels and all."""
+        client = Registry(self.address)
+        manifest = client.manifest("gdc/driver", tag)
+        config = {**client.config("gdc/driver", manifest), "architecture": architecture,
+                  "variant": variant}  # fmt: skip
+        body = json.dumps(config).encode()
+        digest = "sha256:" + hashlib.sha256(body).hexdigest()
+        # A monolithic upload, as the distribution spec has it: POST for a location, PUT the
+        # bytes there with their digest.
+        start = urllib.request.Request(f"http://{self.address}/v2/gdc/driver/blobs/uploads/",
+                                       data=b"", method="POST")  # fmt: skip
+        with urllib.request.urlopen(start, timeout=30) as started:  # noqa: S310 - loopback
+            location = urllib.parse.urljoin(f"http://{self.address}/", started.headers["Location"])
+        joined = "&" if "?" in location else "?"
+        upload = urllib.request.Request(  # noqa: S310 - the loopback registry's location
+            f"{location}{joined}digest={digest}", data=body,
+            headers={"Content-Type": "application/octet-stream"}, method="PUT",
+        )  # fmt: skip
+        with urllib.request.urlopen(upload, timeout=30):  # noqa: S310 - the loopback registry
+            pass
+        document = manifest.json()
+        document["config"] = {**document["config"], "digest": digest, "size": len(body)}
+        relabelled = json.dumps(document).encode()
+        digest = "sha256:" + hashlib.sha256(relabelled).hexdigest()
+        client.put_manifest("gdc/driver", tag, Manifest(manifest.media_type, relabelled, digest))
 
     def digest(self, tag: str) -> str | None:
         request = urllib.request.Request(
@@ -348,6 +382,25 @@ def test_publish_builds_what_is_missing_or_changed_and_only_that(publisher: Publ
     cost = result.stdout.splitlines()[-1]
     assert cost.startswith(f"registry: {proxy['requests']} requests (3 retried) in "), cost
     print(f"no-op publish through the proxy: {cost}")
+
+    _a_wrong_arch_fails_that_image_only(publisher, tags)
+
+
+def _a_wrong_arch_fails_that_image_only(publisher: Publisher, tags: list[str]) -> None:
+    """An arm64 image under the precompiled image's amd64 staging tag: that image fails, alone."""
+    staging = f"{DRIVER}-{KERNEL_TAG}-amd64"
+    publisher.restage(staging, "arm64", "v8")
+    before = {tag: publisher.digest(tag) for tag in tags}
+    merge = subprocess.run([*publisher.argv, "--step", "merge"], cwd=ROOT, env=publisher.env,
+                           capture_output=True, text=True, timeout=RUN_TIMEOUT,
+                           check=False)  # fmt: skip
+    wrong = _summary(merge)
+    assert merge.returncode == 1, wrong
+    assert "skipped 1, failed 1" in wrong, wrong
+    assert (f"the amd64 image under {staging} is not what this run would merge (it is a "
+            "linux/arm64/v8 image, not linux/amd64): not merged; stage it again") in wrong, \
+        wrong  # fmt: skip
+    assert {tag: publisher.digest(tag) for tag in tags} == before
 
 
 def test_an_unreachable_feed_builds_nothing(publisher: Publisher) -> None:

@@ -80,12 +80,13 @@ class OCIRegistry:
         return digest
 
     def add_image(self, name: str, tags: list[str], arches: tuple[str, ...] = ("amd64",),
-                  *, index: bool = True, label: str = "",
-                  labels: dict[str, str] | None = None) -> str:  # fmt: skip
+                  *, index: bool = True, label: str = "", labels: dict[str, str] | None = None,
+                  variant: str = "") -> str:  # fmt: skip
         """An image with one platform per arch (an index, or one plain manifest); its digest."""
         platforms = []
         for arch in arches:
             config = json.dumps({"os": "linux", "architecture": arch, "label": label,
+                                 **({"variant": variant} if variant else {}),
                                  "config": {"Labels": labels or {}}}).encode()  # fmt: skip
             self.blobs[digest_of(config)] = config
             manifest = json.dumps({

@@ -40,10 +40,17 @@ class BuildSettings:
 
 @dataclass
 class DockerBuilder:
+    """Builds through dockerd, connected on the first build (or unpinned base image) only.
+
+    dry_run: plan without dockerd at all; an unpinned base image then has no known digest
+    (publish says so per image) instead of being looked up.
+    """
+
     settings: BuildSettings
     matrix: Matrix
     connect: Callable[[bool], Docker]  # multi-arch? -> the Docker adapter
     progress: Progress
+    dry_run: bool = False
     _scratch: Path | None = None
     _contexts: dict[Variant, context.Context] = field(default_factory=dict)
     _docker: Docker | None = None
@@ -95,8 +102,9 @@ class DockerBuilder:
     def base(self, image: Image, arch: str) -> Base:  # noqa: ARG002 - one base for every arch
         reference = self.settings.sources.base_image or images.default_base_image()
         if reference not in self._bases:
+            known = images.pinned_base(reference) or (Base(reference, "") if self.dry_run else None)
             try:
-                self._bases[reference] = images.base_of(reference, self.docker())
+                self._bases[reference] = known or images.base_of(reference, self.docker())
             except DockerError as exc:
                 raise BuildError(str(exc)) from None
         return self._bases[reference]

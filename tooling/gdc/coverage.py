@@ -17,6 +17,19 @@ of its channel) is reported in a note; one that would be current excludes its st
 reason, and the stream is not silently served by an older release. Each channel that
 versions.toml lists gets a current release or an exclusion; a feed that covers nothing at all
 (``{}``, the wrong file) is an error.
+
+Whatever the feed leaves ambiguous is named, never resolved silently:
+
+* a key given twice (``json.loads`` would keep the last): identical copies get a note; copies
+  that differ make their entry unusable (a marker: ignored), as nobody can say which is meant;
+* a version key with a leading zero (``4593.02.5``) is read as the version it spells, with a
+  note, or ignored when the feed has that version's own key too;
+* a version far above the feed's releases (:data:`MAX_MAJOR_JUMP`) is skipped with a note, so
+  that a typo such as ``45930.2.5`` cannot become the current release;
+* a channel that differs from a known one only in case or spaces (``Stable``) counts as no
+  channel, with a note;
+* a release that lists two different kernels is unusable (which one do its nodes boot?), and a
+  kernel that is not a kernel release (``""``, ``junk``) is unusable too, naming the field.
 """
 
 from __future__ import annotations
@@ -26,10 +39,13 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gdc.versions import Versions
 from nvidia_driver.sources.flatcar import Channel, FlatcarVersion, Release, kernel_release_from_feed
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 ALL = "*"  # an exclusion's variant, driver or arch that stands for every one
 PINNED = "pinned"  # the stream name of a release covered because versions.toml pins it
@@ -40,10 +56,20 @@ LTS_INFO_URL_ENV = "FLATCAR_LTS_INFO_URL"
 # between two releases was 223 days.
 LTS_STREAM_MAX_AGE = timedelta(days=240)
 _VERSION_KEY = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+")  # ASCII digits only
+# Flatcar's major counts days since 2013-07-01 (CoreOS's scheme): about 365 a year, and 30 to 60
+# between two consecutive branches (4547, 4593, 4628 ...). A major more than this above every
+# release below it is nearly three years ahead of the feed: a typo, not a release.
+MAX_MAJOR_JUMP = 1000
+# uname -r as the feed gives it (6.12.102) or a mirror's full release (6.12.95+deb12-cloud-amd64):
+# ASCII, and only characters an image tag can carry once "+" becomes "-".
+_KERNEL = re.compile(r"[0-9]+\.[0-9]+(\.[0-9]+)?([-+][A-Za-z0-9._+-]*)?")
+_KERNEL_MAX_LENGTH = 64
 _LTS_MARKER = re.compile(r"current-([0-9]{4})")
 _LTS_INFO_LINE = re.compile(r"([0-9]+):([0-9]{4}):(supported|unsupported)")
 _DATE_FORMAT = "%Y-%m-%d %H:%M:%S %z"  # what releases_as_json.py writes with strftime
 _CHANNELS = (Channel.ALPHA, Channel.BETA, Channel.STABLE)
+_KNOWN_CHANNELS = frozenset({*Channel, "edge"})  # old feeds carry the retired "edge" channel
+_SHOWN = 3  # examples a note names before "and N more"
 
 
 class ReleaseError(LookupError):
@@ -145,13 +171,33 @@ class Feed:
         return max((r.release_date for r in self.releases.values()), default=None)
 
 
+def _kernel_problem(kernels: object) -> str:
+    if not isinstance(kernels, list) or not kernels:
+        return "has no kernel in the releases feed (major_software.kernel)"
+    named = [kernel for index, kernel in enumerate(kernels) if kernel not in kernels[:index]]
+    if len(named) > 1:
+        shown = ", ".join(repr(kernel)[:40] for kernel in named[:_SHOWN])
+        return (f"lists {len(named)} kernels in the releases feed (major_software.kernel: "
+                f"{shown}): which one its nodes boot is ambiguous")  # fmt: skip
+    kernel = named[0]
+    if (not isinstance(kernel, str) or len(kernel) > _KERNEL_MAX_LENGTH
+            or not _KERNEL.fullmatch(kernel)):  # fmt: skip
+        return (f"has a kernel {str(kernel)[:40]!r} in the releases feed (major_software.kernel) "
+                "that is not a kernel release such as 6.12.102")  # fmt: skip
+    return ""
+
+
 def _entry_problem(entry: object) -> str:
     if not isinstance(entry, Mapping):
         return "the entry is not an object"
+    conflicts = [path for path, same in _duplicates(entry) if not same]
     software = entry.get("major_software")
-    kernels = software.get("kernel") if isinstance(software, Mapping) else None
-    if not isinstance(kernels, list) or not kernels or not isinstance(kernels[0], str):
-        return "has no kernel in the releases feed (major_software.kernel)"
+    kernel_problem = _kernel_problem(software.get("kernel") if isinstance(software, Mapping)
+                                     else None)  # fmt: skip
+    if conflicts or kernel_problem:
+        return kernel_problem if not conflicts else (
+            f"gives {conflicts[0]} twice with different values in the releases feed: which one "
+            "is meant is ambiguous")  # fmt: skip
     if not isinstance(entry.get("channel"), str) or not entry["channel"]:
         return "has no channel"
     arches = entry.get("architectures")
@@ -182,34 +228,152 @@ def _guess_channel(version: FlatcarVersion, entry: object) -> str:
     return str(version.channel) if version.minor < len(_CHANNELS) + 1 else ""
 
 
-def read_feed(text: str) -> Feed:
+class _Object(dict[str, Any]):
+    """A JSON object as parsed, with the keys it gives more than once."""
+
+    repeated: dict[str, bool]  # key -> whether every copy is the same
+
+
+def _object(pairs: list[tuple[str, Any]]) -> _Object:
+    found = _Object()
+    found.repeated = {}
+    for key, value in pairs:
+        if key in found:
+            found.repeated[key] = found.repeated.get(key, True) and found[key] == value
+        found[key] = value
+    return found
+
+
+def _duplicates(value: object, path: str = "") -> Iterator[tuple[str, bool]]:
+    """(where, identical) of every key given twice in value, at any depth."""
+    if isinstance(value, _Object):
+        for key, same in value.repeated.items():
+            yield f"{path}[{json.dumps(key)}]", same
+        for key, child in value.items():
+            yield from _duplicates(child, f"{path}[{json.dumps(key)}]")
+    elif isinstance(value, list):
+        for child in value:
+            yield from _duplicates(child, path)
+
+
+def _listed(items: list[str]) -> str:
+    more = f" (and {len(items) - _SHOWN} more)" if len(items) > _SHOWN else ""
+    return ", ".join(items[:_SHOWN]) + more
+
+
+def _plausible(keys: Iterable[str]) -> tuple[set[str], list[str]]:
+    """The version keys within reach of the feed's releases, and those skipped (too high).
+
+    Majors in order: one more than MAX_MAJOR_JUMP above the one before starts a new run; the
+    run with the most versions is the feed's (the newest such run, on a tie), and every run
+    above it is skipped.
+    """
+    by_major: dict[int, list[str]] = {}
+    for key in keys:
+        by_major.setdefault(int(key.split(".", 1)[0]), []).append(key)
+    runs: list[list[int]] = []
+    for major in sorted(by_major):
+        if runs and major - runs[-1][-1] <= MAX_MAJOR_JUMP:
+            runs[-1].append(major)
+        else:
+            runs.append([major])
+    if not runs:
+        return set(), []
+    size = [sum(len(by_major[major]) for major in run) for run in runs]
+    main = max(range(len(runs)), key=lambda index: (size[index], index))
+    kept = {key for run in runs[: main + 1] for major in run for key in by_major[major]}
+    skipped = [key for run in runs[main + 1 :] for major in run for key in by_major[major]]
+    return kept, skipped
+
+
+def _version_keys(document: Mapping[str, Any], notes: list[str]) -> dict[str, FlatcarVersion]:
+    """The feed's version keys that name a version, each with the version it names."""
+    spelled = [key for key in document if _VERSION_KEY.fullmatch(key)]
+    kept, skipped = _plausible(spelled)
+    if skipped:
+        notes.append(f"the releases feed has {len(skipped)} version(s) more than "
+                     f"{MAX_MAJOR_JUMP} majors above its other releases, skipped as implausible "
+                     f"(a typo?): {_listed(sorted(skipped))}")  # fmt: skip
+    versions: dict[str, FlatcarVersion] = {}
+    read_as, ignored = [], []
+    for key in spelled:
+        version = FlatcarVersion.parse(key)
+        if key not in kept:
+            continue
+        if str(version) != key:
+            if str(version) in document:
+                ignored.append(f"{key!r} ({version} is there too)")
+                continue
+            read_as.append(f"{key!r} as {version}")
+        versions[key] = version
+    if read_as:
+        notes.append(f"the releases feed has version key(s) with a leading zero, read as the "
+                     f"version they spell: {_listed(read_as)}")  # fmt: skip
+    if ignored:
+        notes.append(f"the releases feed has version key(s) with a leading zero, ignored: "
+                     f"{_listed(ignored)}")  # fmt: skip
+    return versions
+
+
+def _channel_near_misses(feed: Feed) -> None:
+    missed = [f"{release.version} {release.channel!r}" for release in feed.releases.values()
+              if release.channel not in _KNOWN_CHANNELS
+              and release.channel.strip().lower() in _KNOWN_CHANNELS]  # fmt: skip
+    if missed:
+        entries = f"{len(missed)} feed entr{'y' if len(missed) == 1 else 'ies'}"
+        feed.notes.append(f"{entries} name a channel that differs from a known one only in case "
+                          "or spaces, and count as no channel (channel names are exact): "
+                          f"{_listed(missed)}")  # fmt: skip
+
+
+def _document(text: str) -> Mapping[str, Any]:
     try:
-        document = json.loads(text)
+        document = json.loads(text, object_pairs_hook=_object)
     except json.JSONDecodeError as exc:
         raise ReleaseError(f"the Flatcar releases feed is not JSON ({exc}); check "
                            "--releases-url points at a releases.json") from None  # fmt: skip
     if not isinstance(document, Mapping):
         raise ReleaseError("the Flatcar releases feed is not an object keyed by version; check "
                            "--releases-url points at a releases.json")  # fmt: skip
+    return document
+
+
+def _add_entry(feed: Feed, version: FlatcarVersion, entry: Any, *, conflict: bool) -> None:
+    feed.entries[version] = entry
+    problem = ("is listed twice in the releases feed with different values: which one is "
+               "meant is ambiguous") if conflict else _entry_problem(entry)  # fmt: skip
+    if problem:
+        feed.unusable[version] = _Unusable(version, _guess_channel(version, entry), problem)
+    else:
+        feed.releases[version] = _release(version, entry)
+
+
+def read_feed(text: str) -> Feed:
+    document = _document(text)
     feed = Feed()
+    identical = [path for path, same in _duplicates(document) if same]
+    if identical:
+        feed.notes.append(f"the releases feed gives {len(identical)} key(s) twice, identically: "
+                          f"one copy of each is read: {_listed(identical)}")  # fmt: skip
+    repeated = document.repeated if isinstance(document, _Object) else {}
+    versions = _version_keys(document, feed.notes)
     unknown = []
     for key, entry in document.items():
-        if key == CURRENT or _LTS_MARKER.fullmatch(key):
+        conflict = repeated.get(key) is False
+        if (key == CURRENT or _LTS_MARKER.fullmatch(key)) and conflict:
+            feed.notes.append(f"the releases feed gives its {key!r} marker twice with different "
+                              "values: ignored")  # fmt: skip
+        elif key == CURRENT or _LTS_MARKER.fullmatch(key):
             feed.markers[key] = entry
-        elif _VERSION_KEY.fullmatch(key):
-            version = FlatcarVersion.parse(key)
-            feed.entries[version] = entry
-            problem = _entry_problem(entry)
-            if problem:
-                feed.unusable[version] = _Unusable(version, _guess_channel(version, entry), problem)
-            else:
-                feed.releases[version] = _release(version, entry)
-        else:
+        elif key in versions:
+            _add_entry(feed, versions[key], entry, conflict=conflict)
+        elif not _VERSION_KEY.fullmatch(key):
             unknown.append(key)
     if unknown:
         shown = ", ".join(repr(key[:40]) for key in unknown[:5])
         feed.notes.append(f"the releases feed has {len(unknown)} key(s) that are neither a "
                           f"version nor a current marker, ignored: {shown}")  # fmt: skip
+    _channel_near_misses(feed)
     return feed
 
 
@@ -355,9 +519,12 @@ def covered_releases(
                           f"cannot be read, ignored: {shown}{more}")  # fmt: skip
     if not named:
         wanted = ", ".join(versions.channels)
+        # The first exclusion says why, naming the release and the field (a current stable
+        # release with a junk kernel, say); the rest are in the same vein or listed by matrix.
+        why = f": {excluded[0].reason}" if excluded else ""
         raise ReleaseError(f"the releases feed covers none of the channels versions.toml lists "
-                           f"({wanted}) nor a pinned release; check --releases-url points at "
-                           "Flatcar's combined releases.json")  # fmt: skip
+                           f"({wanted}) nor a pinned release{why}; check --releases-url points "
+                           "at Flatcar's combined releases.json")  # fmt: skip
     ordered = sorted(named.items(), key=lambda item: item[0].version)
     covered = tuple(Covered(release, tuple(names)) for release, names in ordered)
     return covered, tuple(excluded), tuple(feed.notes)

@@ -44,9 +44,10 @@ def read_text(url: str, limits: Limits = Limits()) -> str:
     except DownloadError:
         raise
     except urllib.error.HTTPError as exc:
-        raise DownloadError(f"{url} answered HTTP {exc.code} {exc.reason}") from None
+        exc.close()  # it holds the answer's connection open
+        raise DownloadError(_http_error(url, exc)) from None
     except urllib.error.URLError as exc:
-        raise DownloadError(f"cannot reach {url}: {exc.reason}") from None
+        raise DownloadError(f"cannot reach {url}: {' '.join(str(exc.reason).split())}") from None
     except http.client.IncompleteRead as exc:
         raise DownloadError(f"{url}: the connection closed after {len(exc.partial)} bytes, "
                             "before the whole body arrived") from None  # fmt: skip
@@ -60,6 +61,16 @@ def read_text(url: str, limits: Limits = Limits()) -> str:
     except UnicodeDecodeError as exc:
         raise DownloadError(f"{url} is not UTF-8 text (byte {exc.start} is "
                             f"{body[exc.start]:#04x})") from None  # fmt: skip
+
+
+def _http_error(url: str, error: urllib.error.HTTPError) -> str:
+    """One line: urllib words a redirect loop on three lines (its inf_msg, then the reason)."""
+    reason = " ".join(str(error.reason).split())
+    if reason.startswith(" ".join(urllib.request.HTTPRedirectHandler.inf_msg.split())):
+        return (f"{url} redirects in a loop (HTTP {error.code}, more than "
+                f"{urllib.request.HTTPRedirectHandler.max_redirections} redirects or the same "
+                "URL again): check the URL or the mirror's redirects")  # fmt: skip
+    return f"{url} answered HTTP {error.code} {reason}"
 
 
 def _read(url: str, limits: Limits, started: float) -> bytes:

@@ -47,14 +47,20 @@ def default_base_image() -> str:
     return match.group(1)
 
 
+def pinned_base(reference: str) -> Base | None:
+    """The base a reference pinned by digest names, asking no dockerd; None when unpinned."""
+    pinned = _DIGEST.search(reference)
+    return Base(reference, pinned.group(1)) if pinned else None
+
+
 def base_of(reference: str, docker: Docker) -> Base:
     """A reference pinned by digest names its digest; else dockerd's image says it.
 
     A local image with no registry digest (a test's imported base) is named by its ID.
     """
-    pinned = _DIGEST.search(reference)
+    pinned = pinned_base(reference)
     if pinned:
-        return Base(reference, pinned.group(1))
+        return pinned
     if not docker.exists(reference):
         raise DockerError(f"the base image {reference} is neither pinned by digest nor in "
                           "dockerd: pin it (name@sha256:...) or pull it first")  # fmt: skip

@@ -6,21 +6,35 @@ its own (a CI job per arch on a native runner), pushed under a staging tag
 every tag of the image. Steps (``--step``): ``stage`` builds one or more arches, ``merge``
 writes the indexes, ``all`` (the default) does both, image by image.
 
-Stage, per arch: the registry's image under the staging tag is read (manifest and config), and
-its recorded build inputs (:mod:`gdc.inputs`) are compared with what would be built now:
+Stage, per arch: the registry's image under the staging tag is read (manifest and config), its
+platform is checked against the arch (:data:`PLATFORMS`) and its recorded build inputs
+(:mod:`gdc.inputs`) are compared with what would be built now:
 
-* no image, or other inputs (the entrypoint, the patches, a Dockerfile, the base image, the
-  driver, a release to carry): **built** and pushed, saying why; ``--rebuild`` forces it;
-* the same inputs: **skipped**.
+* no image, an image of another platform, or other inputs (the entrypoint, the patches, a
+  Dockerfile, the base image, the driver, a release to carry): **built** and pushed, saying
+  why; ``--rebuild`` forces it. The pushed image is read back and checked the same way: a build
+  that made another arch's image, or whose tag another job overwrote, fails;
+* the same inputs and platform: **skipped**.
 
 A precompiled image that is rebuilt starts from the packages of the image it replaces (the
 registry's, by digest): those built for the same kernel banner, driver and module type from the
 same sources, patches and build code are taken as they are, so an entrypoint fix or a new
 release of the same kernel compiles nothing. ``--rebuild`` compiles everything again.
 
-Merge: the index of the arches' images is made the same way every time, so its digest is known
-before it is written; every tag that does not point at it gets it (a manifest PUT: no blob
-moves), e.g. the build image's alias for a new Flatcar release: **tagged**.
+Merge: each arch's staged image is checked as stage checks it (platform and build inputs; a
+merge-only run reads it from the registry), and an image with one arch wrong, missing or stale
+**fails**, naming it: it is never merged nor called up to date. The index of the arches' images
+is made the same way every time, so its digest is known before it is written; every tag that
+does not point at it gets it (a manifest PUT: no blob moves), e.g. the build image's alias for
+a new Flatcar release: **tagged**. A tag is up to date only when it is that index, so a tag
+whose index lists another platform set is written again.
+
+Retries: each image gets :data:`RETRY_BUDGET_SECONDS` of waiting on 429 and 5xx answers
+(``--retry-budget``); past it the image fails, saying the registry rate-limits.
+
+A dry run builds, pushes and tags nothing and asks no dockerd: it needs the registry and the
+feed only. A base image not pinned by digest then has no digest to compare; each build image
+says so, and would be built.
 
 Build images go first. A precompiled image starts from its build image's staging tag and fails,
 saying so, only when that build *failed* (a failed tag does not block it). Everything else is
@@ -41,12 +55,16 @@ from typing import Any, Protocol
 from gdc import inputs
 from gdc.images import Base
 from gdc.matrix import Exclusion, Image, Matrix
-from gdc.registry import INDEX_TYPES, Manifest, Registry, RegistryError, Repository
+from gdc.registry import INDEX_TYPES, Manifest, Registry, RegistryError, Repository, RetryBudget
 from gdc.table import format_table
 from gdc.tags import Variant
 
 OCI_INDEX, DOCKER_LIST = INDEX_TYPES
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+# What a node of each arch runs, as an image config says it (the OCI image index spec's
+# platform values: arm64 is variant v8; containerd takes an arm64 image without one for v8).
+PLATFORMS = {"amd64": ("linux", "amd64", ("",)), "arm64": ("linux", "arm64", ("v8", ""))}
+RETRY_BUDGET_SECONDS = 120.0  # one image's waits on 429 and 5xx, in all
 
 
 class Step(StrEnum):
@@ -114,6 +132,28 @@ def _one_line(error: Exception) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
+def _platform(found: dict[str, str]) -> str:
+    return "/".join(part for part in (found.get("os", "?"), found.get("architecture", "?"),
+                                      found.get("variant", "")) if part)  # fmt: skip
+
+
+def platform_problem(arch: str, found: dict[str, str]) -> str:
+    """Why an image of platform found is not one for arch (a node of it could not run it)."""
+    os, architecture, variants = PLATFORMS[arch]
+    if (found.get("os"), found.get("architecture")) == (os, architecture) and found.get(
+        "variant", ""
+    ) in variants:
+        return ""
+    wanted = f"{os}/{architecture}{f'/{variants[0]}' if variants[0] else ''}"
+    return f"it is a {_platform(found)} image, not {wanted}"
+
+
+def _wrong(arch: str, staged: Descriptor) -> str:
+    if staged.media_type in INDEX_TYPES:
+        return "it is an image index, not one arch's image"
+    return platform_problem(arch, staged.platform)
+
+
 def index_for(descriptors: Iterable[Descriptor]) -> Manifest:
     """The index of the arches' images, byte for byte the same for the same images."""
     listed = list(descriptors)
@@ -136,6 +176,7 @@ class Publisher:
     rebuild: bool = False
     say: Callable[[str], None] = print
     clock: Callable[[], float] = time.monotonic  # each image's time (progress line and summary)
+    retry_budget: float = RETRY_BUDGET_SECONDS
     staged: dict[tuple[str, str], Descriptor] = field(default_factory=dict)  # (image id, arch)
     failed_builds: dict[tuple[str, str], str] = field(default_factory=dict)  # (driver, arch)
     planned: set[tuple[str, str]] = field(default_factory=set)  # a dry run's builds
@@ -147,13 +188,23 @@ class Publisher:
         if self.registry.digest(name, tag) is None:
             return None
         manifest = self.registry.manifest(name, tag)
-        config = self.registry.config(name, manifest)
-        platform = {"os": str(config.get("os", "linux")),
-                    "architecture": str(config.get("architecture", arch))}  # fmt: skip
-        if config.get("variant"):
-            platform["variant"] = str(config["variant"])
         size = len(manifest.body)
+        if manifest.is_index:  # a staging tag names one arch's image: _wrong says so
+            return Descriptor(manifest.media_type, manifest.digest, size, {}), {}
+        config = self.registry.config(name, manifest)
+        # As the config says, nothing assumed: a config without an architecture is no arch's.
+        platform = {key: str(config[key]) for key in ("os", "architecture", "variant")
+                    if config.get(key)}  # fmt: skip
         return Descriptor(manifest.media_type, manifest.digest, size, platform), config
+
+    def _problems(self, image: Image, arch: str, found: tuple[Descriptor, dict[str, Any]],
+                  base: Base) -> list[str]:  # fmt: skip
+        """Why the staged image found is not what this run would merge for arch; [] if it is."""
+        wrong = _wrong(arch, found[0])
+        if wrong:
+            return [wrong]
+        recorded = inputs.from_labels((found[1].get("config") or {}).get("Labels"))
+        return inputs.changes(recorded, self.builder.inputs(image, arch, base))
 
     def _base(self, image: Image, arch: str) -> Base:
         if image.variant is Variant.BUILD:
@@ -176,15 +227,21 @@ class Publisher:
         """Build or skip one arch; (status, why)."""
         base = self._base(image, arch)
         found = self._read(image, arch)
+        wrong = _wrong(arch, found[0]) if found else ""
         if found is None:
             reasons = ["not in the registry"]
+        elif wrong:
+            reasons = [f"the staged image is not one for {arch} ({wrong})"]
+        elif not base.digest and image.variant is Variant.BUILD:
+            reasons = [(f"the base image {base.name} is not pinned by digest and a dry run "
+                        "asks no dockerd, so whether it changed is unknown: pin it (--base-image "
+                        "name@sha256:...) for an exact plan")]  # fmt: skip
         elif not base.digest:
             reasons = ["its build image would be built first"]
         elif self.rebuild:
             reasons = ["--rebuild"]
         else:
-            recorded = inputs.from_labels((found[1].get("config") or {}).get("Labels"))
-            reasons = inputs.changes(recorded, self.builder.inputs(image, arch, base))
+            reasons = self._problems(image, arch, found, base)
         if not reasons:
             self.staged[(image.id, arch)] = found[0]  # type: ignore[index]
             return Status.SKIPPED, f"{arch}: up to date"
@@ -193,29 +250,51 @@ class Publisher:
             self.planned.add((image.id, arch))
             return Status.BUILT, why
         # A precompiled image reuses the packages of the one it replaces, where they fit
-        # (images/precompiled/Dockerfile); --rebuild compiles everything again.
-        reuse = image.variant is Variant.PRECOMPILED and not self.rebuild
+        # (images/precompiled/Dockerfile); --rebuild compiles everything again, and another
+        # arch's image has nothing to give.
+        reuse = image.variant is Variant.PRECOMPILED and not self.rebuild and not wrong
         previous = f"{self.repository}@{found[0].digest}" if reuse and found is not None else ""
         self.builder.build(image, arch, base, previous)
         pushed = self._read(image, arch)
         if pushed is None:
             raise BuildError(f"built, but the registry has no {image.staging_tag(arch)}")
+        problems = self._problems(image, arch, pushed, base)
+        if problems:
+            raise BuildError(f"built and pushed, but {image.staging_tag(arch)} in the registry "
+                             f"is not what was built ({'; '.join(problems)}): not merged; "
+                             "check the build's platform and that no other job pushes that "
+                             "tag")  # fmt: skip
         self.staged[(image.id, arch)] = pushed[0]
         return Status.BUILT, why
 
     # --- merge --------------------------------------------------------------------------------
 
+    def _staged(self, image: Image, arch: str) -> Descriptor:
+        """One arch's staged image, checked (a merge-only run reads it here); BuildError if bad."""
+        staged = self.staged.get((image.id, arch))
+        if staged is not None:
+            return staged
+        tag = image.staging_tag(arch)
+        found = self._read(image, arch)
+        if found is None:
+            raise BuildError(f"no {arch} image under {tag} to merge: its stage failed or has "
+                             "not run")  # fmt: skip
+        problems = self._problems(image, arch, found, self._base(image, arch))
+        if problems:
+            raise BuildError(f"the {arch} image under {tag} is not what this run would merge "
+                             f"({'; '.join(problems)}): not merged; stage it again")  # fmt: skip
+        self.staged[(image.id, arch)] = found[0]
+        return found[0]
+
     def merge(self, image: Image) -> tuple[Status, str]:
         descriptors = []
         for arch in image.arches:
-            staged = self.staged.get((image.id, arch))
-            if staged is None:
-                found = self._read(image, arch)
-                if found is None:
-                    return Status.FAILED, (f"no {arch} image under {image.staging_tag(arch)} to "
-                                           "merge: its stage failed or has not run")  # fmt: skip
-                staged = found[0]
-            descriptors.append(staged)
+            try:
+                descriptors.append(self._staged(image, arch))
+            except BuildError as exc:
+                if image.variant is Variant.BUILD:
+                    self.failed_builds[(image.driver.version, arch)] = _one_line(exc)
+                return Status.FAILED, _one_line(exc)
         index = index_for(descriptors)
         name = self.repository.name
         stale = [tag for tag in image.tags.tags if self.registry.digest(name, tag) != index.digest]
@@ -230,6 +309,7 @@ class Publisher:
 
     def publish_image(self, image: Image, arches: tuple[str, ...], step: Step) -> Outcome:
         started = self.clock()
+        self.registry.budget = RetryBudget(self.retry_budget)
         built, details, failed = False, [], False
         if step is not Step.MERGE:
             for arch in (a for a in image.arches if a in arches):
@@ -245,10 +325,12 @@ class Publisher:
                 if status is Status.BUILT:
                     details.append(why)
         merged = Status.SKIPPED
-        if step is not Step.STAGE and not failed and not (self.dry_run and built):
+        if step is not Step.STAGE and not failed and self.dry_run and built:
+            details.append(f"then all {len(image.tags.tags)} tags set")
+        elif step is not Step.STAGE and not failed:
             try:
                 merged, why = self.merge(image)
-            except RegistryError as exc:
+            except (BuildError, RegistryError) as exc:
                 merged, why = Status.FAILED, _one_line(exc)
             if merged is not Status.SKIPPED or not details:
                 details.append(why)
@@ -272,9 +354,11 @@ def publish(
     rebuild: bool = False,
     say: Callable[[str], None] = print,
     clock: Callable[[], float] = time.monotonic,
+    retry_budget: float = RETRY_BUDGET_SECONDS,
 ) -> list[Outcome]:
     """Plan and (unless dry_run) carry out every image of matrix; one outcome per image."""
-    run = Publisher(matrix, registry, repository, builder, dry_run, rebuild, say, clock)
+    run = Publisher(matrix, registry, repository, builder, dry_run, rebuild, say, clock,
+                    retry_budget)  # fmt: skip
     chosen = [i for i in matrix.images if variant in (None, i.variant)]
     wanted = arches or matrix.arches
     outcomes = []

@@ -2,7 +2,10 @@
 
 Registries on 127.0.0.1 or localhost are spoken to over plain http, all others over https.
 Answers 429 and 5xx are retried, a bounded number of times with exponential backoff, honouring
-``Retry-After`` (seconds or an HTTP date) up to :data:`MAX_RETRY_AFTER_SECONDS`.
+``Retry-After`` (seconds or an HTTP date) up to :data:`MAX_RETRY_AFTER_SECONDS`, and only while
+the client's :class:`RetryBudget` lasts (``invoke publish`` gives each image its own): past it
+the answer stands, and a 429, the registry's or its token service's, is reported as a rate
+limit, never as a credentials problem.
 
 On a 401 the client follows the ``WWW-Authenticate`` challenge: for ``Bearer`` (ghcr.io, Docker
 Hub, registry:2 with token auth) it asks the realm for a token for the challenge's service and
@@ -22,6 +25,7 @@ import binascii
 import email.utils
 import hashlib
 import json
+import math
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -51,10 +55,30 @@ _PORT = re.compile(r":[0-9]+$")
 _HOST = re.compile(r"[^/]*[.:][^/]*|localhost")
 _NOT_FOUND = 404
 _UNAUTHORIZED = 401
+_TOO_MANY_REQUESTS = 429
+_SERVER_ERROR = 500
 
 
 class RegistryError(RuntimeError):
     """The registry could not answer; the message says which, why and what to do."""
+
+
+@dataclass
+class RetryBudget:
+    """The seconds a client may still wait between retries; a wait that does not fit is skipped."""
+
+    seconds: float = math.inf
+    spent: float = 0.0
+
+    def spend(self, wait: float) -> bool:
+        if self.spent + wait > self.seconds:
+            return False
+        self.spent += wait
+        return True
+
+    def waited(self) -> str:
+        """`` after N s of retries`` for a message, or "" when nothing was waited."""
+        return f" after {self.spent:.0f} s of retries" if self.spent else ""
 
 
 @dataclass(frozen=True)
@@ -138,9 +162,13 @@ def _docker_config_auth(host: str, config: Path) -> Credentials | None:
     return Credentials(username, password) if username else None
 
 
+def _one_line(text: str) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= 200 else line[:199] + "…"  # noqa: PLR2004
+
+
 def _first_line(error: Exception) -> str:
-    text = str(error).splitlines()[0] if str(error) else type(error).__name__
-    return text if len(text) <= 200 else text[:199] + "…"  # noqa: PLR2004
+    return _one_line(str(error).splitlines()[0]) if str(error).strip() else type(error).__name__
 
 
 class Registry:
@@ -154,6 +182,7 @@ class Registry:
         session: requests.Session | None = None,
         retries: int = RETRIES,
         sleep: Callable[[float], None] = time.sleep,
+        retry_budget: float = math.inf,
     ) -> None:
         self.host = host
         self.base_url = f"{'http' if plain_http(host) else 'https'}://{host}"
@@ -161,6 +190,7 @@ class Registry:
         self.session = session or requests.Session()
         self.retries = retries
         self.sleep = sleep
+        self.budget = RetryBudget(retry_budget)  # the caller may replace it (per image)
         self.requests = 0  # sent, retries included: what a run cost
         self.retried = 0
         self._auth: dict[str, str] = {}  # "<name>:<actions>" -> Authorization header
@@ -255,7 +285,7 @@ class Registry:
             if response.status_code not in RETRIED_STATUSES or attempt == self.retries:
                 return response
             wait = _retry_after(response, BACKOFF_SECONDS * 2**attempt)
-            if wait > MAX_RETRY_AFTER_SECONDS:
+            if wait > MAX_RETRY_AFTER_SECONDS or not self.budget.spend(wait):
                 return response  # the caller says what the registry answered
             self.retried += 1
             self.sleep(wait)
@@ -274,9 +304,18 @@ class Registry:
                  "scope": params.get("scope", f"repository:{name}:{actions}")}  # fmt: skip
         auth = (self.credentials.username, self.credentials.password) if self.credentials else None
         response = self._request("GET", params["realm"], params=query, auth=auth)
+        answered = f"its token service {params['realm']} answered {response.status_code}"
+        answered += f" {response.reason}"
+        if response.status_code == _TOO_MANY_REQUESTS:
+            raise _rate_limited(f"the registry {self.host}'s token service {params['realm']} "
+                                f"answered 429 {response.reason}"
+                                f"{self.budget.waited()}")  # fmt: skip
+        if response.status_code >= _SERVER_ERROR:
+            raise RegistryError(f"the registry {self.host} could not authorize: {answered}"
+                                f"{self.budget.waited()}; the registry is in trouble, retry "
+                                "later")  # fmt: skip
         if not response.ok:
-            raise self._denied(f"its token service {params['realm']} answered "
-                               f"{response.status_code} {response.reason}")  # fmt: skip
+            raise self._denied(answered)
         try:
             document = response.json()
             token = document.get("token") or document.get("access_token")
@@ -297,12 +336,19 @@ class Registry:
             return
         if response.status_code == _UNAUTHORIZED:
             raise self._denied(f"{method} {name}:{ref} is still 401 with the credentials given")
+        if response.status_code == _TOO_MANY_REQUESTS:
+            raise _rate_limited(f"the registry {self.host} answered {method} {name}:{ref} with "
+                                f"429 {response.reason}{self.budget.waited()}")  # fmt: skip
         detail = _error_detail(response)
         raise RegistryError(
             f"the registry {self.host} answered {method} {name}:{ref} with "
             f"{response.status_code} {response.reason}{detail}: check the registry and the "
             "credentials' permissions"
         )
+
+
+def _rate_limited(what: str) -> RegistryError:
+    return RegistryError(f"{what}: rate-limited by the registry (HTTP 429), retry later")
 
 
 def _retry_after(response: requests.Response, backoff: float) -> float:
@@ -324,6 +370,7 @@ def _error_detail(response: requests.Response) -> str:
     try:
         errors = response.json().get("errors", [])
         first = errors[0]
-        return f" ({first.get('code')}: {first.get('message')})"
+        detail = _one_line(f"{first.get('code')}: {first.get('message')}")
     except (ValueError, AttributeError, IndexError, TypeError):
         return ""
+    return f" ({detail})"

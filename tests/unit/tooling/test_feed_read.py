@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from flatcar_feed import feed_entry, feed_from_tsv, lts_info_text
 
+from gdc import releases
 from gdc.coverage import LtsInfo, ReleaseError, covered_releases, parse_lts_info, read_feed
 from gdc.download import DownloadError, Limits, read_text
 from gdc.versions import Versions, parse_versions
@@ -204,3 +205,177 @@ def test_an_unreachable_host_and_an_http_error_are_one_line() -> None:
         pytest.raises(DownloadError, match="answered HTTP 404 Not Found"),
     ):
         read_text(url)
+
+
+# --- ambiguities: each is named in a note or refused, never resolved silently ------------------
+
+
+def _json(pairs: list[tuple[str, Any]]) -> str:
+    """A JSON object with the pairs in order, a key given twice if pairs repeat it."""
+    return "{" + ", ".join(f"{json.dumps(key)}: {json.dumps(value)}" for key, value in pairs) + "}"
+
+
+def _read(text: str, *channels: str) -> tuple[dict[str, tuple[str, ...]], Any, tuple[str, ...]]:
+    covered, excluded, notes = covered_releases(text, _versions(*channels), LTS)
+    return {c.version: c.streams for c in covered}, excluded, notes
+
+
+def test_an_identical_duplicate_key_is_read_once_with_a_note() -> None:
+    feed = feed_from_tsv()
+    text = _json([*feed.items(), ("4593.2.5", feed["4593.2.5"])])
+    covered, excluded, notes = _read(text)
+    assert covered["4593.2.5"] == ("stable",)
+    assert excluded == ()
+    [note] = notes
+    assert note == (
+        "the releases feed gives 1 key(s) twice, identically: one copy of each is "
+        'read: ["4593.2.5"]'
+    )
+
+
+def test_a_conflicting_duplicate_is_refused_naming_where() -> None:
+    feed = feed_from_tsv()
+    # The current stable release gives its kernel twice: its stream is excluded, not guessed.
+    entry = json.dumps(feed["4593.2.5"])
+    twice = entry.replace('"major_software": {', '"major_software": {"kernel": ["6.12.99"], ', 1)
+    text = _json(list(feed.items())).replace(f'"4593.2.5": {entry}', f'"4593.2.5": {twice}')
+    text = text.replace(f'"current": {entry}', f'"current": {twice}')
+    covered, excluded, _ = _read(text)
+    assert "4593.2.5" not in covered
+    assert [x.flatcar for x in excluded] == ["4593.2.5"]
+    assert excluded[0].reason.startswith(
+        'Flatcar 4593.2.5 (stable) gives ["major_software"]["kernel"] twice with different values '
+        "in the releases feed: which one is meant is ambiguous")  # fmt: skip
+    # A version key given twice with different entries: the same.
+    newer = feed_entry("beta", "2026-08-20", "6.12.103")
+    covered, excluded, _ = _read(_json([*feed.items(), ("4757.1.0", newer)]))
+    assert "4757.1.0" not in covered
+    assert "4757.1.0 (beta) is listed twice in the releases feed with different" in \
+        excluded[0].reason  # fmt: skip
+    # A marker given twice differently is ignored, with a note.
+    covered, _, notes = _read(_json([*feed.items(), ("current", feed["4459.2.1"])]))
+    assert covered["4593.2.5"] == ("stable",)
+    assert "gives its 'current' marker twice with different values: ignored" in notes[0]
+
+
+def test_a_version_far_above_the_feed_is_skipped_with_a_note() -> None:
+    feed = feed_from_tsv()
+    feed["45930.2.5"] = feed_entry("stable", "2026-09-01", "6.12.110")  # a typo of 4593.2.5
+    feed["999999999.0.0"] = feed_entry("alpha", "2026-09-01", "6.12.110")
+    covered, excluded, notes = _read(json.dumps(feed))
+    assert covered["4593.2.5"] == ("stable",)
+    assert covered["4790.0.0"] == ("alpha",)
+    assert excluded == ()
+    [note] = notes
+    assert note == (
+        "the releases feed has 2 version(s) more than 1000 majors above its other "
+        "releases, skipped as implausible (a typo?): 45930.2.5, 999999999.0.0"
+    )
+    # A feed of one far-off release alone (a test release, a mirror's own) is read as it is;
+    # an old stray version below the releases is harmless.
+    alone = {"9999.2.0": feed_entry("stable", "2026-11-20", "6.12.117"), "1.2.3": []}
+    assert _read(json.dumps(alone), "stable")[0] == {"9999.2.0": ("stable",)}
+
+
+def test_a_leading_zero_is_read_as_the_version_it_spells_with_a_note() -> None:
+    feed = feed_from_tsv()
+    feed["4593.02.6"] = feed_entry("stable", "2026-09-01", "6.12.110")
+    feed["4757.01.0"] = feed_entry("beta", "2026-09-01", "6.12.110")  # 4757.1.0 is there too
+    feed.pop("current")
+    covered, _, notes = _read(json.dumps(feed))
+    assert covered["4593.2.6"] == ("stable",)
+    assert covered["4757.1.0"] == ("beta",)  # its own entry, not the leading-zero one
+    assert notes[0] == (
+        "the releases feed has version key(s) with a leading zero, read as the "
+        "version they spell: '4593.02.6' as 4593.2.6"
+    )
+    assert notes[1] == (
+        "the releases feed has version key(s) with a leading zero, ignored: "
+        "'4757.01.0' (4757.1.0 is there too)"
+    )
+
+
+def test_a_channel_name_is_exact_and_a_near_miss_gets_a_note() -> None:
+    feed = feed_from_tsv()
+    feed["4593.2.6"] = feed_entry("Stable", "2026-09-01", "6.12.110")
+    feed["4790.0.1"] = feed_entry(" alpha", "2026-09-01", "6.12.110")
+    feed["4790.0.2"] = feed_entry("nightly", "2026-09-02", "6.12.110")  # not a near miss
+    covered, _, notes = _read(json.dumps(feed))
+    assert covered["4593.2.5"] == ("stable",)
+    assert covered["4790.0.0"] == ("alpha",)
+    [note] = notes
+    assert note == (
+        "2 feed entries name a channel that differs from a known one only in case or "
+        "spaces, and count as no channel (channel names are exact): 4593.2.6 "
+        "'Stable', 4790.0.1 ' alpha'"
+    )
+
+
+def test_a_release_listing_two_kernels_is_refused() -> None:
+    feed = feed_from_tsv()
+    feed["4790.0.1"] = feed_entry("alpha", "2026-08-20", "6.12.103")
+    feed["4790.0.1"]["major_software"]["kernel"] = ["6.12.103", "6.12.104"]
+    covered, excluded, _ = _read(json.dumps(feed))
+    assert "4790.0.0" not in covered  # no silent fallback to the previous alpha either
+    assert excluded[0].reason.startswith(
+        "Flatcar 4790.0.1 (alpha) lists 2 kernels in the releases feed (major_software.kernel: "
+        "'6.12.103', '6.12.104'): which one its nodes boot is ambiguous")  # fmt: skip
+    feed["4790.0.1"]["major_software"]["kernel"] = ["6.12.103", "6.12.103"]  # one kernel, twice
+    assert _read(json.dumps(feed))[0]["4790.0.1"] == ("alpha",)
+
+
+FULLWIDTH_SIX = "\uff16"  # str.isdigit() says yes
+
+
+@pytest.mark.parametrize("kernel", ["", "junk", "6", "6.12.102 ", f"{FULLWIDTH_SIX}.12.102", 6.12,
+                                    None, "6.12.102-" + "x" * 64])  # fmt: skip
+def test_a_kernel_that_is_not_a_kernel_release_is_refused(kernel: object) -> None:
+    feed = feed_from_tsv()
+    feed["4790.0.1"] = feed_entry("alpha", "2026-08-20", "6.12.103")
+    feed["4790.0.1"]["major_software"]["kernel"] = [kernel]
+    covered, excluded, _ = _read(json.dumps(feed))
+    assert "4790.0.1" not in covered
+    [exclusion] = excluded
+    assert exclusion.flatcar == "4790.0.1"
+    assert "in the releases feed (major_software.kernel) that is not a kernel release" in \
+        exclusion.reason  # fmt: skip
+
+
+# --- every error of a feed or lts-info read is one line ----------------------------------------
+
+LOOP = b"HTTP/1.1 308 Permanent Redirect\r\nLocation: /releases.json\r\nContent-Length: 0\r\n\r\n"
+
+
+BROKEN_ANSWERS = {
+    "redirect-loop": LOOP,
+    "redirect-elsewhere": (
+        b"HTTP/1.1 302 Found\r\nLocation: ftp://elsewhere/x\r\nContent-Length: 0\r\n\r\n"
+    ),
+    "folded-status": b"HTTP/1.1 500 Internal\r\n Server Error\r\nContent-Length: 0\r\n\r\n",
+    "bad-status-line": b"HTTP/1.1 OK-ish\r\n\r\n",
+    "short": _response(b'{"a":', length=100),
+    "not-utf8": _response(b'{"\xff": 1}'),
+    "gzip-cut": _response(gzip.compress(b"{}")[:-6]),
+    "gzip-damaged": _response(b"\x1f\x8bnot gzip"),
+    "closed": b"",
+}
+
+
+@pytest.mark.parametrize("answer", BROKEN_ANSWERS.values(), ids=BROKEN_ANSWERS.keys())
+def test_every_feed_and_lts_info_error_is_one_line(answer: bytes) -> None:
+    with raw_server(answer) as url:
+        with pytest.raises(ReleaseError) as error:
+            releases.load_feed(url)
+        info = releases.lts_info({}, override=url)
+    for message in (str(error.value), info.unavailable):
+        assert message, answer
+        assert "\n" not in message, message
+
+
+def test_a_redirect_loop_says_so() -> None:
+    with raw_server(LOOP) as url, pytest.raises(DownloadError) as error:
+        read_text(url)
+    assert str(error.value) == (
+        f"{url} redirects in a loop (HTTP 308, more than 10 redirects or the same URL again): "
+        "check the URL or the mirror's redirects"
+    )

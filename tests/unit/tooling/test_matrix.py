@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -284,3 +287,45 @@ def test_the_table_lists_releases_images_exclusions_and_notes() -> None:
     assert table[11].startswith("*        *       4790.0.1  *     Flatcar 4790.0.1 (alpha) has no")
     assert table[13] == "Notes (1):"
     assert table[14].startswith("- the releases feed has 1 key(s) that are neither a version")
+
+
+# --- invoke matrix on a malformed feed: one line, exit 1, no traceback -------------------------
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.mark.parametrize("kernel", ["", "junk", "6.", ["6.12.102"], "6.12.102; rm -rf /"])
+def test_invoke_matrix_on_a_malformed_kernel_is_one_line_naming_the_release_and_field(
+    tmp_path: Path, kernel: object
+) -> None:
+    """The current stable release is the only one wanted, and its kernel does not parse."""
+    feed = feed_from_tsv()
+    feed["4593.2.5"]["major_software"]["kernel"] = [kernel]
+    feed = with_markers(feed)
+    (tmp_path / "releases.json").write_text(json.dumps(feed))
+    (tmp_path / "versions.toml").write_text(
+        '[images]\nchannels = ["stable"]\narches = ["amd64"]\n'
+        f'[drivers."610.57.04"]\nsha256 = {{ amd64 = "{SUM}" }}\n'
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "invoke", "--search-root", str(ROOT), "matrix",
+         "--versions-file", str(tmp_path / "versions.toml"),
+         "--releases-url", (tmp_path / "releases.json").as_uri()],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout
+    assert "Traceback" not in result.stderr
+    [line] = result.stderr.splitlines()
+    assert line.startswith("invoke matrix: the releases feed covers none of the channels")
+    assert "Flatcar 4593.2.5 (stable) has a kernel" in line
+    assert "(major_software.kernel) that is not a kernel release" in line
+
+
+def test_a_malformed_kernel_of_one_stream_excludes_that_stream_and_no_other() -> None:
+    feed = feed_from_tsv()
+    feed["4790.0.0"]["major_software"]["kernel"] = ["junk"]
+    built = _build(feed, _versions())
+    assert {c.version for c in built.releases} == {"4081.3.10", "4593.2.5", "4757.1.0"}
+    [exclusion] = [x for x in built.excluded if x.flatcar == "4790.0.0"]
+    assert exclusion.reason.startswith("Flatcar 4790.0.0 (alpha) has a kernel 'junk' in the "
+                                       "releases feed (major_software.kernel)")  # fmt: skip

@@ -6,6 +6,7 @@ import itertools
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from flatcar_feed import feed_entry, feed_from_tsv, lts_info_text, with_markers
 from invoke.context import MockContext
 from invoke.exceptions import Exit
 from invoke.runners import Result
-from oci_registry import OCIRegistry
+from oci_registry import IMAGE, INDEX, OCIRegistry
 
 from gdc import inputs, matrix, publish
 from gdc.coverage import LtsInfo, parse_lts_info
@@ -32,6 +33,7 @@ NAME = "gdc/driver"
 BUILD = "610.57.04-flatcar"
 KERNEL_IMAGE = "610.57.04-flatcar4593.2.5"  # the first tag of the 6.12.102 image
 LTS_IMAGE = "610.57.04-flatcar4081.3.10"
+PINNED = "debian@sha256:" + "1" * 64
 
 
 # The archives every image needs, recorded (versions.toml's [drivers."<version>".redist]).
@@ -65,6 +67,7 @@ class FakeBuilder:
     built: list[str] = field(default_factory=list)  # "<first tag> <arch>"
     failing: set[str] = field(default_factory=set)  # first tags whose build fails
     previous: dict[str, str] = field(default_factory=dict)  # "<first tag> <arch>" -> seed
+    amd64_only: set[str] = field(default_factory=set)  # first tags built for amd64 on any arch
 
     def base(self, image: Image, arch: str) -> Base:  # noqa: ARG002 - one base for all
         return Base("debian@sha256:" + "1" * 64, "sha256:" + "1" * 64)
@@ -88,7 +91,8 @@ class FakeBuilder:
         labels = {inputs.INPUTS_LABEL: inputs.to_label(self.inputs(image, arch, base))}
         # Every build is a new image, as a real one is (its config has the build's date).
         label = f"{first} build {len(self.built)}"
-        self.registry.add_image(NAME, [image.staging_tag(arch)], (arch,), index=False,
+        made = "amd64" if first in self.amd64_only else arch  # a runner of the wrong arch
+        self.registry.add_image(NAME, [image.staging_tag(arch)], (made,), index=False,
                                 labels=labels, label=label)  # fmt: skip
 
 
@@ -366,7 +370,8 @@ def test_a_dry_run_prints_the_plan_changes_nothing_and_counts_failures(
     assert builder.built == []
     assert [method for method, _, _ in registry.log if method == "PUT"] == []
     assert said[1] == (
-        "[1/3] would build in 1.0 s: amd64: not in the registry; arm64: not in the registry"
+        "[1/3] would build in 1.0 s: amd64: not in the registry; arm64: not in the registry; "
+        "then all 3 tags set"
     )
     assert publish.failures(outcomes) == []
     table = publish.summary(outcomes, covered.excluded, "r").splitlines()
@@ -390,6 +395,152 @@ def test_the_summary_lists_outcomes_exclusions_notes_and_counts(registry: OCIReg
     assert any(line.startswith("excluded  * * for Flatcar 4593.2.6") for line in lines)
     assert "note: a note" in lines
     assert lines[-1].startswith("built 1, failed 1, excluded")
+
+
+# --- what is merged is what a node of each arch runs -------------------------------------------
+
+
+def _restage(registry: OCIRegistry, tag: str, made: str, variant: str = "") -> None:
+    """Put a made-arch image under tag, with the labels (build inputs) of the one there."""
+    stored = registry.manifests[NAME][tag]
+    config = json.loads(registry.blobs[json.loads(stored.body)["config"]["digest"]])
+    registry.add_image(NAME, [tag], (made,), index=False, labels=config["config"]["Labels"],
+                       variant=variant)  # fmt: skip
+
+
+KERNEL_ARM64 = "610.57.04-6.12.102-flatcar-arm64"  # the 6.12.102 image's arm64 staging tag
+
+
+def test_another_arch_s_image_under_a_staging_tag_is_rebuilt_not_up_to_date(
+    registry: OCIRegistry,
+) -> None:
+    builder = FakeBuilder(registry)
+    _publish(registry, builder, _matrix(registry))
+    before = registry.tags(NAME)[KERNEL_IMAGE]
+    _restage(registry, KERNEL_ARM64, "amd64")  # the same build inputs, the wrong arch
+    builder.built.clear()
+    outcomes, _ = _publish(registry, builder, _matrix(registry))
+    assert builder.built == [f"{KERNEL_IMAGE} arm64"]
+    assert builder.previous[f"{KERNEL_IMAGE} arm64"] == ""  # an amd64 image has no packages
+    assert outcomes[2].detail.startswith("arm64: the staged image is not one for arm64 (it is a "
+                                         "linux/amd64 image, not linux/arm64/v8)")  # fmt: skip
+    assert Registry(registry.host).platforms(NAME, KERNEL_IMAGE) == {"linux/amd64",
+                                                                     "linux/arm64"}  # fmt: skip
+    assert registry.tags(NAME)[KERNEL_IMAGE] != before
+    # An index under a staging tag (a multi-arch push to the wrong tag): rebuilt too.
+    registry.add_image(NAME, [KERNEL_ARM64], ("amd64", "arm64"))
+    builder.built.clear()
+    outcomes, _ = _publish(registry, builder, _matrix(registry))
+    assert builder.built == [f"{KERNEL_IMAGE} arm64"]
+    assert "(it is an image index, not one arch's image)" in outcomes[2].detail
+
+
+def test_a_build_that_pushes_another_arch_fails_that_image_only(registry: OCIRegistry) -> None:
+    builder = FakeBuilder(registry, amd64_only={KERNEL_IMAGE})
+    outcomes, _ = _publish(registry, builder, _matrix(registry))
+    assert _statuses(outcomes) == [(BUILD, "built"), (LTS_IMAGE, "built"),
+                                   (KERNEL_IMAGE, "failed")]  # fmt: skip
+    assert outcomes[2].detail == (
+        f"amd64: not in the registry; arm64: built and pushed, but {KERNEL_ARM64} in the "
+        "registry is not what was built (it is a linux/amd64 image, not linux/arm64/v8): not "
+        "merged; check the build's platform and that no other job pushes that tag"
+    )
+    assert KERNEL_IMAGE not in registry.tags(NAME)  # never merged
+    # Never "up to date" either: the next run builds it again, and fails again.
+    builder.built.clear()
+    again, _ = _publish(registry, builder, _matrix(registry))
+    assert builder.built == [f"{KERNEL_IMAGE} arm64"]
+    assert _statuses(again)[2] == (KERNEL_IMAGE, "failed")
+    builder.amd64_only.clear()
+    fixed, _ = _publish(registry, builder, _matrix(registry))
+    assert _statuses(fixed)[2] == (KERNEL_IMAGE, "built")
+
+
+def test_a_merge_only_run_refuses_a_wrong_arch_or_stale_staged_image(
+    registry: OCIRegistry,
+) -> None:
+    builder = FakeBuilder(registry)
+    covered = _matrix(registry)
+    _publish(registry, builder, covered, step=Step.STAGE)
+    _restage(registry, KERNEL_ARM64, "arm64", variant="v7")  # 32-bit arm on an arm64 tag
+    merged, _ = _publish(registry, builder, covered, step=Step.MERGE)
+    assert _statuses(merged) == [(BUILD, "tagged"), (LTS_IMAGE, "tagged"),
+                                 (KERNEL_IMAGE, "failed")]  # fmt: skip
+    assert merged[2].detail == (
+        f"the arm64 image under {KERNEL_ARM64} is not what this run would merge (it is a "
+        "linux/arm64/v7 image, not linux/arm64/v8): not merged; stage it again"
+    )
+    assert KERNEL_IMAGE not in registry.tags(NAME)
+    _restage(registry, KERNEL_ARM64, "arm64", variant="v8")  # as dockerd writes it: fine
+    merged, _ = _publish(registry, builder, covered, step=Step.MERGE)
+    assert _statuses(merged)[2] == (KERNEL_IMAGE, "tagged")
+    # Staged by an older commit (another entrypoint): refused, and so are the precompiled
+    # images on that build image.
+    builder.entrypoint = "v2"
+    stale, _ = _publish(registry, builder, covered, step=Step.MERGE)
+    assert [o.status for o in stale] == [Status.FAILED] * 3
+    assert stale[0].detail == (
+        "the amd64 image under 610.57.04-flatcar-amd64 is not what this run would merge (the "
+        "entrypoint changed): not merged; stage it again"
+    )
+    assert stale[1].detail.startswith("its build image failed on amd64 (the amd64 image under")
+
+
+def test_a_tag_whose_index_lists_other_platforms_is_not_up_to_date(registry: OCIRegistry) -> None:
+    builder = FakeBuilder(registry)
+    _publish(registry, builder, _matrix(registry))
+    good = registry.tags(NAME)[BUILD]
+    amd64 = registry.tags(NAME)["610.57.04-flatcar-amd64"]
+    listed = [{"mediaType": IMAGE, "digest": amd64, "size": 1,
+               "platform": {"os": "linux", "architecture": arch}}
+              for arch in ("amd64", "arm64")]  # fmt: skip
+    twice = {"schemaVersion": 2, "mediaType": INDEX, "manifests": listed}
+    registry.put(NAME, [BUILD], INDEX, json.dumps(twice).encode())  # amd64 listed as arm64
+    outcomes, _ = _publish(registry, builder, _matrix(registry))
+    assert (outcomes[0].status, outcomes[0].detail) == (Status.TAGGED, "1 of 3 tags set")
+    assert registry.tags(NAME)[BUILD] == good
+
+
+# --- retry budgets -----------------------------------------------------------------------------
+
+
+class ThrottledPuts(OCIRegistry):
+    """Answers every manifest PUT with 429 and Retry-After: 60 while throttling."""
+
+    throttling = False
+
+    def answer(self, handler: BaseHTTPRequestHandler, method: str) -> None:
+        if method != "PUT" or not self.throttling:
+            super().answer(handler, method)
+            return
+        handler.rfile.read(int(handler.headers.get("Content-Length", "0")))
+        handler.send_response(429)
+        for key, value in (("Retry-After", "60"), ("Content-Length", "0")):
+            handler.send_header(key, value)
+        handler.end_headers()
+
+
+def test_a_rate_limited_image_fails_within_its_retry_budget_saying_so() -> None:
+    with ThrottledPuts() as registry:
+        builder = FakeBuilder(registry)
+        _publish(registry, builder, _matrix(registry), step=Step.STAGE)
+        registry.throttling = True
+        waits: list[float] = []
+        client = Registry(registry.host, sleep=waits.append)
+        outcomes = publish.publish(_matrix(registry), client, Repository(registry.host, NAME),
+                                   builder, step=Step.MERGE, say=lambda _line: None)  # fmt: skip
+        assert waits == [60.0, 60.0] * 3  # 120 s an image, not 4 retries of 60 s per request
+        assert {o.status for o in outcomes} == {Status.FAILED}
+        assert outcomes[0].detail == (
+            f"the registry {registry.host} answered PUT {NAME}:{BUILD} with 429 Too Many "
+            "Requests after 120 s of retries: rate-limited by the registry (HTTP 429), retry later"
+        )
+        waits.clear()
+        short = publish.publish(_matrix(registry), client, Repository(registry.host, NAME),
+                                builder, step=Step.MERGE, say=lambda _line: None,
+                                retry_budget=0)  # fmt: skip
+        assert waits == []
+        assert "rate-limited by the registry (HTTP 429), retry later" in short[0].detail
 
 
 # --- through invoke, with a fake dockerd that pushes into the loopback registry ----------------
@@ -624,3 +775,49 @@ def test_invoke_matrix_prints_json_a_table_or_the_github_output(
     with pytest.raises(Exit, match="invoke matrix: cannot read the Flatcar releases feed"):
         tasks.matrix_(MockContext(), github_output=True, releases_url=(tmp_path / "x").as_uri())
     assert output.read_text().count("json=") == 1
+
+
+def _no_dockerd(_host: str, _multi: bool) -> RegistryDocker:
+    raise DockerError("connecting to dockerd failed: no such file or directory")
+
+
+def test_a_dry_run_needs_no_dockerd_and_prints_the_plan(
+    c: MockContext, registry: OCIRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: Any,
+) -> None:  # fmt: skip
+    monkeypatch.setattr(tasks, "connect_docker", _no_dockerd)
+    versions, feed = _files(tmp_path, ("amd64", "arm64"))
+    # The Dockerfile's base image, pinned by digest.
+    tasks.publish(c, registry=f"{registry.host}/gdc", versions_file=versions, releases_url=feed,
+                  dry_run=True)  # fmt: skip
+    out = capsys.readouterr().out
+    assert "dockerd" not in out
+    assert "[1/2] would build in " in out
+    assert ": amd64: not in the registry; arm64: not in the registry; then all 2 tags set" in out
+    assert out.splitlines()[-2] == "would build 2"
+    # A real run does need dockerd, and says so.
+    with pytest.raises(Exit, match=r"connecting to dockerd failed: .*; nothing was built"):
+        tasks.publish(c, registry=f"{registry.host}/gdc", versions_file=versions,
+                      releases_url=feed)  # fmt: skip
+    # Once published, a base image by tag has no digest to compare without dockerd: each build
+    # image says so for each arch (in its progress line and in the summary), and the plan goes on.
+    monkeypatch.setattr(tasks, "connect_docker", lambda _host, _multi: RegistryDocker(registry))
+    tasks.publish(c, registry=f"{registry.host}/gdc", versions_file=versions, releases_url=feed,
+                  base_image=PINNED)  # fmt: skip
+    monkeypatch.setattr(tasks, "connect_docker", _no_dockerd)
+    tasks.publish(c, registry=f"{registry.host}/gdc", versions_file=versions, releases_url=feed,
+                  dry_run=True, base_image=PINNED)  # fmt: skip
+    assert capsys.readouterr().out.splitlines()[-2] == "skipped 2"
+    tasks.publish(c, registry=f"{registry.host}/gdc", versions_file=versions, releases_url=feed,
+                  dry_run=True, base_image="debian:trixie-slim")  # fmt: skip
+    out = capsys.readouterr().out
+    assert out.count("the base image debian:trixie-slim is not pinned by digest and a dry run "
+                     "asks no dockerd, so whether it changed is unknown: pin it") == 4  # fmt: skip
+    assert "arm64: its build image would be built first" in out
+    assert out.splitlines()[-2] == "would build 2"
+
+
+def test_invoke_publish_checks_the_retry_budget_before_any_network(c: MockContext) -> None:
+    with pytest.raises(Exit, match="--retry-budget -1 is negative"):
+        tasks.publish(c, registry="127.0.0.1:9/gdc", retry_budget=-1,
+                      releases_url="http://127.0.0.1:9/releases.json")  # fmt: skip

@@ -6,6 +6,7 @@ import base64
 import json
 import socket
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from oci_registry import INDEX, OCIRegistry
 from gdc.registry import (
     MANIFEST_ACCEPT,
     Credentials,
+    Manifest,
     Registry,
     RegistryError,
     Repository,
@@ -22,6 +24,12 @@ from gdc.registry import (
 )
 
 NAME = "gdc/driver"
+CONFIG_DIGEST = "sha256:" + "2" * 64
+IMAGE_MANIFEST = Manifest(
+    "application/vnd.oci.image.manifest.v1+json",
+    json.dumps({"config": {"digest": CONFIG_DIGEST}}).encode(),
+    "sha256:" + "3" * 64,
+)
 PASSWORD = "s3cret"  # noqa: S105 - the loopback registry's
 
 
@@ -162,3 +170,88 @@ def test_credentials_come_from_the_environment_then_docker_config(tmp_path: Path
     assert credentials_for("ghcr.io", {"DOCKER_CONFIG": str(tmp_path)}) == Credentials(
         "docker-user", "docker-pass"
     )
+
+
+class TokenService(OCIRegistry):
+    """A ghcr.io-like registry whose token service answers with status (and Retry-After: 1)."""
+
+    token_status = 429
+
+    def _token(self, handler: BaseHTTPRequestHandler, query: dict[str, list[str]]) -> None:  # noqa: ARG002
+        handler.send_response(self.token_status)
+        for key, value in (("Retry-After", "1"), ("Content-Length", "0")):
+            handler.send_header(key, value)
+        handler.end_headers()
+
+
+def test_a_rate_limited_token_service_is_a_rate_limit_not_a_credentials_problem() -> None:
+    with TokenService(username="me", password=PASSWORD) as server:
+        waits: list[float] = []
+        client = Registry(server.host, credentials=Credentials("me", PASSWORD),
+                          sleep=waits.append, retry_budget=2)  # fmt: skip
+        with pytest.raises(RegistryError) as error:
+            client.digest(NAME, "t")
+        assert waits == [1.0, 1.0]  # within the budget, then the answer stands
+        assert str(error.value) == (
+            f"the registry {server.host}'s token service http://{server.host}/token answered "
+            "429 Too Many Requests after 2 s of retries: rate-limited by the registry (HTTP "
+            "429), retry later"
+        )
+        server.token_status = 503
+        with pytest.raises(RegistryError, match="the registry is in trouble, retry later"):
+            Registry(server.host, credentials=Credentials("me", PASSWORD),
+                     sleep=waits.append).digest(NAME, "t")  # fmt: skip
+
+
+# --- every error is one line -------------------------------------------------------------------
+
+
+class Broken(OCIRegistry):
+    """Answers /v2 requests with a fixed status, body and headers."""
+
+    answer_with: tuple[int, bytes, dict[str, str]] = (500, b"", {})
+
+    def answer(self, handler: BaseHTTPRequestHandler, method: str) -> None:
+        if not handler.path.startswith("/v2/"):
+            super().answer(handler, method)
+            return
+        handler.rfile.read(int(handler.headers.get("Content-Length", "0")))
+        status, body, headers = self.answer_with
+        handler.send_response(status)
+        for key, value in {**headers, "Content-Length": str(len(body))}.items():
+            handler.send_header(key, value)
+        handler.end_headers()
+        if method != "HEAD":
+            handler.wfile.write(body)
+
+
+TWO_LINES = b'{"errors":[{"code":"UNAVAILABLE","message":"down\\nfor maintenance\\n\\tback soon"}]}'
+
+
+@pytest.mark.parametrize(
+    ("answer", "call"),
+    [
+        ((500, TWO_LINES, {}), "manifest"),
+        ((503, TWO_LINES, {"Retry-After": "3600"}), "manifest"),
+        ((429, b"", {"Retry-After": "1"}), "put"),
+        ((401, b"", {"WWW-Authenticate": "Negotiate"}), "manifest"),
+        ((401, b"", {"WWW-Authenticate": 'Bearer realm="http://127.0.0.1:9/token"'}), "manifest"),
+        ((404, b"", {}), "config"),
+        ((200, b"not json", {"Content-Type": "application/octet-stream"}), "config"),
+    ],
+)
+def test_every_registry_error_is_one_line(answer: tuple[int, bytes, dict[str, str]],
+                                          call: str) -> None:  # fmt: skip
+    with Broken() as server:
+        server.answer_with = answer
+        client = Registry(server.host, sleep=lambda _seconds: None, retry_budget=1)
+        calls = {
+            "manifest": lambda: client.manifest(NAME, "t"),
+            "put": lambda: client.put_manifest(NAME, "t", IMAGE_MANIFEST),
+            "config": lambda: client.config(NAME, IMAGE_MANIFEST),
+        }
+        with pytest.raises(RegistryError) as error:
+            calls[call]()
+    message = str(error.value)
+    assert "\n" not in message, message
+    assert message.startswith(f"the registry {server.host}") or "cannot reach" in message

@@ -79,3 +79,25 @@ def test_a_failing_invoke_matrix_fails_its_step(tmp_path: Path, name: str, scrip
     assert result.returncode != 0, f"{name} passed although invoke matrix failed"
     assert "matrix failed" in result.stderr
     assert not output.exists() or "json=" not in output.read_text()
+
+
+def _document(name: str) -> dict[str, Any]:
+    return dict(yaml.safe_load((WORKFLOWS[0].parent / name).read_text()))
+
+
+def test_the_nightly_runs_one_at_a_time_queued_not_cancelled() -> None:
+    """Two nightly runs must never stage or merge at once: one workflow-level group for all."""
+    document = _document("nightly.yml")
+    concurrency = document.get("concurrency")
+    assert isinstance(concurrency, dict), "nightly.yml needs a workflow-level concurrency group"
+    assert concurrency.get("cancel-in-progress") is False  # queue: a cancelled merge half-tags
+    group = str(concurrency.get("group", ""))
+    # The same group for every run: a run id, a ref or a SHA in it would let two runs overlap.
+    assert group, "the concurrency group is empty"
+    for varying in ("run_id", "run_number", "run_attempt", "github.ref", "github.sha",
+                    "github.event"):  # fmt: skip
+        assert varying not in group, f"{group!r} differs between runs ({varying})"
+    # A job in the workflow's own group would wait for its own run forever.
+    for name, job in document["jobs"].items():
+        job_group = (job.get("concurrency") or {}).get("group", "")
+        assert job_group != group, f"job {name} takes the workflow's group {group!r}"
