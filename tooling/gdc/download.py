@@ -18,6 +18,7 @@ import urllib.request
 import zlib
 from dataclasses import dataclass
 
+from nvidia_driver.safetext import shown
 from nvidia_driver.sources.exchange import Budget, ExchangeError, PastDeadlineError, handlers
 
 DEADLINE_SECONDS = 120.0
@@ -50,14 +51,14 @@ def read_text(url: str, limits: Limits = Limits()) -> str:
     except ExchangeError as exc:
         raise DownloadError(_over_budget(url, exc, limits, started)) from None
     except urllib.error.HTTPError as exc:
-        raise DownloadError(f"{url} answered HTTP {exc.code} {exc.reason}") from None
+        raise DownloadError(f"{url} answered HTTP {exc.code} {shown(exc.reason)}") from None
     except urllib.error.URLError as exc:
-        raise DownloadError(f"cannot reach {url}: {exc.reason}") from None
+        raise DownloadError(f"cannot reach {url}: {shown(str(exc.reason))}") from None
     except http.client.IncompleteRead as exc:
         raise DownloadError(f"{url}: the connection closed after {len(exc.partial)} bytes, "
                             "before the whole body arrived") from None  # fmt: skip
     except (http.client.HTTPException, OSError) as exc:
-        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        detail = shown(str(exc)) or type(exc).__name__  # the server's words, on one line
         raise DownloadError(f"reading {url} failed: {type(exc).__name__}: {detail}") from None
     if body.startswith(_GZIP_MAGIC):
         body = _inflate(url, body, limits.max_bytes)

@@ -42,6 +42,7 @@ from typing import IO, Protocol, TypeVar
 
 from nvidia_driver.errors import DriverError
 from nvidia_driver.log import warn
+from nvidia_driver.safetext import check, shown
 from nvidia_driver.sources.exchange import (
     Budget,
     ExchangeError,
@@ -188,7 +189,7 @@ class Opened:
         except ExchangeError as exc:
             raise _over_budget(self.url, exc, self._limits) from None
         except (OSError, http.client.HTTPException) as exc:
-            raise TransientError(f"download of {self.url} broke off: {exc}") from exc
+            raise TransientError(f"download of {self.url} broke off: {shown(str(exc))}") from exc
         return chunk
 
     def check_complete(self, size: int) -> None:
@@ -283,6 +284,7 @@ class Downloader:
         return self.transfer(url, read)
 
     def _check_scheme(self, url: str) -> None:
+        check(url, "the URL", "check the base URL variables")  # it is logged, then requested
         if urllib.parse.urlsplit(url).scheme not in SCHEMES:
             raise DriverError(f"cannot download {url}: only http, https and file URLs work")
 
@@ -306,9 +308,9 @@ class Downloader:
         except urllib.error.URLError as exc:
             if isinstance(exc.reason, FileNotFoundError):  # file:// URLs
                 raise not_found(url, "no such file", self.missing) from None
-            raise TransientError(f"cannot reach {url}: {exc.reason}") from exc
+            raise TransientError(f"cannot reach {url}: {shown(str(exc.reason))}") from exc
         except (OSError, http.client.HTTPException) as exc:
-            raise TransientError(f"cannot reach {url}: {exc}") from exc
+            raise TransientError(f"cannot reach {url}: {shown(str(exc))}") from exc
         length = _content_length(response.headers.get("Content-Length"))
         return Opened(url, response, length, budget, limits)
 
@@ -336,7 +338,7 @@ class _RedirectPolicy(urllib.request.HTTPRedirectHandler):
         if refusal is not None:
             fp.close()
             raise DriverError(
-                f"refusing the redirect of {req.full_url} to {newurl}: {refusal}; "
+                f"refusing the redirect of {req.full_url} to {shown(newurl)}: {refusal}; "
                 f"{REDIRECT_HOSTS_ENV} lists the hosts redirects may go to"
             )
         return super().redirect_request(req, fp, code, msg, headers, newurl)
@@ -356,7 +358,8 @@ def _connection_of(body: _Body) -> socket.socket | None:
         return None
 
 
-def _http_failure(url: str, code: int, reason: str, missing: str) -> Exception:
+def _http_failure(url: str, code: int, status: str, missing: str) -> Exception:
+    reason = shown(status)  # the server's own words
     if code in NOT_FOUND:
         return not_found(url, f"HTTP {code}", missing)
     if code in RETRYABLE or code >= HTTPStatus.INTERNAL_SERVER_ERROR:
