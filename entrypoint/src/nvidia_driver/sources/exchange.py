@@ -278,31 +278,29 @@ class BudgetedHTTPSConnection(BudgetedHTTPConnection, http.client.HTTPSConnectio
         self.sock = DeadlineSocket(self.sock, self.budget)
 
 
-class _HTTPHandler(urllib.request.HTTPHandler):
+class _BudgetedHandler(urllib.request.HTTPHandler, urllib.request.HTTPSHandler):
+    """Opens http and https URLs (in place of urllib's two handlers) within one budget."""
+
     def __init__(self, budget: Budget) -> None:
         super().__init__()
         self._budget = budget
 
     def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-        def connection(host: str, **options: Any) -> http.client.HTTPConnection:
-            return BudgetedHTTPConnection(host, budget=self._budget, **options)
-
-        return self.do_open(connection, req)
-
-
-class _HTTPSHandler(urllib.request.HTTPSHandler):
-    def __init__(self, budget: Budget) -> None:
-        super().__init__()
-        self._budget = budget
+        return self.do_open(self._connections(BudgetedHTTPConnection), req)
 
     def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-        def connection(host: str, **options: Any) -> http.client.HTTPConnection:
-            return BudgetedHTTPSConnection(host, budget=self._budget, **options)
-
         # http.client makes its default context (certificates verified, ALPN http/1.1).
-        return self.do_open(connection, req)
+        return self.do_open(self._connections(BudgetedHTTPSConnection), req)
+
+    def _connections(
+        self, kind: type[BudgetedHTTPConnection]
+    ) -> Callable[..., http.client.HTTPConnection]:
+        def connection(host: str, **options: Any) -> http.client.HTTPConnection:
+            return kind(host, budget=self._budget, **options)
+
+        return connection
 
 
 def handlers(budget: Budget) -> tuple[urllib.request.BaseHandler, ...]:
     """urllib handlers (for ``build_opener``) whose connections all keep ``budget``."""
-    return _HTTPHandler(budget), _HTTPSHandler(budget)
+    return (_BudgetedHandler(budget),)
