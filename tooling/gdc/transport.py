@@ -12,6 +12,7 @@ alive get a new budget with each request.
 from __future__ import annotations
 
 import socket
+import time
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -132,7 +133,7 @@ class _DeadlineAdapter(requests.adapters.HTTPAdapter):
         cert: Any = None,
         proxies: Any = None,
     ) -> requests.Response:
-        budget = Budget.lasting(self.limits.deadline, self.limits.timeout)
+        budget = Budget(time.monotonic() + self.limits.deadline, self.limits.timeout)
         token = _BUDGET.set(budget)
         try:
             response = super().send(request, stream, timeout, verify, cert, proxies)

@@ -2,17 +2,18 @@
 
 A read timeout alone bounds nothing: a server that sends one header byte a second never lets
 it fire. So every socket operation of an exchange waits at most ``min(read timeout, time
-left)`` (:class:`DeadlineSocket`); past the deadline it raises :class:`PastDeadlineError`. Every
-byte moved counts towards the minimum rate, checked over each window from the first byte to
-the last (:class:`TooSlowError`), and the response head (status lines and headers, redirects and
-1xx answers included) is bounded in bytes (:class:`HeadTooLargeError`), on top of http.client's own
-bounds (100 headers, 64 KiB a line). Name resolution is bounded by the resolver's own
-timeouts (resolv.conf), not here.
+left)`` (:class:`DeadlineSocket`), and past the deadline raises :class:`PastDeadlineError`.
+Every byte moved counts towards the minimum rate, checked over each window from the first
+byte to the last (:class:`TooSlowError`), and each response head (status line and headers,
+those of redirects and 1xx answers too) is bounded in bytes (:class:`HeadTooLargeError`), on
+top of http.client's own bounds (100 headers, 64 KiB a line). Name resolution is bounded by
+the resolver's own timeouts (resolv.conf), not here.
 
-The HTTP libraries (urllib, http.client, urllib3) pass these errors on unchanged, since they are
-not OSErrors, and close the connection; each client words them (the URL, the variable to
+The HTTP libraries (urllib, http.client, urllib3) pass these errors on unchanged, since they
+are not OSErrors, and close the connection; each client words them (the URL, the variable to
 raise). :func:`handlers` gives urllib's openers connections that keep a budget; the tooling's
-requests transport uses :class:`DeadlineSocket` and :func:`connect` the same way.
+requests transport (tooling/gdc/transport.py) uses :class:`DeadlineSocket` and
+:func:`connect` the same way.
 """
 
 from __future__ import annotations
@@ -68,11 +69,6 @@ class Budget:
     _since: float = field(init=False)
     _moved: int = 0  # bytes in the current window
     _head: int | None = None  # bytes of the response head being read; None outside one
-
-    @classmethod
-    def lasting(cls, seconds: float, timeout: float, **rate: Any) -> Budget:
-        clock = rate.get("clock", time.monotonic)
-        return cls(clock() + seconds, timeout, **rate)
 
     def __post_init__(self) -> None:
         self._since = self.clock()
@@ -180,16 +176,12 @@ class DeadlineSocket:
         while view:
             view = view[self.send(view, flags) :]
 
-    def makefile(self, mode: str = "r", buffering: int | None = None, **_: Any) -> io.IOBase:
-        """A binary reader or writer over this socket (what http.client and urllib3 ask for)."""
-        if "b" not in mode:
-            raise ValueError(f"only binary files of a DeadlineSocket, not {mode!r}")
+    def makefile(self, mode: str = "r", *_: Any, **__: Any) -> io.BufferedReader:
+        """A buffered reader of this socket: what http.client reads a response from."""
+        if mode != "rb":
+            raise ValueError(f"a DeadlineSocket makes only 'rb' files, not {mode!r}")
         self._readers += 1
-        raw = _SocketFile(self, "w" in mode)
-        if buffering == 0:
-            return raw
-        chunk = buffering if buffering and buffering > 0 else io.DEFAULT_BUFFER_SIZE
-        return io.BufferedWriter(raw, chunk) if "w" in mode else io.BufferedReader(raw, chunk)
+        return io.BufferedReader(_SocketReader(self))
 
     def close(self) -> None:
         # Like socket.socket: the connection ends once its files are closed too (http.client
@@ -215,23 +207,16 @@ class DeadlineSocket:
             raise
 
 
-class _SocketFile(io.RawIOBase):
-    def __init__(self, connection: DeadlineSocket, writing: bool) -> None:
+class _SocketReader(io.RawIOBase):
+    def __init__(self, connection: DeadlineSocket) -> None:
         super().__init__()
         self._connection = connection
-        self._writing = writing
 
     def readable(self) -> bool:
-        return not self._writing
-
-    def writable(self) -> bool:
-        return self._writing
+        return True
 
     def readinto(self, buffer: Any, /) -> int:
         return self._connection.recv_into(buffer)
-
-    def write(self, data: Any, /) -> int:
-        return self._connection.send(data)
 
     def fileno(self) -> int:
         descriptor: int = self._connection.fileno()
