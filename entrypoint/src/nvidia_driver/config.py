@@ -93,7 +93,8 @@ def _fabricmanager_overrides(env: Mapping[str, str]) -> dict[str, str]:
 def _digest(env: Mapping[str, str]) -> str:
     # Written to /run/nvidia/nvidia-driver.state and logged.
     digest = env.get("DRIVER_CONFIG_DIGEST", "").strip()
-    return check(digest, "invalid value for DRIVER_CONFIG_DIGEST:", "the GPU Operator sets it")
+    fix = "set it to the GPU Operator's digest, on one line"
+    return check(digest, "invalid value for DRIVER_CONFIG_DIGEST:", fix)
 
 
 @dataclass(frozen=True)

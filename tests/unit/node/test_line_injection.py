@@ -236,3 +236,12 @@ def test_a_peermem_parameter_with_a_control_character_cannot_reach_modprobe_d(
         "ERROR: /drivers/nvidia-peermem.conf holds 'peerdirect_support=1\\x1b[2J', which holds "
         "U+001B, a control character"
     )
+
+
+def test_a_host_root_with_a_line_break_cannot_reach_a_command_line_or_imex_config(
+    host: SimulatedHost,
+) -> None:
+    # Every host path (depmod -b, chroot, IMEX_NODE_CONFIG_FILE=...) is under it.
+    line = refused_init(host, NVIDIA_DRIVER_HOST_ROOT=f"{host.root}\nDAEMONIZE=1")
+
+    assert line.startswith(f"ERROR: the host root '{host.root}\\nDAEMONIZE=1', which holds U+000A")
