@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import requests
 from raw_server import raw_server
 
 from gdc.download import DownloadError, read_text
@@ -163,3 +164,29 @@ def test_a_server_trickling_its_headers_is_held_to_the_minimum_rate() -> None:
     assert "under the minimum of 1.0 KiB/s (NVIDIA_DRIVER_DOWNLOAD_MIN_RATE)" in message
     assert message.endswith("(gave up after 2 attempts); check the node's network, DNS and "
                             "proxy settings")  # fmt: skip
+
+
+def _session(url: str) -> object:
+    return deadline_session(TransportLimits(deadline=DEADLINE, timeout=TIMEOUT)).get(
+        url, timeout=60
+    )
+
+
+@pytest.mark.parametrize(
+    ("attempt", "error"),
+    [(_entrypoint, DriverError), (_feed, DownloadError), (_session, requests.Timeout)],
+    ids=["download", "feed", "registry-session"],
+)
+def test_a_proxy_trickling_its_connect_answer_cannot_hold_a_download_past_its_deadline(
+    attempt: Attempt, error: type[Exception], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Through an https_proxy, the tunnel's answer comes before TLS: it is read within the budget.
+    trickle = (b"HTTP/1.1 200 Connection established\r\nX-Trickle: ", *[b"a"] * 1000)
+    with raw_server(*trickle, pause=0.2) as proxy:
+        monkeypatch.setenv("https_proxy", proxy.removesuffix("/releases.json"))
+        for name in ("no_proxy", "NO_PROXY", "HTTPS_PROXY"):
+            monkeypatch.delenv(name, raising=False)
+        message, elapsed = _refused(attempt, error, "https://mirror.example.org/releases.json")
+
+    assert elapsed < DEADLINE + SLACK
+    assert any(words in message for words in DEADLINE_WORDS), message
