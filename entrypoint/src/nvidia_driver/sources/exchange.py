@@ -31,8 +31,12 @@ from typing import Any
 from nvidia_driver.limits import KiB, size
 
 # A real response head is a few hundred bytes to a few KiB (CDNs, registries with tokens).
-# The count includes what the reader buffers past the head: at most one 8 KiB read.
+# The count includes what the reader buffers past the head: at most one HEAD_READ.
 HEAD_LIMIT = 64 * KiB
+# What one read of the head asks for. Not io.DEFAULT_BUFFER_SIZE: 8 KiB in older Pythons,
+# 128 KiB in newer ones (python/cpython#118144), which counted a body's first 128 KiB as head.
+# Body reads (read1) go around the buffer, so it costs them nothing.
+HEAD_READ = 8 * KiB
 
 
 class ExchangeError(Exception):
@@ -181,7 +185,7 @@ class DeadlineSocket:
         if mode != "rb":
             raise ValueError(f"a DeadlineSocket makes only 'rb' files, not {mode!r}")
         self._readers += 1
-        return io.BufferedReader(_SocketReader(self))
+        return io.BufferedReader(_SocketReader(self), HEAD_READ)
 
     def close(self) -> None:
         # Like socket.socket: the connection ends once its files are closed too (http.client
