@@ -1,10 +1,12 @@
 """Small text downloads for the tooling (the releases feed, lts-info): bounded, one-line errors.
 
-A read has an overall deadline (a server that trickles a byte at a time cannot hold a run), a
-size cap, and every way it can fail ends in one :class:`DownloadError` line: an unreachable
-host, an HTTP error, a bad status line, a short read, a body that is neither UTF-8 nor gzip of
-UTF-8. A gzip body (``Content-Encoding: gzip``, or a mirror serving the file compressed) is
-inflated within the same cap.
+A read has an overall deadline, from the connect to the body's last byte (a server that
+trickles its headers or its body a byte at a time cannot hold a run: the entrypoint's
+``sources/exchange.py`` keeps it on every socket operation), a size cap, and every way it can
+fail ends in one :class:`DownloadError` line: an unreachable host, an HTTP error, a bad status
+line, a short read, a body that is neither UTF-8 nor gzip of UTF-8. A gzip body
+(``Content-Encoding: gzip``, or a mirror serving the file compressed) is inflated within the
+same cap.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ import urllib.error
 import urllib.request
 import zlib
 from dataclasses import dataclass
+
+from nvidia_driver.safetext import shown
+from nvidia_driver.sources.exchange import Budget, ExchangeError, PastDeadlineError, handlers
 
 DEADLINE_SECONDS = 120.0
 MAX_BYTES = 64 << 20  # releases.json is 3.6 MB today (flatcar-website static/releases-json/)
@@ -43,16 +48,20 @@ def read_text(url: str, limits: Limits = Limits()) -> str:
         body = _read(url, limits, started)
     except DownloadError:
         raise
+    except ExchangeError as exc:
+        raise DownloadError(_over_budget(url, exc, limits, started)) from None
     except urllib.error.HTTPError as exc:
         exc.close()  # it holds the answer's connection open
         raise DownloadError(_http_error(url, exc)) from None
     except urllib.error.URLError as exc:
-        raise DownloadError(f"cannot reach {url}: {' '.join(str(exc.reason).split())}") from None
+        raise DownloadError(
+            f"cannot reach {url}: {shown(' '.join(str(exc.reason).split()))}"
+        ) from None
     except http.client.IncompleteRead as exc:
         raise DownloadError(f"{url}: the connection closed after {len(exc.partial)} bytes, "
                             "before the whole body arrived") from None  # fmt: skip
     except (http.client.HTTPException, OSError) as exc:
-        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        detail = shown(str(exc)) or type(exc).__name__  # the server's words, on one line
         raise DownloadError(f"reading {url} failed: {type(exc).__name__}: {detail}") from None
     if body.startswith(_GZIP_MAGIC):
         body = _inflate(url, body, limits.max_bytes)
@@ -65,7 +74,7 @@ def read_text(url: str, limits: Limits = Limits()) -> str:
 
 def _http_error(url: str, error: urllib.error.HTTPError) -> str:
     """One line: urllib words a redirect loop on three lines (its inf_msg, then the reason)."""
-    reason = " ".join(str(error.reason).split())
+    reason = shown(" ".join(str(error.reason).split()))
     if reason.startswith(" ".join(urllib.request.HTTPRedirectHandler.inf_msg.split())):
         return (f"{url} redirects in a loop (HTTP {error.code}, more than "
                 f"{urllib.request.HTTPRedirectHandler.max_redirections} redirects or the same "
@@ -74,8 +83,9 @@ def _http_error(url: str, error: urllib.error.HTTPError) -> str:
 
 
 def _read(url: str, limits: Limits, started: float) -> bytes:
-    timeout = min(_READ_TIMEOUT_SECONDS, limits.deadline)
-    with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - scheme checked
+    budget = Budget(started + limits.deadline, _READ_TIMEOUT_SECONDS)
+    opener = urllib.request.build_opener(*handlers(budget))
+    with opener.open(url) as response:
         length = response.headers.get("Content-Length") if hasattr(response, "headers") else None
         if length and length.isascii() and length.isdigit() and int(length) > limits.max_bytes:
             raise DownloadError(f"{url} is {int(length)} bytes, more than the "
@@ -90,15 +100,24 @@ def _read(url: str, limits: Limits, started: float) -> bytes:
             if size > limits.max_bytes:
                 raise DownloadError(f"{url} is larger than the {limits.max_bytes} bytes allowed")
             chunks.append(chunk)
-            elapsed = time.monotonic() - started
-            if elapsed > limits.deadline:
-                raise DownloadError(f"{url}: only {size} bytes in {elapsed:.0f} s, past the "
-                                    f"{limits.deadline:.0f} s deadline; the server is too "
-                                    "slow")  # fmt: skip
+            if time.monotonic() - started > limits.deadline:  # a file: no socket keeps it
+                raise DownloadError(_too_slow(url, limits, started))
         missing = getattr(response, "length", None)  # what Content-Length still promised
         if isinstance(missing, int) and missing > 0:
             raise http.client.IncompleteRead(b"".join(chunks), missing)
         return b"".join(chunks)
+
+
+def _too_slow(url: str, limits: Limits, started: float) -> str:
+    elapsed = time.monotonic() - started
+    return (f"{url}: no whole answer in {elapsed:.0f} s, past the {limits.deadline:g} s "
+            "deadline; the server is too slow")  # fmt: skip
+
+
+def _over_budget(url: str, exceeded: ExchangeError, limits: Limits, started: float) -> str:
+    if isinstance(exceeded, PastDeadlineError):
+        return _too_slow(url, limits, started)
+    return f"{url} answered with {exceeded}: check the URL and any proxy"
 
 
 def _inflate(url: str, body: bytes, max_bytes: int) -> bytes:

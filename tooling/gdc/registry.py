@@ -35,6 +35,8 @@ from typing import Any
 
 import requests
 
+from gdc.transport import deadline_session
+
 INDEX_TYPES = (
     "application/vnd.oci.image.index.v1+json",
     "application/vnd.docker.distribution.manifest.list.v2+json",
@@ -187,7 +189,7 @@ class Registry:
         self.host = host
         self.base_url = f"{'http' if plain_http(host) else 'https'}://{host}"
         self.credentials = credentials
-        self.session = session or requests.Session()
+        self.session = session or deadline_session()  # each request within one deadline
         self.retries = retries
         self.sleep = sleep
         self.budget = RetryBudget(retry_budget)  # the caller may replace it (per image)

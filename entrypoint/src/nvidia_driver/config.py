@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from nvidia_driver.errors import DriverError
+from nvidia_driver.safetext import check, config_entry, shown
 
 MODULE_TYPES = ("auto", "open", "proprietary")
 ARCHES = {"amd64": "x86_64", "arm64": "aarch64"}
@@ -78,14 +79,22 @@ def _target_arch(env: Mapping[str, str]) -> str:
 
 
 def _fabricmanager_overrides(env: Mapping[str, str]) -> dict[str, str]:
+    """NVFM_CONFIG_<FIELD>=value: each a line of fabricmanager.cfg, so checked as one (safetext)."""
     overrides = {}
+    fix = "set NVFM_CONFIG_<FIELD>=<value>, FIELD a fabric manager option, the value on one line"
     for key, value in sorted(env.items()):
         if key.startswith(_NVFM_PREFIX) and len(key) > len(_NVFM_PREFIX):
-            field_name = key[len(_NVFM_PREFIX) :]
-            if not re.fullmatch(r"[A-Z0-9_]+", field_name) or "\n" in value:
-                raise _invalid(key, value, "NVFM_CONFIG_<FIELD>=<single-line value>")
-            overrides[field_name] = value
+            what = f"invalid value for {shown(key)}: the option"  # the name is not checked yet
+            field_name, checked = config_entry(key[len(_NVFM_PREFIX) :], value, what, fix)
+            overrides[field_name] = checked
     return overrides
+
+
+def _digest(env: Mapping[str, str]) -> str:
+    # Written to /run/nvidia/nvidia-driver.state and logged.
+    digest = env.get("DRIVER_CONFIG_DIGEST", "").strip()
+    fix = "set it to the GPU Operator's digest, on one line"
+    return check(digest, "invalid value for DRIVER_CONFIG_DIGEST:", fix)
 
 
 @dataclass(frozen=True)
@@ -113,7 +122,7 @@ class DriverConfig:
             driver_branch=_driver_branch(env, version),
             target_arch=_target_arch(env),
             kernel_module_type=_module_type(env),
-            driver_config_digest=env.get("DRIVER_CONFIG_DIGEST", "").strip(),
+            driver_config_digest=_digest(env),
             gpu_direct_rdma=_flag(env, "GPU_DIRECT_RDMA_ENABLED"),
             use_host_mofed=_flag(env, "USE_HOST_MOFED"),
             fabricmanager_overrides=_fabricmanager_overrides(env),

@@ -43,6 +43,9 @@ KERNEL_CANDIDATES = 16  # compression magics tried per codec when scanning (a re
 BANNER_CANDIDATES = 64  # "Linux version " strings looked at per decoding (a real kernel: 1-3)
 LZMA_MEMORY = 256 * MiB  # the kernel's xz and lzma use dictionaries of 32 and 64 MiB
 
+# /drivers/<module>.conf, the kernel module parameters ConfigMap: a few name=value tokens.
+MODULE_PARAMETERS = 64 * KiB
+
 
 def size(count: int) -> str:
     """A byte count as these bounds are written: 256 MiB, 8 GiB, 1500 bytes."""

@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from nvidia_driver.safetext import check
+
 HOST_ROOT_ENV = "NVIDIA_DRIVER_HOST_ROOT"
 
 # The driver root the GPU Operator's validator, toolkit and device plugin read.
@@ -35,7 +37,10 @@ class Paths:
     @classmethod
     def from_env(cls, flag: str | None, env: dict[str, str] | None = None) -> Paths:
         environ = os.environ if env is None else env
-        return cls(Path(flag or environ.get(HOST_ROOT_ENV) or "/"))
+        root = flag or environ.get(HOST_ROOT_ENV) or "/"
+        # Every path under it reaches command lines, daemons' configs and log lines.
+        check(root, "the host root", f"give --host-root or {HOST_ROOT_ENV} a path on one line")
+        return cls(Path(root))
 
     def __call__(self, absolute: str) -> Path:
         """The path ``absolute`` under the root."""

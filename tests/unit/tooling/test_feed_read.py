@@ -1,23 +1,20 @@
 """The releases feed and lts-info as the tooling reads them: every odd feed and transfer.
 
 Transfers go to a raw socket server on 127.0.0.1 that answers exactly the bytes a test gives
-(a short body, a broken status line, a trickle); feeds are the TSV-made releases.json
-(tests/shared/flatcar_feed.py) with one thing changed.
+(raw_server.py: a short body, a broken status line, a trickle); feeds are the TSV-made
+releases.json (tests/shared/flatcar_feed.py) with one thing changed.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
-import socket
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
 from flatcar_feed import feed_entry, feed_from_tsv, lts_info_text
+from raw_server import raw_server
 
 from gdc import releases
 from gdc.coverage import LtsInfo, ReleaseError, covered_releases, parse_lts_info, read_feed
@@ -110,40 +107,6 @@ def test_the_feed_parser_keeps_every_entry_by_itself() -> None:
 
 
 # --- transfers ---------------------------------------------------------------------------------
-
-
-@contextmanager
-def raw_server(*chunks: bytes, pause: float = 0.0) -> Iterator[str]:
-    """Answers every connection with chunks, pause seconds apart, then closes it."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    stop = threading.Event()
-
-    def serve() -> None:
-        listener.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                connection, _ = listener.accept()
-            except TimeoutError:
-                continue
-            with connection:
-                connection.recv(65536)
-                for chunk in chunks:
-                    if stop.is_set():
-                        break
-                    try:
-                        connection.sendall(chunk)
-                    except OSError:
-                        break
-                    time.sleep(pause)
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}/releases.json"
-    finally:
-        stop.set()
-        thread.join(5)
-        listener.close()
 
 
 def _response(body: bytes, *, length: int | None = None, headers: str = "") -> bytes:

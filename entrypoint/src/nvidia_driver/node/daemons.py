@@ -34,6 +34,7 @@ from nvidia_driver.paths import (
     NVLSM_CONFIG,
     Paths,
 )
+from nvidia_driver.safetext import ADDRESS, check_name, config_entry
 
 STOP_TIMEOUT_SECONDS = 5.0
 NVLINK5_MODULES = ("mlx5_core", "ib_umad")
@@ -81,10 +82,13 @@ def is_running(pid: int) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
-def config_with(text: str, overrides: dict[str, str]) -> str:
-    """``KEY=value`` lines of a daemon's config with overrides applied (rewritten or appended)."""
+def config_with(text: str, overrides: dict[str, str], what: str, fix: str) -> str:
+    """``KEY=value`` lines of a daemon's config with overrides applied (rewritten or appended).
+
+    Each override must be one line of the config: all are checked (safetext.py) first.
+    """
+    pending = dict(config_entry(key, value, what, fix) for key, value in overrides.items())
     lines = text.splitlines()
-    pending = dict(overrides)
     for index, line in enumerate(lines):
         key = line.split("=", 1)[0].strip()
         if "=" in line and not line.lstrip().startswith("#") and key in pending:
@@ -112,9 +116,10 @@ def configure_fabricmanager(paths: Paths, overrides: dict[str, str]) -> None:
         return
     config = paths(FABRICMANAGER_CONFIG)
     text = config.read_text() if config.is_file() else ""
+    updated = config_with(text, overrides, "the fabric manager option", "fix NVFM_CONFIG_*")
     for key, value in overrides.items():
         say(f"Setting fabric manager option {key}={value}")
-    write_atomically(config, config_with(text, overrides))
+    write_atomically(config, updated)
 
 
 def imex_domain(paths: Paths) -> list[str]:
@@ -123,7 +128,7 @@ def imex_domain(paths: Paths) -> list[str]:
         text = paths.host_imex_nodes.read_text(errors="replace")
     except OSError:
         return []
-    return [line.strip() for line in text.splitlines() if line.strip() and line[0] != "#"]
+    return [line.strip() for line in text.splitlines() if line.strip()[:1] not in ("", "#")]
 
 
 def _wait_for_modules(
@@ -174,6 +179,9 @@ class DaemonManager:
                 "does not start it either)"
             )
             return
+        for address in domain:  # each a line of IMEX's own nodes_config.cfg
+            check_name(address, ADDRESS, "/etc/nvidia-imex/nodes_config.cfg lists the node",
+                       "an IP address or host name", "fix the node's IMEX domain")  # fmt: skip
         say(f"Starting NVIDIA IMEX daemon for a domain of {len(domain)} node(s)...")
         nodes = self.paths(IMEX_NODES)
         write_atomically(nodes, "\n".join(domain) + "\n")
@@ -182,7 +190,8 @@ class DaemonManager:
         # In the foreground, so that init knows its pid and stops it with the others.
         config = self.paths(IMEX_RUN_CONFIG)
         settings = {"DAEMONIZE": "0", "IMEX_NODE_CONFIG_FILE": str(nodes)}
-        write_atomically(config, config_with(text, settings))
+        fix = "run the driver container with a host root whose path is one line"
+        write_atomically(config, config_with(text, settings, "the IMEX option", fix))
         pid = self.commands.spawn("nvidia-imex", "-c", config, log=self.paths(IMEX_LOG))
         write_atomically(self.paths(IMEX.pid_file), f"{pid}\n")
 

@@ -10,6 +10,8 @@ from nvidia_driver.paths import Paths
 
 LOAD_ORDER = ("nvidia", "nvidia-uvm", "nvidia-modeset")
 PEERMEM = "nvidia-peermem"
+# The driver's modules: what its packages hold and /drivers may set parameters for.
+MODULES = (*LOAD_ORDER, PEERMEM)
 # Modules that hold a reference on nvidia.ko; unloaded before it.
 DEPENDENTS = ("nvidia_modeset", "nvidia_uvm", "nvidia_peermem", "nvidia_drm")
 BUSY_MESSAGE = "Could not unload NVIDIA driver kernel modules, driver is in use"

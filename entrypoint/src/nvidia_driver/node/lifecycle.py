@@ -34,6 +34,7 @@ from nvidia_driver.node.kmod import (
 )
 from nvidia_driver.node.modparams import (
     configure_firmware_search_path,
+    module_params,
     provide_gsp_firmware,
     write_modprobe_conf,
 )
@@ -195,6 +196,7 @@ class Lifecycle:
     daemons: DaemonManager = field(init=False)
     lock: PidLock = field(init=False)
     rdma: RdmaPlan = field(init=False)
+    params: dict[str, list[str]] = field(init=False, default_factory=dict)  # /drivers, checked
 
     def __post_init__(self) -> None:
         self.daemons = DaemonManager(self.ctx.paths, self.ctx.commands, self.config)
@@ -268,8 +270,8 @@ class Lifecycle:
         self.commands.run("depmod", "-b", self.paths.root, kernel)
 
     def load(self, module_type: str) -> None:
-        params = write_modprobe_conf(self.paths, self.config.driver_branch)
-        nvidia_params = params.get("nvidia", [])
+        write_modprobe_conf(self.paths, self.params)
+        nvidia_params = self.params.get("nvidia", [])
         provide_gsp_firmware(self.paths, self.config.driver_version, module_type, nvidia_params)
         configure_firmware_search_path(self.paths, nvidia_params)
         load_host_prerequisites(self.paths, self.commands)
@@ -310,6 +312,8 @@ class Lifecycle:
             f"for Linux kernel version {self.facts.kernel_release}"
         )
         refuse_unsupported_host(self.config, self.facts)
+        # Every /drivers name and parameter is checked before anything is written.
+        self.params = module_params(self.paths, self.config.driver_branch)
         self.lock.acquire()
         # What a killed instance left: none runs now.
         env = self.commands.env

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import tempfile
 from pathlib import Path
 
+from nvidia_driver.atomic import write_atomically
 from nvidia_driver.errors import DriverError
 from nvidia_driver.kbuild.modules import OPEN
+from nvidia_driver.limits import MODULE_PARAMETERS, size
 from nvidia_driver.log import say, warn
+from nvidia_driver.node.kmod import MODULES
 from nvidia_driver.paths import DRIVER_ROOT, FIRMWARE_DIR, IMAGE_FIRMWARE_DIR, Paths
+from nvidia_driver.safetext import module_name, module_parameter, shown
 
 # R580+ CDMM: keeps GH200/GB200 GPU memory from showing up as a NUMA node.
 COHERENT_MEMORY_PARAM = "NVreg_CoherentGPUMemoryMode=driver"
@@ -19,31 +22,37 @@ FIRST_BRANCH_WITH_CDMM = 580
 FIRMWARE_SEARCH_PATH = f"{DRIVER_ROOT}/lib/firmware"
 FIRMWARE_DISABLED = "NVreg_EnableGpuFirmware=0"
 _CHUNK = 1 << 20
-
-
-# A module parameter as modprobe.d's "options" line takes it: name=value, nothing else. Values
-# keep their quotes and separators (NVreg_RegistryDwords="RMFoo=1;RMBar=2").
-_PARAM = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*=\S+")
+# The kernel module parameters ConfigMap (driver.kernelModuleConfig) is mounted at /drivers, a
+# key per module; a hostPath or CSI volume there can hold any file name.
+PARAMETERS_FIX = "only name=value tokens are accepted; fix the kernel module parameters ConfigMap"
+MODULE_FIX = (
+    f"name its keys <module>.conf for a module of the driver ({', '.join(MODULES)}); fix the "
+    "kernel module parameters ConfigMap"
+)
 
 
 def read_params(paths: Paths, module: str) -> list[str]:
     """Parameters from /drivers/<module>.conf: ``name=value``, space-separated, over lines.
 
-    Anything else is refused: the tokens become an ``options`` line, never modprobe
-    arguments (``-C other.conf`` would make modprobe run that file's install commands).
+    Anything else is refused (safetext.py): the tokens become an ``options`` line, never
+    modprobe arguments (``-C other.conf`` would make modprobe run that file's install commands),
+    and no token may break that line.
     """
     conf = paths.drivers / f"{module}.conf"
     if not conf.is_file():
         return []
-    tokens = conf.read_text(errors="replace").split()
-    bad = [token for token in tokens if not _PARAM.fullmatch(token)]
-    if bad:
+    with conf.open("rb") as file:
+        data = file.read(MODULE_PARAMETERS + 1)
+    if len(data) > MODULE_PARAMETERS:
         raise DriverError(
-            f"/drivers/{module}.conf holds {bad[0]!r}, which is not a module parameter "
-            "(name=value): only name=value tokens are accepted; fix the kernel module "
-            "parameters ConfigMap"
+            f"/drivers/{module}.conf is over {size(MODULE_PARAMETERS)}: not module parameters; "
+            "fix the kernel module parameters ConfigMap"
         )
-    return tokens
+    where = f"/drivers/{module}.conf holds"
+    return [
+        module_parameter(token, where, PARAMETERS_FIX)
+        for token in data.decode(errors="replace").split()
+    ]
 
 
 def options_line(module: str, values: list[str]) -> str:
@@ -51,10 +60,15 @@ def options_line(module: str, values: list[str]) -> str:
 
 
 def module_params(paths: Paths, branch: int) -> dict[str, list[str]]:
+    """Every module's parameters, each name and token checked (safetext.py) before any is used."""
+    say("Parsing kernel module parameters...")
     params = {}
     if paths.drivers.is_dir():
         for conf in sorted(paths.drivers.glob("nvidia*.conf")):
-            params[conf.stem] = read_params(paths, conf.stem)
+            module = module_name(
+                conf.stem, MODULES, "/drivers holds a file for the module", MODULE_FIX
+            )
+            params[module] = read_params(paths, module)
     if branch >= FIRST_BRANCH_WITH_CDMM:
         nvidia = params.setdefault("nvidia", [])
         if not any(param.startswith("NVreg_CoherentGPUMemoryMode=") for param in nvidia):
@@ -62,18 +76,14 @@ def module_params(paths: Paths, branch: int) -> dict[str, list[str]]:
     return params
 
 
-def write_modprobe_conf(paths: Paths, branch: int) -> dict[str, list[str]]:
-    say("Parsing kernel module parameters...")
-    params = module_params(paths, branch)
-    paths.modprobe_d.mkdir(parents=True, exist_ok=True)
+def write_modprobe_conf(paths: Paths, params: dict[str, list[str]]) -> None:
+    """/etc/modprobe.d/<module>.conf for every module with parameters (of module_params)."""
     for module, values in params.items():
         if not values:
             continue
         say(f"Module parameters provided for {module}: {' '.join(values)}")
-        conf = paths.modprobe_d / f"{module}.conf"
         say(f"Configuring {module} module parameters in /etc/modprobe.d/{module}.conf")
-        conf.write_text(options_line(module, values))
-    return params
+        write_atomically(paths.modprobe_d / f"{module}.conf", options_line(module, values))
 
 
 def configure_firmware_search_path(paths: Paths, nvidia_params: list[str]) -> None:
@@ -94,7 +104,7 @@ def configure_firmware_search_path(paths: Paths, nvidia_params: list[str]) -> No
     except OSError:
         current = ""
     if current:
-        warn(f"A search path is already configured in {target}: {current}")
+        warn(f"A search path is already configured in {target}: {shown(current)}")
         say("Retaining the current configuration")
         return
     try:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from nvidia_driver.atomic import write_atomically
 from nvidia_driver.commands import Commands
 from nvidia_driver.config import DriverConfig
 from nvidia_driver.errors import CaughtSignalError, DriverError
@@ -106,13 +107,11 @@ def _kernel_release(paths: Paths) -> str:
 
 def _load(paths: Paths, commands: Commands) -> None:
     """Load nvidia-peermem from the driver root, its parameters as an options line."""
-    params = read_params(paths, PEERMEM)
-    conf = paths.driver_root / "etc/modprobe.d" / f"{PEERMEM}.conf"
+    params = read_params(paths, PEERMEM)  # every token checked (safetext.py)
     if params:
-        conf.parent.mkdir(parents=True, exist_ok=True)
-        staged = conf.with_name(f".{conf.name}.peermem")
-        staged.write_text(options_line(PEERMEM, params))
-        staged.replace(conf)
+        # A unique temporary name: the driver root is shared through /run/nvidia.
+        conf = paths.driver_root / "etc/modprobe.d" / f"{PEERMEM}.conf"
+        write_atomically(conf, options_line(PEERMEM, params))
     # No argument comes from the node's configuration: the module name only.
     result = commands.run("chroot", paths.driver_root, "modprobe", PEERMEM, check=False)
     if result.returncode != 0:

@@ -8,6 +8,10 @@ Every download of a URL is bounded three ways:
   dropped and retried;
 * ``deadline``: the whole download of one URL, every attempt and pause included, ends by then.
 
+The deadline and the rate hold for the whole exchange, not only the body: connect, TLS, the
+status line and the headers are read through a socket that waits at most the time left
+(``exchange.py``), so a server trickling its headers is cut off like one trickling its body.
+
 Redirects are followed only on the same scheme, and only to the URL's own host or to one of
 ``redirect_hosts``; any other is refused with one line. Failures worth another attempt
 (unreachable host, timeouts, HTTP 408/425/429/5xx, a truncated or too slow body) are retried
@@ -38,6 +42,14 @@ from typing import IO, Protocol, TypeVar
 
 from nvidia_driver.errors import DriverError
 from nvidia_driver.log import warn
+from nvidia_driver.safetext import check, shown
+from nvidia_driver.sources.exchange import (
+    Budget,
+    ExchangeError,
+    PastDeadlineError,
+    TooSlowError,
+    handlers,
+)
 
 CHUNK = 1 << 20
 SCHEMES = frozenset({"http", "https", "file"})
@@ -154,13 +166,16 @@ class _Body(Protocol):
 
 
 class Opened:
-    """A response whose body is being read, paced, and the length its headers announced."""
+    """A response whose body is being read within its budget, and the length it announced."""
 
-    def __init__(self, url: str, body: _Body, length: int | None, pace: _Pace) -> None:
+    def __init__(
+        self, url: str, body: _Body, length: int | None, budget: Budget, limits: DownloadLimits
+    ) -> None:
         self.url = url
         self.length = length
         self._body = body
-        self._pace = pace
+        self._budget = budget
+        self._limits = limits
         self._connection = _connection_of(body)
         if self._connection is not None:
             _IN_FLIGHT.add(self)
@@ -169,9 +184,12 @@ class Opened:
         """At most ``size`` bytes, after at most one read of the connection."""
         try:
             chunk = self._body.read1(size)
+            if self._connection is None:  # a file: no socket counts its bytes
+                self._budget.moved(len(chunk), received=True)
+        except ExchangeError as exc:
+            raise _over_budget(self.url, exc, self._limits) from None
         except (OSError, http.client.HTTPException) as exc:
-            raise TransientError(f"download of {self.url} broke off: {exc}") from exc
-        self._pace.received(self.url, len(chunk))
+            raise TransientError(f"download of {self.url} broke off: {shown(str(exc))}") from exc
         return chunk
 
     def check_complete(self, size: int) -> None:
@@ -205,37 +223,6 @@ class Opened:
         if self._connection is not None:
             self._connection.close()
         self._body.close()
-
-
-@dataclass
-class _Pace:
-    """Refuses a download past its deadline, or slower than the minimum rate over a window."""
-
-    limits: DownloadLimits
-    clock: Callable[[], float]
-    ends: float  # the deadline, on clock
-    since: float = 0.0  # start of the current window
-    window_bytes: int = 0
-
-    def __post_init__(self) -> None:
-        self.since = self.clock()
-
-    def received(self, url: str, size: int) -> None:
-        now = self.clock()
-        if now > self.ends:
-            raise DriverError(_past_deadline(url, self.limits))
-        self.window_bytes += size
-        elapsed = now - self.since
-        if elapsed < self.limits.rate_window:
-            return
-        rate = self.window_bytes / elapsed
-        if rate < self.limits.min_rate:
-            minimum = _per_second(self.limits.min_rate)
-            raise TransientError(
-                f"download of {url} is too slow: {_per_second(rate)} over the last "
-                f"{round(elapsed, 1):g} s, under the minimum of {minimum} ({MIN_RATE_ENV})"
-            )
-        self.since, self.window_bytes = now, 0
 
 
 @dataclass(frozen=True)
@@ -297,6 +284,7 @@ class Downloader:
         return self.transfer(url, read)
 
     def _check_scheme(self, url: str) -> None:
+        check(url, "the URL", "check the base URL variables")  # it is logged, then requested
         if urllib.parse.urlsplit(url).scheme not in SCHEMES:
             raise DriverError(f"cannot download {url}: only http, https and file URLs work")
 
@@ -304,21 +292,27 @@ class Downloader:
         remaining = ends - self.clock()
         if remaining <= 0:
             raise DriverError(_past_deadline(url, self.limits))
-        opener = urllib.request.build_opener(_RedirectPolicy(url, self.limits.redirect_hosts))
+        limits = self.limits
+        budget = Budget(ends, limits.timeout, limits.min_rate, limits.rate_window, clock=self.clock)
+        opener = urllib.request.build_opener(
+            _RedirectPolicy(url, limits.redirect_hosts), *handlers(budget)
+        )
         request = urllib.request.Request(url, headers={"User-Agent": USER_AGENT})  # noqa: S310 - scheme checked
         try:
-            response = opener.open(request, timeout=min(self.limits.timeout, remaining))
+            response = opener.open(request)
+        except ExchangeError as exc:
+            raise _over_budget(url, exc, limits) from None
         except urllib.error.HTTPError as exc:
             exc.close()  # it holds the error page's connection open
             raise _http_failure(url, exc.code, exc.reason, self.missing) from None
         except urllib.error.URLError as exc:
             if isinstance(exc.reason, FileNotFoundError):  # file:// URLs
                 raise not_found(url, "no such file", self.missing) from None
-            raise TransientError(f"cannot reach {url}: {exc.reason}") from exc
+            raise TransientError(f"cannot reach {url}: {shown(str(exc.reason))}") from exc
         except (OSError, http.client.HTTPException) as exc:
-            raise TransientError(f"cannot reach {url}: {exc}") from exc
+            raise TransientError(f"cannot reach {url}: {shown(str(exc))}") from exc
         length = _content_length(response.headers.get("Content-Length"))
-        return Opened(url, response, length, _Pace(self.limits, self.clock, ends))
+        return Opened(url, response, length, budget, limits)
 
 
 class _RedirectPolicy(urllib.request.HTTPRedirectHandler):
@@ -344,7 +338,7 @@ class _RedirectPolicy(urllib.request.HTTPRedirectHandler):
         if refusal is not None:
             fp.close()
             raise DriverError(
-                f"refusing the redirect of {req.full_url} to {newurl}: {refusal}; "
+                f"refusing the redirect of {req.full_url} to {shown(newurl)}: {refusal}; "
                 f"{REDIRECT_HOSTS_ENV} lists the hosts redirects may go to"
             )
         return super().redirect_request(req, fp, code, msg, headers, newurl)
@@ -364,7 +358,8 @@ def _connection_of(body: _Body) -> socket.socket | None:
         return None
 
 
-def _http_failure(url: str, code: int, reason: str, missing: str) -> Exception:
+def _http_failure(url: str, code: int, status: str, missing: str) -> Exception:
+    reason = shown(status)  # the server's own words
     if code in NOT_FOUND:
         return not_found(url, f"HTTP {code}", missing)
     if code in RETRYABLE or code >= HTTPStatus.INTERNAL_SERVER_ERROR:
@@ -374,6 +369,19 @@ def _http_failure(url: str, code: int, reason: str, missing: str) -> Exception:
 
 def not_found(url: str, why: str, missing: str = FLATCAR_MISSING) -> DriverError:
     return DriverError(f"{url} does not exist ({why}): {missing}")
+
+
+def _over_budget(url: str, exceeded: ExchangeError, limits: DownloadLimits) -> Exception:
+    """The download's words for what stopped its exchange: too slow is worth another try."""
+    if isinstance(exceeded, PastDeadlineError):
+        return DriverError(_past_deadline(url, limits))
+    if isinstance(exceeded, TooSlowError):
+        minimum = _per_second(limits.min_rate)
+        return TransientError(
+            f"download of {url} is too slow: {exceeded}, under the minimum of {minimum} "
+            f"({MIN_RATE_ENV})"
+        )
+    return DriverError(f"{url} answered with {exceeded}: check the URL and any proxy in between")
 
 
 def _past_deadline(url: str, limits: DownloadLimits) -> str:

@@ -1,0 +1,60 @@
+"""HTTPS through the deadline socket: the body arrives whole, and certificates are still checked.
+
+The entrypoint's downloads and the tooling's feed reader and registry session wrap their TLS
+connections in sources/exchange.py's socket; a server whose certificate the client does not
+trust must be refused as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+from tls_server import TLSServer, tls_server
+
+from gdc.download import DownloadError, read_text
+from gdc.transport import deadline_session
+from nvidia_driver.errors import DriverError
+from nvidia_driver.sources.download import Backoff, Downloader
+
+BODY = b"# SHA512 HASH\n" + b"0" * 128 + b"  flatcar_production_image.vmlinuz\n"
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[TLSServer]:
+    with tls_server(tmp_path, BODY) as serving:
+        yield serving
+
+
+def _entrypoint(url: str) -> bytes:
+    return Downloader(backoff=Backoff(attempts=1)).get_small(url, 1 << 20, "a DIGESTS file")
+
+
+def test_a_trusted_server_s_file_arrives_whole(
+    server: TLSServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SSL_CERT_FILE", str(server.certificate))  # urllib's default context
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(server.certificate))
+
+    assert _entrypoint(server.url) == BODY
+    assert read_text(server.url) == BODY.decode()
+    session = deadline_session()
+    assert [session.get(server.url, timeout=60).content for _ in range(2)] == [BODY, BODY]
+
+
+def test_a_server_with_a_certificate_nobody_trusts_is_refused(
+    server: TLSServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    empty = tmp_path / "no-authorities.pem"
+    empty.write_text("")
+    monkeypatch.setenv("SSL_CERT_FILE", str(empty))
+    monkeypatch.setenv("SSL_CERT_DIR", str(tmp_path))
+
+    with pytest.raises(DriverError, match="CERTIFICATE_VERIFY_FAILED"):
+        _entrypoint(server.url)
+    with pytest.raises(DownloadError, match="CERTIFICATE_VERIFY_FAILED"):
+        read_text(server.url)
+    with pytest.raises(requests.exceptions.SSLError):
+        deadline_session().get(server.url, timeout=60)

@@ -1,0 +1,61 @@
+"""An HTTPS server on 127.0.0.1 with a throw-away certificate, made by openssl at test time."""
+
+from __future__ import annotations
+
+import shutil
+import ssl
+import subprocess
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+@dataclass(frozen=True)
+class TLSServer:
+    url: str  # of the one file it serves
+    certificate: Path  # PEM: what a client must trust to reach it
+
+
+@contextmanager
+def tls_server(directory: Path, body: bytes) -> Iterator[TLSServer]:
+    """Serves body at /file, keeping connections alive, over TLS for the name 127.0.0.1."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl not installed")
+    key, certificate = directory / "key.pem", directory / "certificate.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-keyout", key, "-out", certificate, "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(certificate, key)
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (overridden signature)
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01})
+    thread.start()
+    try:
+        yield TLSServer(f"https://127.0.0.1:{server.server_address[1]}/file", certificate)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
