@@ -6,13 +6,9 @@ import errno
 import fcntl
 import os
 import shutil
-import signal
 import stat
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from types import FrameType
 
 from nvidia_driver.atomic import write_atomically
 from nvidia_driver.commands import Commands
@@ -40,10 +36,9 @@ from nvidia_driver.node.modparams import (
 from nvidia_driver.node.moduletype import ModuleTypeChoice, resolve_module_type
 from nvidia_driver.node.peermem import RdmaPlan, rdma_plan
 from nvidia_driver.node.rootfs import mount_rootfs, unmount_rootfs
+from nvidia_driver.node.signals import ignore_signals, signals_raise, wait_for_signal
 from nvidia_driver.paths import Paths
-from nvidia_driver.sources.download import abort_downloads
 
-HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 FLATCAR_DOCS = "https://www.flatcar.org/docs/latest/setup/customization/using-nvidia/"
 _LOCK_ATTEMPTS = 10
 
@@ -130,34 +125,6 @@ def _read_holder(fd: int) -> str:
         return os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
     except OSError:
         return "unknown"
-
-
-def _raise_caught(signum: int, _frame: FrameType | None) -> None:
-    # A helper thread may be blocked reading a download (the tarball's inflater): wake it, so
-    # that the unwinding does not wait for the network.
-    abort_downloads()
-    raise CaughtSignalError(signum)
-
-
-@contextmanager
-def signals_raise() -> Iterator[None]:
-    previous = {sig: signal.signal(sig, _raise_caught) for sig in HANDLED_SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def ignore_signals() -> None:
-    # A second SIGTERM must not cut the cleanup short.
-    for sig in HANDLED_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
-
-
-def wait_for_signal() -> None:
-    while True:
-        signal.pause()
 
 
 def refuse_unsupported_host(config: DriverConfig, facts: HostFacts) -> None:
