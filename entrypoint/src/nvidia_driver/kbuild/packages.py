@@ -14,11 +14,11 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from nvidia_driver.atomic import replacing
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
 from nvidia_driver.log import say
@@ -166,22 +166,15 @@ def report_match(package: Package | None) -> Package | None:
 def write_package(
     destination: Path, metadata: PackageMetadata, sources: dict[str, Path]
 ) -> Package:
-    """Write a package atomically: a complete directory appears, or nothing does."""
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
-    try:
+    """Write a package atomically: a complete directory appears (in place of the package there
+    before, if any), or nothing does."""
+    with replacing(destination, directory=True) as staging:
         files = {}
         for name, source in sources.items():
             shutil.copyfile(source, staging / name)
             files[name] = sha256_file(staging / name)
         final = replace(metadata, files=files)
         (staging / METADATA).write_text(final.to_json())
-        if destination.exists():
-            shutil.rmtree(destination)
-        staging.rename(destination)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return Package(destination, final)
 
 
@@ -190,9 +183,7 @@ def install_package(package: Package, modules_dir: Path, commands: Commands) -> 
     say("Installing NVIDIA driver kernel modules...")
     package.verify()
     target = modules_dir / "kernel" / "drivers" / "video"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".video.", dir=target.parent))
-    try:
+    with replacing(target, directory=True) as staging:
         for module in package.metadata.modules:
             shutil.copyfile(package.path / module, staging / module)
         for linked in package.metadata.linked:
@@ -204,12 +195,6 @@ def install_package(package: Package, modules_dir: Path, commands: Commands) -> 
             commands.run(
                 "ld", "-r", "--build-id=none", *script, "-o", staging / linked.module, *objects
             )
-        if target.exists():
-            shutil.rmtree(target)
-        staging.rename(target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     # depmod wants these even when the container holds only the NVIDIA modules.
     for index in ("modules.order", "modules.builtin"):
         (modules_dir / index).touch()

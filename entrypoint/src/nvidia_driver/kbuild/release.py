@@ -18,12 +18,11 @@ import hashlib
 import os
 import shutil
 import stat
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nvidia_driver.atomic import write_atomically
+from nvidia_driver.atomic import replacing, write_atomically
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats.vmlinuz import kernel_banner_from_file
@@ -134,17 +133,12 @@ class ReleaseSources:
                 say(f"Using the cached kernel build tree of Flatcar {version} in {final}")
                 return _tree_in(final, kernel_release)
             say(f"The cached tree in {final} does not name its release; fetching it again")
-        final.parent.mkdir(parents=True, exist_ok=True)
         # Extracted beside its final place and published only once the stream has verified
         # and the verified tree says it is this release's.
-        with tempfile.TemporaryDirectory(dir=final.parent, prefix=".incoming-") as incoming:
-            staged = Path(incoming) / "tree"
+        with replacing(final) as staged:
             # Entered by the extraction: nothing is followed in the tree before the verdict.
             extract_container_tree(self.fetcher.stream(url), staged, kernel_release)
             check_release_file(staged, version, arch, url)
-            if final.exists():
-                shutil.rmtree(final)
-            staged.rename(final)
         return _tree_in(final, kernel_release)
 
     def developer_container(self, version: str, arch: str, kernel_release: str) -> KernelTree:

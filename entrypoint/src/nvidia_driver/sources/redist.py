@@ -18,12 +18,12 @@ import os
 import re
 import shutil
 import tarfile
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from nvidia_driver.atomic import replacing
 from nvidia_driver.errors import DriverError
 from nvidia_driver.log import say
 
@@ -288,21 +288,6 @@ def _parents_without_links(root: Path, relative: PurePosixPath) -> Path:
     return current
 
 
-def _replace(final: Path, write: Any) -> None:
-    """Write through a temporary name beside final, then rename over it (never through it)."""
-    handle, temporary = tempfile.mkstemp(prefix=f".{final.name}.", dir=final.parent)
-    os.close(handle)
-    staged = Path(temporary)
-    try:
-        staged.unlink()
-        write(staged)
-        staged.replace(final)
-    except BaseException:
-        if os.path.lexists(staged):
-            staged.unlink()
-        raise
-
-
 class _Budget:
     def __init__(self) -> None:
         self.members = 0
@@ -372,19 +357,17 @@ def _install_member(
         raise DriverError(f"{final} is a directory: cannot install {member.name} over it")
     if member.issym():
         link = _plain_link_target(member)
-        _replace(final, lambda staged: staged.symlink_to(link))
+        with replacing(final) as staged:
+            staged.symlink_to(link)
         return
     source = tar.extractfile(member)
     if source is None:
         raise DriverError(f"cannot read {member.name} from the archive")
     mode = 0o755 if member.mode & 0o111 else 0o644  # no setuid, whatever the archive says
 
-    def write(staged: Path) -> None:
-        with source, staged.open("xb") as out:
-            shutil.copyfileobj(source, out, CHUNK)
+    with replacing(final) as staged, source, staged.open("xb") as out:
+        shutil.copyfileobj(source, out, CHUNK)
         staged.chmod(mode)
-
-    _replace(final, write)
 
 
 NVLSM_LD_CONF = "etc/ld.so.conf.d/nvidia-nvlsm.conf"
@@ -405,10 +388,10 @@ def link_nvlsm_config(root: Path) -> None:
     parent = _parents_without_links(root, link)
     target = os.path.relpath(source, parent)
     final = parent / link.name
-    if final.is_symlink() or not final.exists():
-        _replace(final, lambda staged: staged.symlink_to(target))
-    else:
+    if not final.is_symlink() and final.exists():
         raise DriverError(f"{final} exists and is not NVLSM's link: refusing to replace it")
+    with replacing(final) as staged:
+        staged.symlink_to(target)
     conf = PurePosixPath(NVLSM_LD_CONF)
-    ld_conf = _parents_without_links(root, conf) / conf.name
-    _replace(ld_conf, lambda staged: staged.write_text(f"/{NVLSM_HOME}/lib\n"))
+    with replacing(_parents_without_links(root, conf) / conf.name) as staged:
+        staged.write_text(f"/{NVLSM_HOME}/lib\n")
