@@ -5,7 +5,7 @@
     kbuild/           kernel trees and their providers, compiler, patches, make, packages, pipeline
     sources/          Flatcar's release facts and server, verified downloads, NVIDIA's redist
     formats/          bounded readers: tar streams, GPT, ext4, ELF, kernel images
-    the rest          errors, log, limits, links, atomic, commands, paths, config: used by all
+    the rest          errors, log, limits, links, atomic, digests, commands, paths, config
 
 A module may import what is in its own folder or below it, never above it or beside it, and no
 module reaches itself again through its imports, inside a folder either (a cycle: what both

@@ -16,11 +16,12 @@ from pathlib import Path
 from gdc import coverage, matrix, releases
 from gdc.tags import DEFAULT_IMAGE, Variant, check_repository
 from gdc.versions import ARCHES, Driver, Versions, VersionsError, driver_branch
+from nvidia_driver.digests import ANY, digest_list
+from nvidia_driver.errors import DriverError
 from nvidia_driver.sources.flatcar import Release
 
 _MACHINE_ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 ALL_ARCHES = "all"
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 _FLATCAR = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+")
 
 
@@ -76,17 +77,22 @@ class Request:
         Always in this one form, however the checksum was given: the same inputs must give
         the same build arguments, or Docker's layer cache is missed.
         """
-        given = self.driver_sha256
+        given = driver_digests(self.driver_sha256)
         if not given:
             try:
                 sums = {arch: self.driver.checksum(arch) for arch in self.arches}
             except VersionsError as exc:
                 raise VersionsError(f"{exc}, or pass --driver-sha256") from None
-        elif "=" not in given:
-            sums = dict.fromkeys(self.arches, given)
+        elif ANY in given:
+            sums = dict.fromkeys(self.arches, given[ANY])
         else:
-            pairs = dict(pair.split("=", 1) for pair in given.split(",") if "=" in pair)
-            sums = {arch: pairs.get(arch, "") for arch in self.arches}
+            missing = [arch for arch in self.arches if arch not in given]
+            if missing:
+                raise VersionsError(
+                    f"--driver-sha256 {self.driver_sha256!r} gives no checksum for "
+                    f"{', '.join(missing)}, which this build is for: add {missing[0]}=<sha256>"
+                )
+            sums = {arch: given[arch] for arch in self.arches}
         return ",".join(f"{arch}={checksum}" for arch, checksum in sums.items())
 
     def redist_spec(self) -> str:
@@ -127,9 +133,10 @@ class Request:
         )
 
     def _given_redist(self) -> dict[str, str]:
-        return dict(
-            item.strip().split("=", 1) for item in self.redist_sha256.split(",") if "=" in item
-        )
+        try:
+            return digest_list(self.redist_sha256, "--redist-sha256")
+        except DriverError as exc:
+            raise VersionsError(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -171,28 +178,25 @@ def parse_arches(text: str, versions: Versions) -> tuple[str, ...]:
     return arches
 
 
-def check_sha256(text: str) -> None:
-    """--driver-sha256: 64 hex digits, or arch=HEX pairs for known arches, comma-separated."""
-    if not text:
-        return
-    pairs = [part.split("=", 1) if "=" in part else ["", part] for part in text.split(",")]
-    for arch, value in pairs:
-        if (
-            (arch and arch not in ARCHES)
-            or not _SHA256.fullmatch(value.strip().lower())
-            or (not arch and len(pairs) > 1)
-        ):
-            raise VersionsError(
-                f"invalid --driver-sha256 {text!r}: give 64 hex digits, or "
-                "amd64=<64 hex>,arm64=<64 hex>"
-            )
+def driver_digests(text: str) -> dict[str, str]:
+    """--driver-sha256: 64 hex digits ({ANY: HEX}), or arch=HEX pairs for known arches."""
+    invalid = VersionsError(
+        f"invalid --driver-sha256 {text!r}: give 64 hex digits, or amd64=<64 hex>,arm64=<64 hex>"
+    )
+    try:
+        digests = digest_list(text, "--driver-sha256")
+    except DriverError:
+        raise invalid from None
+    if not set(digests) <= {ANY, *ARCHES}:
+        raise invalid
+    return digests
 
 
 def check_options(options: Options, *, push: bool = False) -> None:
     """Everything about the options that needs no network and no Docker, checked first."""
     parse_variant(options.variant)
     check_repository(options.registry, options.image)
-    check_sha256(options.driver_sha256)
+    driver_digests(options.driver_sha256)
     if push and not options.registry:
         raise VersionsError(
             "--push needs --registry (e.g. ghcr.io/<your owner>): without one docker would "

@@ -239,7 +239,7 @@ def test_the_pinned_sha256_is_checked(tmp_path: Path, tree: Path) -> None:
 
 def test_a_malformed_sha256_pin_is_refused(tmp_path: Path, tree: Path) -> None:
     built = build_run(tmp_path / "x.run", tree)
-    with pytest.raises(DriverError, match="not 64 hex digits"):
+    with pytest.raises(DriverError, match=r"is not a SHA-256 \(64 hex digits\).*fix the pin"):
         _verify(built.path, "sha256:abc")
 
 

@@ -23,7 +23,7 @@ from gdc.tags import (
     reference,
     repository,
 )
-from gdc.versions import Driver, RedistDigests
+from gdc.versions import Driver, RedistDigests, VersionsError
 from nvidia_driver.sources.flatcar import FlatcarVersion, Release
 
 SUM = "cd" * 32
@@ -309,3 +309,9 @@ def test_one_checksum_one_build_argument_however_it_was_given(given: str) -> Non
     # The same inputs must give the same DRIVER_SHA256, or Docker's layer cache is missed.
     request = dataclasses.replace(_request(), driver_sha256=given)
     assert request.sha256_spec() == f"amd64={SUM}"
+
+
+def test_a_checksum_list_without_an_arch_built_is_refused_before_docker() -> None:
+    request = dataclasses.replace(_request(arches=("amd64", "arm64")), driver_sha256=f"amd64={SUM}")
+    with pytest.raises(VersionsError, match=r"gives no checksum for arm64, .* add arm64=<sha256>"):
+        request.sha256_spec()

@@ -15,7 +15,6 @@ through a directory that is a symlink, so nothing lands outside the mapped direc
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import tarfile
 from collections.abc import Mapping
@@ -24,12 +23,12 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from nvidia_driver.atomic import replacing
+from nvidia_driver.digests import digest_list, valid_sha256
 from nvidia_driver.errors import DriverError
 from nvidia_driver.log import say
 
 REDIST_ARCH = {"amd64": "x86_64", "arm64": "sbsa"}
 TRIPLET = {"amd64": "x86_64-linux-gnu", "arm64": "aarch64-linux-gnu"}
-SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 MAX_MEMBERS = 20_000
 MAX_MEMBER_BYTES = 1 << 30
 MAX_TOTAL_BYTES = 2 << 30
@@ -139,25 +138,16 @@ class Archive:
         return self.file_name.removesuffix(".tar.xz")
 
 
-def valid_sha256(value: str, what: str) -> str:
-    lowered = value.strip().lower()
-    if not SHA256_HEX.fullmatch(lowered):
-        raise DriverError(f"{what} is not a SHA-256 (64 hex digits): {value!r}")
-    return lowered
-
-
 def recorded_digests(spec: str) -> dict[str, str]:
     """``fabricmanager.amd64=HEX,nvlsm.arm64=HEX`` -> {"fabricmanager.amd64": HEX, ...}."""
-    digests: dict[str, str] = {}
-    for item in filter(None, (part.strip() for part in spec.split(","))):
-        key, sep, value = item.partition("=")
-        component, dot, arch = key.strip().partition(".")
-        if not sep or not dot or arch not in REDIST_ARCH or not component:
+    digests = digest_list(spec, "--sha256")
+    for key in digests:
+        component, _, arch = key.partition(".")
+        if arch not in REDIST_ARCH or not component:
             raise DriverError(
-                f"--sha256 entry {item!r} is not <component>.<amd64|arm64>=<sha256>, e.g. "
-                "fabricmanager.amd64=<64 hex digits>"
+                f"--sha256 entry {key or digests[key]!r} is not <component>.<amd64|arm64>="
+                "<sha256>, e.g. fabricmanager.amd64=<64 hex digits>"
             )
-        digests[f"{component}.{arch}"] = valid_sha256(value, f"--sha256 {key.strip()}")
     return digests
 
 
