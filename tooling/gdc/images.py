@@ -114,8 +114,8 @@ def build_args(request: Request) -> dict[str, str]:
     args = {
         "DRIVER_VERSION": request.driver.version,
         "DRIVER_BRANCH": request.driver.branch,
-        "DRIVER_SHA256": request.sha256_spec(),
-        "REDIST_SHA256": request.redist_spec(),
+        "DRIVER_SHA256": request.sha256_spec,
+        "REDIST_SHA256": request.redist_spec,
         "GIT_COMMIT": request.git_commit,
         "SOURCE_URL": request.source_url,
         "FLATCAR_VERSIONS": " ".join(request.aliases),

@@ -11,6 +11,7 @@ import platform
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from gdc import coverage, matrix, releases
@@ -71,11 +72,13 @@ class Request:
     def multi_arch(self) -> bool:
         return len(self.arches) > 1
 
+    @cached_property
     def sha256_spec(self) -> str:
         """The DRIVER_SHA256 build argument: ``arch=HEX`` for each architecture built.
 
         Always in this one form, however the checksum was given: the same inputs must give
-        the same build arguments, or Docker's layer cache is missed.
+        the same build arguments, or Docker's layer cache is missed. Worked out once per
+        request, as the build arguments and the recorded inputs both take it.
         """
         given = driver_digests(self.driver_sha256)
         if not given:
@@ -95,6 +98,7 @@ class Request:
             sums = {arch: given[arch] for arch in self.arches}
         return ",".join(f"{arch}={checksum}" for arch, checksum in sums.items())
 
+    @cached_property
     def redist_spec(self) -> str:
         """The REDIST_SHA256 build argument: ``component.arch=HEX`` for the arches built.
 
@@ -102,9 +106,10 @@ class Request:
         NSCQ must be recorded or given: without them the image is refused here, before any
         build. An optional archive recorded as "TODO" (NVLSM, IMEX, NVSDM, whose digests no
         public source lists yet) is left out: the image is built without it, as
-        :meth:`unrecorded_redist` says, and never with an archive nobody recorded.
+        :meth:`unrecorded_redist` says, and never with an archive nobody recorded. Worked
+        out once per request.
         """
-        given = self._given_redist()
+        given = self.given_redist
         sums: dict[str, str] = {}
         for arch in self.arches:
             recorded = self.driver.redist_checksums(arch)
@@ -124,7 +129,7 @@ class Request:
 
     def unrecorded_redist(self) -> list[str]:
         """``component.arch`` of each optional archive the image is built without (TODO)."""
-        given = self._given_redist()
+        given = self.given_redist
         return sorted(
             key
             for arch in self.arches
@@ -132,7 +137,9 @@ class Request:
             if recorded is None and key not in given
         )
 
-    def _given_redist(self) -> dict[str, str]:
+    @cached_property
+    def given_redist(self) -> dict[str, str]:
+        """--redist-sha256, read: ``component.arch`` -> HEX."""
         try:
             return digest_list(self.redist_sha256, "--redist-sha256")
         except DriverError as exc:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nvidia_driver import config
 from nvidia_driver.digests import valid_sha256
 from nvidia_driver.errors import DriverError
 
@@ -17,7 +18,6 @@ ARCHES = ("amd64", "arm64")
 CHANNELS = ("alpha", "beta", "stable", "lts")
 # A checksum NVIDIA publishes but nobody has copied into the file yet.
 UNKNOWN_CHECKSUM = "TODO"
-_DRIVER_VERSION = re.compile(r"[0-9]{3,}\.[0-9]+(\.[0-9]+)?")
 _FLATCAR_VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+")
 _COMPONENT = re.compile(r"[a-z][a-z0-9_]*")
 
@@ -27,10 +27,12 @@ class VersionsError(ValueError):
 
 
 def driver_branch(version: str) -> str:
-    """``580.178.04`` -> ``580``: the branch the GPU Operator's precompiled tags carry."""
-    if not _DRIVER_VERSION.fullmatch(version):
-        raise VersionsError(f"invalid driver version {version!r}: expected e.g. 580.178.04")
-    return version.split(".", 1)[0]
+    """``580.178.04`` -> ``580``: the branch the GPU Operator's precompiled tags carry, as the
+    entrypoint derives it (nvidia_driver.config)."""
+    try:
+        return str(config.driver_branch(version))
+    except DriverError as exc:
+        raise VersionsError(str(exc)) from None
 
 
 def _version_key(version: str) -> tuple[int, ...]:

@@ -99,6 +99,8 @@ def test_a_banner_one_character_off_does_not_match_and_builds_at_runtime(
     assert f"SYSSRC={tree}" in make
     assert f"SYSOUT={tree}" in make
     assert "CC=gcc-14" in make
+    # The compiler is chosen once for the build: asked its version, then its version line.
+    assert host.calls("gcc-14") == ["gcc-14 -dumpfullversion -dumpversion", "gcc-14 --version"]
     assert "Building kernel modules:" in driver.output
     assert "[##############################] 100%" in driver.output
     installed = host.path(f"/lib/modules/{KERNEL}/kernel/drivers/video/nvidia.ko")

@@ -60,7 +60,9 @@ class PackageMetadata:
     driver_version: str
     module_type: str
     compiler: str
-    source_digest: str  # the sources, patches and build code built from (build.sources_digest)
+    # What it was built from: the module sources, patches and build code (the module sources
+    # digest, build.module_sources_digest).
+    source_digest: str
     modules: list[str]
     linked: list[LinkedModule] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)
@@ -142,7 +144,8 @@ def matching_package(
 ) -> Package | None:
     """The first package built for this exact kernel banner, driver and module type.
 
-    With ``source_digest``, only one built from exactly those driver sources and patches.
+    With ``source_digest``, only one built from exactly those module sources, patches and
+    build code (build.module_sources_digest).
     """
     for package in iter_packages(directories):
         meta = package.metadata
@@ -163,17 +166,15 @@ def report_match(package: Package | None) -> Package | None:
     return package
 
 
-def write_package(
-    destination: Path, metadata: PackageMetadata, sources: dict[str, Path]
-) -> Package:
-    """Write a package atomically: a complete directory appears (in place of the package there
-    before, if any), or nothing does."""
+def write_package(destination: Path, metadata: PackageMetadata, files: dict[str, Path]) -> Package:
+    """Write a package of files (by their name in it) atomically: a complete directory appears
+    (in place of the package there before, if any), or nothing does."""
     with replacing(destination, directory=True) as staging:
-        files = {}
-        for name, source in sources.items():
+        checksums = {}
+        for name, source in files.items():
             shutil.copyfile(source, staging / name)
-            files[name] = sha256_file(staging / name)
-        final = replace(metadata, files=files)
+            checksums[name] = sha256_file(staging / name)
+        final = replace(metadata, files=checksums)
         (staging / METADATA).write_text(final.to_json())
     return Package(destination, final)
 
