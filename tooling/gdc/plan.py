@@ -27,7 +27,7 @@ _FLATCAR = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+")
 
 
 @dataclass(frozen=True)
-class Sources:
+class Upstream:
     """Where the image builds download from; "" keeps the Dockerfiles' defaults (NVIDIA's)."""
 
     base_image: str = ""
@@ -37,8 +37,8 @@ class Sources:
     keyring: Path | None = None  # FLATCAR_KEYRING for a mirror's (or a test's) signatures
 
 
-# The redist archives every image needs (nvidia_driver/redist.py marks them required): the
-# fabric manager (NVSwitch systems) and NSCQ (DCGM's NVSwitch telemetry, a toolkit library).
+# The redist archives every image needs (nvidia_driver/sources/redist.py marks them required):
+# the fabric manager (NVSwitch systems) and NSCQ (DCGM's NVSwitch telemetry, a toolkit library).
 REQUIRED_REDIST = ("fabricmanager", "libnvidia_nscq")
 
 
@@ -58,7 +58,7 @@ class Request:
     prefix: str = ""
     driver_sha256: str = ""  # overrides versions.toml: HEX or amd64=HEX,arm64=HEX
     redist_sha256: str = ""  # overrides versions.toml: component.arch=HEX,...
-    sources: Sources = field(default_factory=Sources)
+    upstream: Upstream = field(default_factory=Upstream)
     git_commit: str = "unknown"
     source_url: str = "unknown"
     network: str = "host"
@@ -160,7 +160,7 @@ class Options:
     releases_url: str = ""
     driver_sha256: str = ""
     network: str = "host"
-    sources: Sources = field(default_factory=Sources)
+    upstream: Upstream = field(default_factory=Upstream)
     redist_sha256: str = ""
 
 
@@ -291,7 +291,7 @@ def resolve(
         prefix=options.prefix,
         driver_sha256=options.driver_sha256,
         redist_sha256=options.redist_sha256,
-        sources=options.sources,
+        upstream=options.upstream,
         git_commit=git_commit,
         source_url=source_url,
         network=options.network,

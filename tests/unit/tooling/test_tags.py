@@ -11,7 +11,7 @@ import pytest
 
 from gdc import context, images, tags
 from gdc.docker_api import HistoryEntry, ImageInfo
-from gdc.plan import Request, Sources
+from gdc.plan import Request, Upstream
 from gdc.tags import (
     ImageTags,
     TagError,
@@ -126,7 +126,7 @@ def _request(
         arches=arches,
         registry="127.0.0.1:5000/gdc",
         prefix="flatcar-test-0123abcd",
-        sources=Sources(base_image="gdc/debian:trixie", release_base_url="http://m/{channel}"),
+        upstream=Upstream(base_image="gdc/debian:trixie", release_base_url="http://m/{channel}"),
         git_commit="0123abcd" * 5,
     )
 
