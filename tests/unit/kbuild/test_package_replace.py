@@ -99,7 +99,12 @@ def test_a_replace_killed_between_its_steps_leaves_a_whole_package(
     assert package.damaged_file() is None
 
 
-def test_a_completed_replace_leaves_only_the_new_package(tmp_path: Path) -> None:
+@pytest.mark.parametrize("exchange", [True, False], ids=["exchanged", "moved-aside"])
+def test_a_completed_replace_leaves_only_the_new_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exchange: bool
+) -> None:
+    if not exchange:  # a filesystem without RENAME_EXCHANGE (NFS), an old kernel or libc
+        monkeypatch.setattr(atomic, "_exchange", lambda *_: False)
     old = old_package(tmp_path)
     module = tmp_path / "new.ko"
     module.write_bytes(b"new module\n")
@@ -109,19 +114,3 @@ def test_a_completed_replace_leaves_only_the_new_package(tmp_path: Path) -> None
     assert list(old.path.parent.iterdir()) == [old.path]
     assert load_package(old.path) == new
     assert (new.path / "nvidia.ko").read_bytes() == b"new module\n"
-
-
-def test_where_no_exchange_is_possible_the_old_tree_is_moved_aside_and_removed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # A filesystem without RENAME_EXCHANGE (NFS), or an old kernel: two renames, then not
-    # crash-safe between them, but the result is the same.
-    monkeypatch.setattr(atomic, "_exchange", lambda *_: False)
-    old = old_package(tmp_path)
-    module = tmp_path / "new.ko"
-    module.write_bytes(b"new module\n")
-
-    new = write_package(old.path, metadata("new"), {"nvidia.ko": module})
-
-    assert list(old.path.parent.iterdir()) == [old.path]
-    assert load_package(old.path) == new
