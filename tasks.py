@@ -258,17 +258,17 @@ def build(  # noqa: PLR0917 - invoke maps each option to a parameter
     docker_host: str = "",
 ) -> None:
     """Build a driver image (a precompiled build also builds its build image)."""
-    sources = plan.Sources(base_image, driver_base_url, fabricmanager_base_url, release_base_url,
-                           Path(flatcar_keyring) if flatcar_keyring else None)  # fmt: skip
+    upstream = plan.Upstream(base_image, driver_base_url, fabricmanager_base_url, release_base_url,
+                             Path(flatcar_keyring) if flatcar_keyring else None)  # fmt: skip
     options = plan.Options(variant, driver_version, flatcar_version, arch, registry, image,
                            _prefix(prefix, ci_prefix), releases_url, driver_sha256, network,
-                           sources, redist_sha256)  # fmt: skip
+                           upstream, redist_sha256)  # fmt: skip
     try:
         plan.check_options(options, push=push)
         request = _request(c, options)
         if request.multi_arch and not push:
             raise Exit("invoke build: a multi-arch build is pushed as it is built: add --push")
-        request.redist_spec()  # refuses a missing fabric manager or NSCQ digest before Docker
+        request.redist_spec  # noqa: B018 - refuses a missing fabric manager or NSCQ digest here
         if skipped := request.unrecorded_redist():
             _print(f"invoke build: versions.toml records no SHA-256 for {', '.join(skipped)} "
                    f"of driver {request.driver.version}: the image is built without them "
@@ -374,10 +374,10 @@ def publish(  # noqa: PLR0917 - invoke maps each option to a parameter
     started = time.monotonic()
     chosen_step = publishing.Step(_choice(step, publishing.Step, "--step"))
     chosen_variant = Variant(_choice(variant, Variant, "--variant")) if variant else None
-    sources = plan.Sources(base_image, driver_base_url, fabricmanager_base_url, release_base_url,
-                           Path(flatcar_keyring) if flatcar_keyring else None)  # fmt: skip
+    upstream = plan.Upstream(base_image, driver_base_url, fabricmanager_base_url, release_base_url,
+                             Path(flatcar_keyring) if flatcar_keyring else None)  # fmt: skip
     tag_prefix = _prefix(prefix, ci_prefix)
-    settings = BuildSettings(registry, image, tag_prefix, sources, network,
+    settings = BuildSettings(registry, image, tag_prefix, upstream, network,
                              _git(c, "rev-parse HEAD"), _git(c, "remote get-url origin"),
                              _git(c, "log -1 --format=%cI", default=""))  # fmt: skip
     try:

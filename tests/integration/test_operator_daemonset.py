@@ -19,7 +19,6 @@ from fixtures.daemonset import (
     GB200_TRAY,
     GRACE_SECONDS,
     HGX_H100,
-    KEYRING,
     L40S_SERVER,
     READY_LINE,
     STARTUP_PROBE_SECONDS,
@@ -36,13 +35,7 @@ from fixtures.daemonset import (
 from fixtures.gpg import SigningKey
 from fixtures.images import DRIVER, Invoke
 from fixtures.qemu import BROKEN_BUILD, NO_GPU, boot_and_insmod
-from fixtures.release_server import (
-    CONTAINER_TARBALL,
-    DEVELOPER_CONTAINER,
-    TEST_RELEASE,
-    VMLINUZ,
-    FlatcarReleaseServer,
-)
+from fixtures.release_server import BUILD_ARTIFACTS, TEST_RELEASE, FlatcarReleaseServer
 
 from nvidia_driver.kbuild.packages import Package, load_package
 
@@ -247,10 +240,6 @@ def rebuilt_node(banner: str, flatcar_signing_key: SigningKey) -> Iterator[tuple
         yield node, host
 
 
-def _build_env(server: FlatcarReleaseServer) -> dict[str, str]:
-    return {"FLATCAR_RELEASE_BASE_URL": server.base_url, "FLATCAR_KEYRING": KEYRING}
-
-
 BUILD_PATHS = ("/run/nvidia/cache/packages", "/var/cache/nvidia-driver")
 
 
@@ -282,7 +271,7 @@ def test_a_sigterm_in_the_middle_of_a_runtime_build_ends_within_the_grace_period
     cache directories the last checks look for (a chrooted compiler's name the chroot's).
     """
     node, host = rebuilt_node
-    env = _build_env(flatcar_release_server)
+    env = flatcar_release_server.container_env()
     with driver_pod(precompiled, node, env, network="host", host=host) as pod:
         pod.wait_for("Building kernel modules:", timeout=STARTUP_PROBE_SECONDS)
         time.sleep(2)  # make and its compilers are running
@@ -319,7 +308,7 @@ def test_a_mismatched_kernel_without_the_images_gcc_builds_in_the_developer_cont
     the nvidia.ko the pod installed is then insmod-ed into the release's kernel under QEMU.
     """
     node, host = rebuilt_node
-    env = {**_build_env(flatcar_release_server), **WITHOUT_GCC14}
+    env = {**flatcar_release_server.container_env(), **WITHOUT_GCC14}
     with driver_pod(precompiled, node, env, network="host", host=host) as pod:
         pod.wait_for(READY_LINE, timeout=STARTUP_PROBE_SECONDS)
         log = pod.output
@@ -369,7 +358,7 @@ def test_the_next_pod_on_that_node_reuses_the_built_package(
 ) -> None:
     """After the pod that built stopped (modules unloaded): no compile and no download."""
     node, host = rebuilt_node
-    env = {**_build_env(flatcar_release_server), **WITHOUT_GCC14}
+    env = {**flatcar_release_server.container_env(), **WITHOUT_GCC14}
     server = flatcar_release_server
     server.reset()  # count only this pod's requests, not the last build's
     host.forget_calls()
@@ -382,7 +371,7 @@ def test_the_next_pod_on_that_node_reuses_the_built_package(
         assert "developer container" not in log
         assert pod.probe().returncode == 0
         _assert_stops_cleanly(pod, _daemon_pids(pod))
-    for artifact in (CONTAINER_TARBALL, VMLINUZ, DEVELOPER_CONTAINER):
+    for artifact in BUILD_ARTIFACTS:
         assert server.request_count(server.artifact_url(artifact)) == 0, artifact
     assert len(node_packages(host)) == 1
 

@@ -33,6 +33,7 @@ from fixtures.http_server import Fault
 from fixtures.image_node import ImageBuild, build_release_in_image
 from fixtures.images import Invoke
 from fixtures.release_server import (
+    CONTAINER_KEYRING,
     CONTAINER_TARBALL,
     DEVELOPER_CONTAINER,
     TEST_RELEASE,
@@ -45,8 +46,6 @@ pytestmark = pytest.mark.integration
 
 DRIVER = "535.261.03"
 VERSION = TEST_RELEASE.version
-# Where the keyring of FLATCAR_KEYRING is mounted (the precompiled Dockerfile's keyrings/).
-KEYRING = "/etc/gdc/keyrings/release.gpg"
 NV_C = f"/usr/src/nvidia-{DRIVER}/kernel-open/nvidia/nv.c"
 
 
@@ -100,13 +99,12 @@ class ImageBuilder:
         env = {
             "NVIDIA_DRIVER_CACHE_DIR": str(self.cache),
             "NVIDIA_DRIVER_WORK_DIR": str(self.work),
-            "FLATCAR_RELEASE_BASE_URL": self.server.base_url,
-            "FLATCAR_KEYRING": KEYRING,
+            **self.server.container_env(),
         }
         volumes = (
             (self.cache, str(self.cache)),
             (self.work, str(self.work)),
-            (self.keyring, f"{KEYRING}:ro"),
+            (self.keyring, f"{CONTAINER_KEYRING}:ro"),
             *mounts,
         )
         started = time.monotonic()

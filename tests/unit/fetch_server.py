@@ -7,10 +7,10 @@ import threading
 import urllib.parse
 from collections import Counter
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+
+from local_server import LocalServer
 
 
 def flatcar_digests(name: str, content: bytes) -> str:
@@ -21,8 +21,10 @@ def flatcar_digests(name: str, content: bytes) -> str:
     )
 
 
-class ReleaseServer:
+class ReleaseServer(LocalServer):
     """Serves the files under ``root``; counts requests and injects faults per URL path."""
+
+    thread_name = "release-server"
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -35,32 +37,18 @@ class ReleaseServer:
         self.stalling = threading.Event()  # set once a stalled path has sent its half
         self.release = threading.Event()  # ends every stall (set when the server stops)
         self._lock = threading.Lock()
-        self._httpd = _HTTPServer(self)
-        # A short poll interval: shutdown() waits for the next poll.
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.01}, name="release-server"
-        )
+        super().__init__()
 
-    def __enter__(self) -> Self:
-        self._thread.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def stopping(self) -> None:
         self.release.set()
-        self._httpd.shutdown()
-        self._httpd.server_close()  # joins the request threads
-        self._thread.join()
 
     def url(self, path: str) -> str:
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host!s}:{port}/{path.lstrip('/')}"
+        return f"http://{self.host}/{path.lstrip('/')}"
 
     def answer(self, handler: BaseHTTPRequestHandler) -> None:
+        if handler.command != "GET":
+            handler.send_error(HTTPStatus.NOT_IMPLEMENTED)
+            return
         path = urllib.parse.urlsplit(handler.path).path
         with self._lock:
             self.requests[path] += 1
@@ -102,19 +90,3 @@ class ReleaseServer:
                 handler.wfile.write(body[: len(body) // 2] if path in self.truncated else body)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client gave up, as tests expect it to
-
-
-class _HTTPServer(ThreadingHTTPServer):
-    def __init__(self, release: ReleaseServer) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.release = release
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _HTTPServer
-
-    def do_GET(self) -> None:
-        self.server.release.answer(self)
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (overridden signature)
-        """Keep the test output quiet."""

@@ -14,9 +14,9 @@ import threading
 import urllib.parse
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
-from typing import Any, Self
+from http.server import BaseHTTPRequestHandler
+
+from local_server import LocalServer
 
 INDEX = "application/vnd.oci.image.index.v1+json"
 IMAGE = "application/vnd.oci.image.manifest.v1+json"
@@ -34,7 +34,7 @@ class Stored:
 
 
 @dataclass
-class OCIRegistry:
+class OCIRegistry(LocalServer):
     username: str = ""  # token auth when set
     password: str = ""
     status: int = 0  # answer every /v2 request with this status when set
@@ -44,31 +44,12 @@ class OCIRegistry:
     log: list[tuple[str, str, str]] = field(default_factory=list)  # method, path, Authorization
     tokens_issued: list[str] = field(default_factory=list)  # scopes
 
+    thread_name = "oci-registry"
+    keep_alive = True
+
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
-        self._httpd = _HTTPServer(self)
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.01}, name="oci-registry"
-        )
-
-    def __enter__(self) -> Self:
-        self._thread.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join()
-
-    @property
-    def host(self) -> str:
-        host, port = self._httpd.server_address[:2]
-        return f"{host!s}:{port}"
+        super().__init__()
 
     # --- content -------------------------------------------------------------------------------
 
@@ -114,7 +95,8 @@ class OCIRegistry:
 
     # --- the API -------------------------------------------------------------------------------
 
-    def answer(self, handler: BaseHTTPRequestHandler, method: str) -> None:
+    def answer(self, handler: BaseHTTPRequestHandler) -> None:
+        method = handler.command
         url = urllib.parse.urlsplit(handler.path)
         body = handler.rfile.read(int(handler.headers.get("Content-Length", "0")))
         with self._lock:
@@ -194,26 +176,3 @@ def _send(handler: BaseHTTPRequestHandler, status: int, body: bytes,
     handler.end_headers()
     if not head:
         handler.wfile.write(body)
-
-
-class _HTTPServer(ThreadingHTTPServer):
-    def __init__(self, registry: OCIRegistry) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.registry = registry
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _HTTPServer
-    protocol_version = "HTTP/1.1"
-
-    def do_GET(self) -> None:
-        self.server.registry.answer(self, "GET")
-
-    def do_HEAD(self) -> None:
-        self.server.registry.answer(self, "HEAD")
-
-    def do_PUT(self) -> None:
-        self.server.registry.answer(self, "PUT")
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (overridden signature)
-        """Keep the test output quiet."""

@@ -20,7 +20,7 @@ from nvidia_driver.formats.vmlinuz import kernel_banner
 from nvidia_driver.image.manifest import parse_manifest
 from nvidia_driver.image.runfile import read_header
 from nvidia_driver.kbuild import container, kerneltree
-from nvidia_driver.kbuild.compiler import kernel_gcc_major
+from nvidia_driver.kbuild.compiler import kernel_config, kernel_gcc_major
 from nvidia_driver.kbuild.patches import parse_kernel_release
 from nvidia_driver.node.daemons import PERSISTENCED, read_pid
 from nvidia_driver.node.host import module_refcounts
@@ -162,7 +162,7 @@ def test_a_manifest_takes_ascii_digits_only(line: str) -> None:
 
 def test_the_kernels_gcc_version_takes_ascii_digits_only(tmp_path: Path) -> None:
     write(tmp_path / ".config", f"CONFIG_GCC_VERSION={SUPERSCRIPT_TWO}\n")
-    assert kernel_gcc_major(tmp_path) is None
+    assert kernel_gcc_major(kernel_config(tmp_path)) is None
 
 
 def test_version_parsers_take_ascii_digits_only() -> None:

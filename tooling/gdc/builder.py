@@ -18,7 +18,7 @@ from gdc import context, images
 from gdc.docker_api import Docker, DockerError, Progress
 from gdc.images import Base
 from gdc.matrix import Image, Matrix
-from gdc.plan import Request, Sources
+from gdc.plan import Request, Upstream
 from gdc.publish import BuildError
 from gdc.tags import DEFAULT_IMAGE, Variant
 from gdc.versions import VersionsError
@@ -31,7 +31,7 @@ class BuildSettings:
     registry: str
     image: str = DEFAULT_IMAGE
     prefix: str = ""
-    sources: Sources = field(default_factory=Sources)
+    upstream: Upstream = field(default_factory=Upstream)
     network: str = "host"
     git_commit: str = "unknown"
     source_url: str = "unknown"
@@ -75,7 +75,7 @@ class DockerBuilder:
             if self._scratch is None:
                 raise BuildError("DockerBuilder is used outside its with block")
             self._contexts[variant] = context.assemble(
-                variant, self._scratch / variant.value, self.settings.sources.keyring
+                variant, self._scratch / variant.value, self.settings.upstream.keyring
             )
         return self._contexts[variant]
 
@@ -92,7 +92,7 @@ class DockerBuilder:
             registry=self.settings.registry,
             image=self.settings.image,
             prefix=self.settings.prefix,
-            sources=self.settings.sources,
+            upstream=self.settings.upstream,
             git_commit=self.settings.git_commit,
             source_url=self.settings.source_url,
             network=self.settings.network,
@@ -100,7 +100,7 @@ class DockerBuilder:
         )
 
     def base(self, image: Image, arch: str) -> Base:  # noqa: ARG002 - one base for every arch
-        reference = self.settings.sources.base_image or images.default_base_image()
+        reference = self.settings.upstream.base_image or images.default_base_image()
         if reference not in self._bases:
             known = images.pinned_base(reference) or (Base(reference, "") if self.dry_run else None)
             try:

@@ -120,15 +120,15 @@ def build_args(request: Request) -> dict[str, str]:
     args = {
         "DRIVER_VERSION": request.driver.version,
         "DRIVER_BRANCH": request.driver.branch,
-        "DRIVER_SHA256": request.sha256_spec(),
-        "REDIST_SHA256": request.redist_spec(),
+        "DRIVER_SHA256": request.sha256_spec,
+        "REDIST_SHA256": request.redist_spec,
         "GIT_COMMIT": request.git_commit,
         "SOURCE_URL": request.source_url,
         "FLATCAR_VERSIONS": " ".join(request.aliases),
         **_optional(
-            BASE_IMAGE=request.sources.base_image,
-            DRIVER_BASE_URL=request.sources.driver_base_url,
-            FABRICMANAGER_BASE_URL=request.sources.fabricmanager_base_url,
+            BASE_IMAGE=request.upstream.base_image,
+            DRIVER_BASE_URL=request.upstream.driver_base_url,
+            FABRICMANAGER_BASE_URL=request.upstream.fabricmanager_base_url,
         ),
     }
     if not request.multi_arch:
@@ -161,7 +161,7 @@ def precompiled_args(request: Request, ctx: context.Context, build_image: str) -
         "BUILD_IMAGE": build_image,
         "FLATCAR_VERSIONS": " ".join(request.carried),
         **_optional(
-            FLATCAR_RELEASE_BASE_URL=request.sources.release_base_url,
+            FLATCAR_RELEASE_BASE_URL=request.upstream.release_base_url,
             FLATCAR_KEYRING=ctx.keyring,
         ),
     }
@@ -223,13 +223,13 @@ def build_images(
         built = []
         if not (build_image and request.variant is Variant.PRECOMPILED):
             build_ctx = context.assemble(Variant.BUILD, Path(scratch) / "build")
-            base = base_of(request.sources.base_image or default_base_image(), docker)
+            base = base_of(request.upstream.base_image or default_base_image(), docker)
             built.append(_build(docker, build_job(request, build_ctx, base), build_tags(request),
                                 progress))  # fmt: skip
             build_image = built[0].tags.primary
         if request.variant is Variant.PRECOMPILED:
             ctx = context.assemble(
-                Variant.PRECOMPILED, Path(scratch) / "precompiled", request.sources.keyring
+                Variant.PRECOMPILED, Path(scratch) / "precompiled", request.upstream.keyring
             )
             base = _built_base(build_image, built, docker)
             job = precompiled_job(request, ctx, base)

@@ -11,21 +11,23 @@ import platform
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from gdc import coverage, matrix, releases
 from gdc.tags import DEFAULT_IMAGE, Variant, check_repository
 from gdc.versions import ARCHES, Driver, Versions, VersionsError, driver_branch
+from nvidia_driver.digests import ANY, digest_list
+from nvidia_driver.errors import DriverError
 from nvidia_driver.sources.flatcar import Release
 
 _MACHINE_ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 ALL_ARCHES = "all"
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 _FLATCAR = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+")
 
 
 @dataclass(frozen=True)
-class Sources:
+class Upstream:
     """Where the image builds download from; "" keeps the Dockerfiles' defaults (NVIDIA's)."""
 
     base_image: str = ""
@@ -35,8 +37,8 @@ class Sources:
     keyring: Path | None = None  # FLATCAR_KEYRING for a mirror's (or a test's) signatures
 
 
-# The redist archives every image needs (nvidia_driver/redist.py marks them required): the
-# fabric manager (NVSwitch systems) and NSCQ (DCGM's NVSwitch telemetry, a toolkit library).
+# The redist archives every image needs (nvidia_driver/sources/redist.py marks them required):
+# the fabric manager (NVSwitch systems) and NSCQ (DCGM's NVSwitch telemetry, a toolkit library).
 REQUIRED_REDIST = ("fabricmanager", "libnvidia_nscq")
 
 
@@ -56,7 +58,7 @@ class Request:
     prefix: str = ""
     driver_sha256: str = ""  # overrides versions.toml: HEX or amd64=HEX,arm64=HEX
     redist_sha256: str = ""  # overrides versions.toml: component.arch=HEX,...
-    sources: Sources = field(default_factory=Sources)
+    upstream: Upstream = field(default_factory=Upstream)
     git_commit: str = "unknown"
     source_url: str = "unknown"
     network: str = "host"
@@ -70,25 +72,33 @@ class Request:
     def multi_arch(self) -> bool:
         return len(self.arches) > 1
 
+    @cached_property
     def sha256_spec(self) -> str:
         """The DRIVER_SHA256 build argument: ``arch=HEX`` for each architecture built.
 
         Always in this one form, however the checksum was given: the same inputs must give
-        the same build arguments, or Docker's layer cache is missed.
+        the same build arguments, or Docker's layer cache is missed. Worked out once per
+        request, as the build arguments and the recorded inputs both take it.
         """
-        given = self.driver_sha256
+        given = driver_digests(self.driver_sha256)
         if not given:
             try:
                 sums = {arch: self.driver.checksum(arch) for arch in self.arches}
             except VersionsError as exc:
                 raise VersionsError(f"{exc}, or pass --driver-sha256") from None
-        elif "=" not in given:
-            sums = dict.fromkeys(self.arches, given)
+        elif ANY in given:
+            sums = dict.fromkeys(self.arches, given[ANY])
         else:
-            pairs = dict(pair.split("=", 1) for pair in given.split(",") if "=" in pair)
-            sums = {arch: pairs.get(arch, "") for arch in self.arches}
+            missing = [arch for arch in self.arches if arch not in given]
+            if missing:
+                raise VersionsError(
+                    f"--driver-sha256 {self.driver_sha256!r} gives no checksum for "
+                    f"{', '.join(missing)}, which this build is for: add {missing[0]}=<sha256>"
+                )
+            sums = {arch: given[arch] for arch in self.arches}
         return ",".join(f"{arch}={checksum}" for arch, checksum in sums.items())
 
+    @cached_property
     def redist_spec(self) -> str:
         """The REDIST_SHA256 build argument: ``component.arch=HEX`` for the arches built.
 
@@ -96,9 +106,10 @@ class Request:
         NSCQ must be recorded or given: without them the image is refused here, before any
         build. An optional archive recorded as "TODO" (NVLSM, IMEX, NVSDM, whose digests no
         public source lists yet) is left out: the image is built without it, as
-        :meth:`unrecorded_redist` says, and never with an archive nobody recorded.
+        :meth:`unrecorded_redist` says, and never with an archive nobody recorded. Worked
+        out once per request.
         """
-        given = self._given_redist()
+        given = self.given_redist
         sums: dict[str, str] = {}
         for arch in self.arches:
             recorded = self.driver.redist_checksums(arch)
@@ -119,7 +130,7 @@ class Request:
 
     def unrecorded_redist(self) -> list[str]:
         """``component.arch`` of each optional archive the image is built without (TODO)."""
-        given = self._given_redist()
+        given = self.given_redist
         return sorted(
             key
             for arch in self.arches
@@ -127,10 +138,13 @@ class Request:
             if recorded is None and key not in given
         )
 
-    def _given_redist(self) -> dict[str, str]:
-        return dict(
-            item.strip().split("=", 1) for item in self.redist_sha256.split(",") if "=" in item
-        )
+    @cached_property
+    def given_redist(self) -> dict[str, str]:
+        """--redist-sha256, read: ``component.arch`` -> HEX."""
+        try:
+            return digest_list(self.redist_sha256, "--redist-sha256")
+        except DriverError as exc:
+            raise VersionsError(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -147,7 +161,7 @@ class Options:
     releases_url: str = ""
     driver_sha256: str = ""
     network: str = "host"
-    sources: Sources = field(default_factory=Sources)
+    upstream: Upstream = field(default_factory=Upstream)
     redist_sha256: str = ""
 
 
@@ -172,28 +186,25 @@ def parse_arches(text: str, versions: Versions) -> tuple[str, ...]:
     return arches
 
 
-def check_sha256(text: str) -> None:
-    """--driver-sha256: 64 hex digits, or arch=HEX pairs for known arches, comma-separated."""
-    if not text:
-        return
-    pairs = [part.split("=", 1) if "=" in part else ["", part] for part in text.split(",")]
-    for arch, value in pairs:
-        if (
-            (arch and arch not in ARCHES)
-            or not _SHA256.fullmatch(value.strip().lower())
-            or (not arch and len(pairs) > 1)
-        ):
-            raise VersionsError(
-                f"invalid --driver-sha256 {text!r}: give 64 hex digits, or "
-                "amd64=<64 hex>,arm64=<64 hex>"
-            )
+def driver_digests(text: str) -> dict[str, str]:
+    """--driver-sha256: 64 hex digits ({ANY: HEX}), or arch=HEX pairs for known arches."""
+    invalid = VersionsError(
+        f"invalid --driver-sha256 {text!r}: give 64 hex digits, or amd64=<64 hex>,arm64=<64 hex>"
+    )
+    try:
+        digests = digest_list(text, "--driver-sha256")
+    except DriverError:
+        raise invalid from None
+    if not set(digests) <= {ANY, *ARCHES}:
+        raise invalid
+    return digests
 
 
 def check_options(options: Options, *, push: bool = False) -> None:
     """Everything about the options that needs no network and no Docker, checked first."""
     parse_variant(options.variant)
     check_repository(options.registry, options.image)
-    check_sha256(options.driver_sha256)
+    driver_digests(options.driver_sha256)
     if push and not options.registry:
         raise VersionsError(
             "--push needs --registry (e.g. ghcr.io/<your owner>): without one docker would "
@@ -281,7 +292,7 @@ def resolve(
         prefix=options.prefix,
         driver_sha256=options.driver_sha256,
         redist_sha256=options.redist_sha256,
-        sources=options.sources,
+        upstream=options.upstream,
         git_commit=git_commit,
         source_url=source_url,
         network=options.network,

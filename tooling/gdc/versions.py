@@ -9,13 +9,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nvidia_driver import config
+from nvidia_driver.digests import valid_sha256
+from nvidia_driver.errors import DriverError
+
 VERSIONS_FILE = Path(__file__).resolve().parents[2] / "versions.toml"
 ARCHES = ("amd64", "arm64")
 CHANNELS = ("alpha", "beta", "stable", "lts")
 # A checksum NVIDIA publishes but nobody has copied into the file yet.
 UNKNOWN_CHECKSUM = "TODO"
-_DRIVER_VERSION = re.compile(r"[0-9]{3,}\.[0-9]+(\.[0-9]+)?")
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 _FLATCAR_VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+")
 _COMPONENT = re.compile(r"[a-z][a-z0-9_]*")
 
@@ -25,10 +27,12 @@ class VersionsError(ValueError):
 
 
 def driver_branch(version: str) -> str:
-    """``580.178.04`` -> ``580``: the branch the GPU Operator's precompiled tags carry."""
-    if not _DRIVER_VERSION.fullmatch(version):
-        raise VersionsError(f"invalid driver version {version!r}: expected e.g. 580.178.04")
-    return version.split(".", 1)[0]
+    """``580.178.04`` -> ``580``: the branch the GPU Operator's precompiled tags carry, as the
+    entrypoint derives it (nvidia_driver.config)."""
+    try:
+        return str(config.driver_branch(version))
+    except DriverError as exc:
+        raise VersionsError(str(exc)) from None
 
 
 def _version_key(version: str) -> tuple[int, ...]:
@@ -188,6 +192,7 @@ def _redist(version: str, table: object, source: str) -> tuple[RedistDigests, ..
 def _checksum(value: object, what: str) -> str | None:
     if value == UNKNOWN_CHECKSUM:
         return None
-    if not isinstance(value, str) or not _SHA256.fullmatch(value.lower()):
-        raise VersionsError(f"{what}: expected 64 hex digits or {UNKNOWN_CHECKSUM!r}")
-    return value.lower()
+    try:
+        return valid_sha256(value if isinstance(value, str) else "", what)
+    except DriverError:
+        raise VersionsError(f"{what}: expected 64 hex digits or {UNKNOWN_CHECKSUM!r}") from None

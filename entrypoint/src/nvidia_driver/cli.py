@@ -187,13 +187,12 @@ def dispatch(args: argparse.Namespace) -> int:
         from nvidia_driver.node.peermem import reload_nvidia_peermem  # noqa: PLC0415
 
         return reload_nvidia_peermem(ctx.paths, ctx.commands, config)
-    from nvidia_driver.node import lifecycle  # noqa: PLC0415
-    from nvidia_driver.node.host import read_host_facts  # noqa: PLC0415
-
     if command == "build":
+        from nvidia_driver.node.build import build_command  # noqa: PLC0415
+
         versions = (args.flatcar_version or "").replace(",", " ").split()
         for version in versions or [None]:
-            lifecycle.build_standalone(
+            build_command(
                 ctx,
                 config,
                 module_type=args.module_type,
@@ -201,6 +200,9 @@ def dispatch(args: argparse.Namespace) -> int:
                 output=args.output,
             )
         return 0
+    from nvidia_driver.node import lifecycle  # noqa: PLC0415
+    from nvidia_driver.node.host import read_host_facts  # noqa: PLC0415
+
     if command == "unload":
         return lifecycle.unload_standalone(ctx, config)
     facts = read_host_facts(ctx.paths)

@@ -57,9 +57,17 @@ def _driver_version(env: Mapping[str, str], *, required: bool) -> str:
     return version
 
 
+def driver_branch(version: str) -> int:
+    """``580.105.08`` -> 580: a driver's branch, its major version (the patches, the module
+    type and the GPU Operator's precompiled tags go by it). The tooling uses it too."""
+    if not _VERSION.fullmatch(version):
+        raise DriverError(f"invalid driver version {version!r}: expected e.g. 580.105.08")
+    return int(version.split(".", 1)[0])
+
+
 def _driver_branch(env: Mapping[str, str], version: str) -> int:
     raw = env.get("DRIVER_BRANCH", "").strip()
-    derived = version.split(".", 1)[0] if version else ""
+    derived = str(driver_branch(version)) if version else ""
     if not raw:
         return int(derived) if derived else 0
     if not _NUMBER.fullmatch(raw):

@@ -77,7 +77,7 @@ def test_header_fields_are_parsed_by_name_with_quotes_stripped(tmp_path: Path, t
     header = read_header(built.path)
     assert header.skip == built.skip
     assert header.version == VERSION
-    assert header.target_arch == "x86_64"  # single-quoted in the stub
+    assert header.target_arch == "x86_64"
     assert (
         header.fields["label"] == f"NVIDIA Accelerated Graphics Driver for Linux-x86_64 {VERSION}"
     )
@@ -93,11 +93,14 @@ def test_header_ends_at_the_first_line_that_is_not_key_value(tmp_path: Path, tre
 
 
 def test_header_order_does_not_matter(tmp_path: Path) -> None:
-    # A 1.0-era header put skip= on line 2, before CRCsum and MD5.
+    # A 1.0-era header put skip= on line 2, before CRCsum and MD5 (single quotes are stripped
+    # as double ones are).
     path = tmp_path / "old.run"
-    path.write_bytes(b'#! /bin/sh\nskip=7\nCRCsum=123\nMD5="' + b"a" * 32 + b'"\nlabel=x\n\n')
+    path.write_bytes(b'#! /bin/sh\nskip=7\nCRCsum=123\nMD5="' + b"a" * 32 + b'"\nlabel=x\n'
+                     b"TARGET_ARCH='ia64'\n\n")  # fmt: skip
     header = read_header(path)
     assert (header.skip, header.crc, header.md5) == (7, 123, "a" * 32)
+    assert header.target_arch == "ia64"
 
 
 def test_an_all_zero_md5_means_no_md5(tmp_path: Path, tree: Path) -> None:
@@ -239,7 +242,7 @@ def test_the_pinned_sha256_is_checked(tmp_path: Path, tree: Path) -> None:
 
 def test_a_malformed_sha256_pin_is_refused(tmp_path: Path, tree: Path) -> None:
     built = build_run(tmp_path / "x.run", tree)
-    with pytest.raises(DriverError, match="not 64 hex digits"):
+    with pytest.raises(DriverError, match=r"is not a SHA-256 \(64 hex digits\).*fix the pin"):
         _verify(built.path, "sha256:abc")
 
 

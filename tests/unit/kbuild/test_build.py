@@ -1,4 +1,4 @@
-"""Packaging details of the runtime build: debug info stripping and the sources digest."""
+"""Packaging details of the runtime build: debug info stripping and the module sources digest."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from tools import needs
 
 from nvidia_driver.commands import Commands
 from nvidia_driver.kbuild import build
-from nvidia_driver.kbuild.build import sources_digest, strip_debug_info
+from nvidia_driver.kbuild.build import module_sources_digest, strip_debug_info
 from nvidia_driver.kbuild.compiler import CHROOT_PATH, Toolchain
 from nvidia_driver.kbuild.patches import KernelVersion, Patch
 
@@ -82,26 +82,26 @@ def _patch(path: Path, name: str = "fix") -> Patch:
     )
 
 
-def test_the_sources_digest_follows_the_sources_and_the_patches(tmp_path: Path) -> None:
+def test_the_module_sources_digest_follows_the_sources_and_the_patches(tmp_path: Path) -> None:
     sources = tmp_path / "kernel-open"
     sources.mkdir()
     (sources / "nv.c").write_text("int x;\n")
     patch = tmp_path / "fix.patch"
     patch.write_text("--- a/nv.c\n+++ b/nv.c\n")
 
-    unpatched = sources_digest(sources, [])
-    patched = sources_digest(sources, [_patch(patch)])
+    unpatched = module_sources_digest(sources, [])
+    patched = module_sources_digest(sources, [_patch(patch)])
     assert unpatched.startswith("sha256:")
     assert patched != unpatched
-    assert sources_digest(sources, [_patch(patch)]) == patched, "stable for the same inputs"
+    assert module_sources_digest(sources, [_patch(patch)]) == patched, "stable for the same inputs"
 
     patch.write_text("--- a/nv.c\n+++ b/nv.c\n@@ changed @@\n")
-    assert sources_digest(sources, [_patch(patch)]) != patched
+    assert module_sources_digest(sources, [_patch(patch)]) != patched
     (sources / "nv.c").write_text("int y;\n")
-    assert sources_digest(sources, []) != unpatched
+    assert module_sources_digest(sources, []) != unpatched
 
 
-def test_the_sources_digest_follows_the_build_code(
+def test_the_module_sources_digest_follows_the_build_code(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A package built by other build code (an older image's) is not reused."""
@@ -111,6 +111,6 @@ def test_the_sources_digest_follows_the_build_code(
     kbuild = Path(build.__file__).parent
     assert build.build_code_digest() == build.tree_digest([kbuild], suffix=".py")
     assert "kbuild/build.py" in {str(p.relative_to(kbuild.parent)) for p in kbuild.glob("*.py")}
-    before = sources_digest(sources, [])
+    before = module_sources_digest(sources, [])
     monkeypatch.setattr(build, "build_code_digest", lambda: "sha256:other")
-    assert sources_digest(sources, []) != before
+    assert module_sources_digest(sources, []) != before

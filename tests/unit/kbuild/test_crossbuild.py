@@ -12,7 +12,7 @@ from simhost import SimulatedHost
 
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
-from nvidia_driver.kbuild.compiler import choose_compiler
+from nvidia_driver.kbuild.compiler import choose_compiler, kernel_config
 from nvidia_driver.kbuild.crossbuild import build_machine, build_target, tree_arch
 
 ON_ARM64 = build_machine() == "arm64"
@@ -26,7 +26,7 @@ def test_a_cross_build_without_the_cross_gcc_says_which_package_it_needs(
     tree = host.add_host_kernel_tree(arch=OTHER_ARCH)
     (host.bin_dir / f"{OTHER_PREFIX}gcc-14").unlink()
     with pytest.raises(DriverError) as caught:
-        choose_compiler(tree, Commands(host.env()))
+        choose_compiler(kernel_config(tree), Commands(host.env()))
     triplet = OTHER_PREFIX.removesuffix("-").replace("_", "-")  # Debian's package names
     assert str(caught.value) == (
         f"the kernel was built with gcc 14 for {OTHER_ARCH}, and cross-building for "
@@ -38,9 +38,10 @@ def test_a_cross_build_without_the_cross_gcc_says_which_package_it_needs(
 
 def test_the_cross_gcc_of_the_kernels_major_is_chosen(host: SimulatedHost) -> None:
     tree = host.add_host_kernel_tree(arch=OTHER_ARCH)
-    compiler, version = choose_compiler(tree, Commands(host.env()))
-    assert compiler == f"{OTHER_PREFIX}gcc-14"
-    assert version == f"{OTHER_PREFIX}gcc-14 (Debian 14.2.0-19) 14.2.0"
+    compiler = choose_compiler(kernel_config(tree), Commands(host.env()))
+    assert compiler.command == f"{OTHER_PREFIX}gcc-14"
+    assert compiler.version == f"{OTHER_PREFIX}gcc-14 (Debian 14.2.0-19) 14.2.0"
+    assert compiler.target.cross
 
 
 @pytest.mark.parametrize(

@@ -41,7 +41,7 @@ from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats import elf
 from nvidia_driver.kbuild import container, devcontainer, hosttree
-from nvidia_driver.kbuild.release import ReleaseSources
+from nvidia_driver.kbuild.release import FlatcarReleases
 from nvidia_driver.links import escaping_links, resolve_within, tree_links
 from nvidia_driver.paths import Paths
 from nvidia_driver.sources.flatcar import ReleaseServer as FlatcarServer
@@ -148,7 +148,7 @@ def test_a_link_chain_in_the_container_tarball_changes_nothing_outside(
     signer = keys.other if signed_by == "other" else keys.trusted
     with ReleaseServer(tmp_path / "release") as server:
         publish(server.root, chain_tarball(sentinel), signer)
-        sources = ReleaseSources(
+        releases = FlatcarReleases(
             Commands(),
             tmp_path / "cache",
             tmp_path / "cache",  # the work directory too: the tree lands in cache/trees
@@ -161,7 +161,7 @@ def test_a_link_chain_in_the_container_tarball_changes_nothing_outside(
             else r"resolves out of the extraction directory \(usr/lib/modules/.*/p1 -> r/\.\."
         )
         with pytest.raises(DriverError, match=expected) as failure:
-            sources.container_tree(VERSION, "amd64", KERNEL)
+            releases.container_tree(VERSION, "amd64", KERNEL)
 
     assert "\n" not in str(failure.value)
     assert sentinel.state() == before

@@ -14,6 +14,7 @@ from nvidia_driver.kbuild.compiler import (
     CompilerMismatchError,
     Toolchain,
     choose_compiler,
+    kernel_config,
 )
 from nvidia_driver.sources.flatcar import has_container_tree
 
@@ -56,10 +57,11 @@ def test_a_developer_container_build_runs_chrooted(tmp_path: Path) -> None:
 def test_the_compiler_must_match_the_kernels_major_version(host: SimulatedHost) -> None:
     tree = host.add_host_kernel_tree(gcc=140201)
     commands = Commands(host.env())
-    assert choose_compiler(tree, commands) == ("gcc-14", "gcc-14 (Debian 14.2.0-19) 14.2.0")
+    compiler = choose_compiler(kernel_config(tree), commands)
+    assert (compiler.command, compiler.version) == ("gcc-14", "gcc-14 (Debian 14.2.0-19) 14.2.0")
     tree = host.add_host_kernel_tree(gcc=130301)
     with pytest.raises(CompilerMismatchError) as caught:
-        choose_compiler(tree, commands)
+        choose_compiler(kernel_config(tree), commands)
     assert str(caught.value).startswith(
         "the kernel was built with gcc 13 and no gcc 13 is available in this image"
     )
@@ -71,4 +73,4 @@ def test_the_developer_containers_gcc_is_looked_for_inside_it(
     tree = host.add_host_kernel_tree(gcc=120200)
     root = tmp_path / "devcontainer"
     with pytest.raises(CompilerMismatchError, match="in the developer container at"):
-        choose_compiler(tree, Commands(host.env()), Toolchain(root))
+        choose_compiler(kernel_config(tree), Commands(host.env()), Toolchain(root))

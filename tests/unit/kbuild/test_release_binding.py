@@ -32,7 +32,7 @@ from tools import needs, require
 
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
-from nvidia_driver.kbuild.release import ReleaseSources
+from nvidia_driver.kbuild.release import FlatcarReleases
 from nvidia_driver.sources.download import DownloadLimits
 from nvidia_driver.sources.flatcar import ReleaseServer as FlatcarServer
 from nvidia_driver.sources.flatcar import check_release_file
@@ -121,9 +121,9 @@ def publish(server: ReleaseServer, version: str, name: str, data: bytes, signer:
     signer.sign(artifact)
 
 
-def sources(server: ReleaseServer, cache: Path, signer: Signer, tmp_path: Path) -> ReleaseSources:
+def releases(server: ReleaseServer, cache: Path, signer: Signer, tmp_path: Path) -> FlatcarReleases:
     keyring = signer.export(tmp_path / "keyring.asc", armor=True)
-    return ReleaseSources(
+    return FlatcarReleases(
         Commands(),
         cache,
         cache,  # the work directory too: trees, devcontainers and downloads land under cache
@@ -144,7 +144,7 @@ def test_an_older_releases_tarball_under_a_new_releases_url_is_refused(
 ) -> None:
     publish(server, NEW, "flatcar-container.tar.gz", container_tarball(tmp_path, OLD), signer)
     cache = tmp_path / "cache"
-    release = sources(server, cache, signer, tmp_path)
+    release = releases(server, cache, signer, tmp_path)
 
     with pytest.raises(DriverError, match=rf"is the file of Flatcar {OLD} \(amd64-usr\), not of"):
         release.container_tree(NEW, "amd64", KERNEL)
@@ -157,7 +157,7 @@ def test_the_releases_own_tarball_is_used_and_its_cached_tree_rechecked(
 ) -> None:
     publish(server, NEW, "flatcar-container.tar.gz", container_tarball(tmp_path, NEW), signer)
     cache = tmp_path / "cache"
-    release = sources(server, cache, signer, tmp_path)
+    release = releases(server, cache, signer, tmp_path)
 
     tree = release.container_tree(NEW, "amd64", KERNEL)
     again = release.container_tree(NEW, "amd64", KERNEL)
@@ -206,7 +206,7 @@ def test_an_older_releases_developer_container_is_refused_and_forgotten(
     name = "flatcar_developer_container.bin.bz2"
     publish(server, NEW, name, developer_container(tmp_path, OLD), signer)
     cache = tmp_path / "cache"
-    release = sources(server, cache, signer, tmp_path)
+    release = releases(server, cache, signer, tmp_path)
 
     with pytest.raises(DriverError, match=rf"is the file of Flatcar {OLD} \(amd64-usr\)"):
         release.developer_container(NEW, "amd64", KERNEL)

@@ -16,8 +16,9 @@ from simhost import DRIVER, FLATCAR_OS_RELEASE_UNQUOTED, KERNEL, SimulatedHost
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
 from nvidia_driver.kbuild import hosttools, hosttree, kerneltree
-from nvidia_driver.kbuild.build import BuildRequest, build_package
+from nvidia_driver.kbuild.build import BuildRequest, build_package, module_sources
 from nvidia_driver.kbuild.cachedirs import WORK_ENV, sweep_stale, work_dir
+from nvidia_driver.kbuild.compiler import choose_compiler, kernel_config
 from nvidia_driver.paths import Paths
 from nvidia_driver.sources.flatcar import has_container_tree, has_native_host_tools
 
@@ -154,18 +155,20 @@ def test_a_tree_without_module_symvers_is_refused_before_make(
     (build / ".config").write_text("CONFIG_GCC_VERSION=140201\n")
     if symvers is not None:
         (build / "Module.symvers").write_text(symvers)
+    commands = Commands(host.env())
     request = BuildRequest(
         driver_version=DRIVER,
         module_type="open",
         kernel_release=KERNEL,
         banner="Linux version",
         tree=kerneltree.KernelTree(build, build, KERNEL, None, kerneltree.HOST),
-        driver_sources=host.path(f"/usr/src/nvidia-{DRIVER}"),
+        compiler=choose_compiler(kernel_config(build), commands),
+        module_sources=module_sources(host.path(f"/usr/src/nvidia-{DRIVER}"), "open", 580, KERNEL),
         output=tmp_path / "out/package",
         log_dir=tmp_path / "logs",
     )
     with pytest.raises(DriverError) as refused:
-        build_package(request, Commands(host.env()))
+        build_package(request, commands)
     message = str(refused.value)
     assert "\n" not in message
     assert f"has no Module.symvers, or an empty one ({build / 'Module.symvers'})" in message

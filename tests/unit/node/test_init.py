@@ -99,6 +99,8 @@ def test_a_banner_one_character_off_does_not_match_and_builds_at_runtime(
     assert f"SYSSRC={tree}" in make
     assert f"SYSOUT={tree}" in make
     assert "CC=gcc-14" in make
+    # The compiler is chosen once for the build: asked its version, then its version line.
+    assert host.calls("gcc-14") == ["gcc-14 -dumpfullversion -dumpversion", "gcc-14 --version"]
     assert "Building kernel modules:" in driver.output
     assert "[##############################] 100%" in driver.output
     installed = host.path(f"/lib/modules/{KERNEL}/kernel/drivers/video/nvidia.ko")
@@ -446,9 +448,16 @@ def test_build_packages_without_loading(host: SimulatedHost, tmp_path: object) -
     output = host.root.parent / "out"
     result = host.run("build", "--module-type", "open", "--output", str(output))
     assert result.returncode == 0, result.stderr
-    assert (output / "open" / f"{KERNEL}-{_banner_key()}" / "metadata.json").is_file()
+    copied = output / "open" / f"{KERNEL}-{_banner_key()}"
+    assert (copied / "metadata.json").is_file()
     assert not host.calls("modprobe")
     assert f"DRIVER {DRIVER}" not in result.stdout
+    # Again into the same place: the cached package, its copy replaced whole.
+    (copied / "nvidia.ko").write_text("stale\n")
+    again = host.run("build", "--module-type", "open", "--output", str(output))
+    assert again.returncode == 0, again.stderr
+    assert list((output / "open").iterdir()) == [copied]
+    assert (copied / "nvidia.ko").read_text() == "built nvidia\n"
 
 
 def _banner_key() -> str:

@@ -25,7 +25,7 @@ from tools import require
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import CaughtSignalError, DriverError
 from nvidia_driver.kbuild.container import extract_container_tree
-from nvidia_driver.node.lifecycle import signals_raise
+from nvidia_driver.node.signals import signals_raise
 from nvidia_driver.sources.download import Backoff, Downloader, DownloadLimits
 from nvidia_driver.sources.fetch import Fetcher, sha512_from_digests
 from nvidia_driver.sources.openpgp import dearmor, signature_problem

@@ -11,7 +11,7 @@ import pytest
 
 from gdc import context, images, tags
 from gdc.docker_api import HistoryEntry, ImageInfo
-from gdc.plan import Request, Sources
+from gdc.plan import Request, Upstream
 from gdc.tags import (
     ImageTags,
     TagError,
@@ -23,7 +23,7 @@ from gdc.tags import (
     reference,
     repository,
 )
-from gdc.versions import Driver, RedistDigests
+from gdc.versions import Driver, RedistDigests, VersionsError
 from nvidia_driver.sources.flatcar import FlatcarVersion, Release
 
 SUM = "cd" * 32
@@ -126,7 +126,7 @@ def _request(
         arches=arches,
         registry="127.0.0.1:5000/gdc",
         prefix="flatcar-test-0123abcd",
-        sources=Sources(base_image="gdc/debian:trixie", release_base_url="http://m/{channel}"),
+        upstream=Upstream(base_image="gdc/debian:trixie", release_base_url="http://m/{channel}"),
         git_commit="0123abcd" * 5,
     )
 
@@ -308,4 +308,10 @@ def test_repositories_are_lower_case_as_registries_require() -> None:
 def test_one_checksum_one_build_argument_however_it_was_given(given: str) -> None:
     # The same inputs must give the same DRIVER_SHA256, or Docker's layer cache is missed.
     request = dataclasses.replace(_request(), driver_sha256=given)
-    assert request.sha256_spec() == f"amd64={SUM}"
+    assert request.sha256_spec == f"amd64={SUM}"
+
+
+def test_a_checksum_list_without_an_arch_built_is_refused_before_docker() -> None:
+    request = dataclasses.replace(_request(arches=("amd64", "arm64")), driver_sha256=f"amd64={SUM}")
+    with pytest.raises(VersionsError, match=r"gives no checksum for arm64, .* add arm64=<sha256>"):
+        request.sha256_spec  # noqa: B018 - worked out when first read

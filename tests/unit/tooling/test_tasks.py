@@ -20,7 +20,7 @@ from invoke.runners import Result
 
 from gdc import docker_api
 from gdc.docker_api import BuildJob, Buildx, ImageInfo, Progress
-from gdc.versions import load_versions
+from gdc.versions import Driver, load_versions
 
 SUM = "ab" * 32
 BASE = "gdc/debian:trixie@sha256:" + "1" * 64
@@ -174,6 +174,25 @@ def test_build_of_the_build_image(
     out = capsys.readouterr().out
     assert "Step 1/1 : images/build/Dockerfile" in out
     assert "image 200 B in 2 layers" in out
+
+
+def test_a_build_works_the_redist_digests_out_once(
+    c: MockContext, docker: FakeDocker, feed_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before, invoke build read versions.toml's redist record and --redist-sha256 again for
+    # its check, the build arguments and the recorded inputs: three times.
+    read: list[str] = []
+    redist_checksums = Driver.redist_checksums
+
+    def counted(driver: Driver, arch: str) -> dict[str, str | None]:
+        read.append(arch)
+        return redist_checksums(driver, arch)
+
+    monkeypatch.setattr(Driver, "redist_checksums", counted)
+    tasks.build(c, variant="build", arch="amd64", releases_url=feed_url, driver_sha256=SUM,
+                redist_sha256=REDIST)  # fmt: skip
+    assert docker.jobs[0].buildargs["REDIST_SHA256"]
+    assert read == ["amd64", "amd64"]  # the build argument, then what is left out
 
 
 def test_build_and_push_of_a_precompiled_image(

@@ -35,6 +35,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from nvidia_driver.commands import Commands
+from nvidia_driver.digests import ANY, digest_list
 from nvidia_driver.errors import DriverError
 from nvidia_driver.image.driverroot import verify_root
 from nvidia_driver.log import say
@@ -43,7 +44,6 @@ from nvidia_driver.sources.download import REDIRECT_HOSTS_ENV, Downloader, Downl
 
 RUN_ARCH = {"amd64": "x86_64", "arm64": "aarch64"}
 TRIPLET = redist.TRIPLET
-SHA256_HEX_LENGTH = 64
 # redistrib_<V>.json is a few kB (about twenty components); far past that it is not one.
 MAX_MANIFEST_BYTES = 4 << 20
 
@@ -67,26 +67,18 @@ def _arch(arch: str) -> str:
 
 def checksum_for(spec: str, arch: str) -> str:
     """The digest for ``arch`` from ``HEX`` or ``amd64=HEX,arm64=HEX``."""
-    spec = spec.strip()
-    if "=" not in spec:
-        return _valid_sha256(spec, f"--sha256 {spec!r}")
-    sums = {}
-    for item in spec.split(","):
-        name, _, digest = item.strip().partition("=")
-        sums[name.strip()] = digest.strip()
+    try:
+        sums = digest_list(spec, "--sha256")
+    except DriverError as exc:
+        raise DriverError(
+            f"{exc}; record the .run's checksum in versions.toml or pass --driver-sha256 to "
+            "invoke build"
+        ) from None
+    if ANY in sums:
+        return sums[ANY]
     if arch not in sums:
         raise DriverError(f"--sha256 lists no checksum for {arch} (it lists {', '.join(sums)})")
-    return _valid_sha256(sums[arch], f"--sha256 for {arch}")
-
-
-def _valid_sha256(digest: str, what: str) -> str:
-    lowered = digest.lower()
-    if len(lowered) != SHA256_HEX_LENGTH or any(c not in "0123456789abcdef" for c in lowered):
-        raise DriverError(
-            f"{what} is not a SHA-256 (64 hex digits); record the .run's checksum in "
-            "versions.toml or pass --driver-sha256 to invoke build"
-        )
-    return lowered
+    return sums[arch]
 
 
 def driver_url(base_url: str, version: str, arch: str) -> str:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import IO, Literal, Protocol, cast
 
 from nvidia_driver.commands import Commands
+from nvidia_driver.digests import valid_sha256
 from nvidia_driver.errors import DriverError
 
 Compression = Literal["gzip", "xz", "zstd"]
@@ -212,7 +213,7 @@ def verify(runfile: Path, header: RunHeader, offset: int, sha256: str | None = N
     for makeself nv2; for later nvN it is inferred, so a match over the payload alone (what the
     reference says to try before calling a file corrupt) is accepted too.
     """
-    expected_sha256 = _normalized_sha256(sha256) if sha256 is not None else None
+    expected_sha256 = _pinned_sha256(sha256) if sha256 is not None else None
     whole = hashlib.sha256()
     ranges = [
         _RangeSums.from_offset(line_offset(runfile, CHECKSUMMED_FROM_LINE)),
@@ -234,11 +235,11 @@ def verify(runfile: Path, header: RunHeader, offset: int, sha256: str | None = N
         raise DriverError(_checksum_mismatch(runfile, header, ranges[0]))
 
 
-def _normalized_sha256(value: str) -> str:
-    digest = value.strip().lower()
-    if re.fullmatch(r"[0-9a-f]{64}", digest) is None:
-        raise DriverError(f"the expected SHA-256 {value!r} is not 64 hex digits; fix the pin")
-    return digest
+def _pinned_sha256(value: str) -> str:
+    try:
+        return valid_sha256(value, "the pinned checksum")
+    except DriverError as exc:
+        raise DriverError(f"{exc}; fix the pin") from None
 
 
 def _checksum_mismatch(runfile: Path, header: RunHeader, sums: _RangeSums) -> str:

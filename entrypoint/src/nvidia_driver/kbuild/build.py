@@ -2,7 +2,8 @@
 with the chosen compiler) and package the result as a kernel interface package (packages.py).
 
 Where the kernel tree comes from (the node itself, a Flatcar release's container tarball or its
-developer container) is decided by the caller; this module takes a ready tree.
+developer container), its compiler and the module sources (with their digest) are worked out
+by the caller (pipeline.py), once; this module takes them ready.
 """
 
 from __future__ import annotations
@@ -19,8 +20,7 @@ from pathlib import Path
 
 from nvidia_driver.commands import Commands, lines
 from nvidia_driver.errors import DriverError
-from nvidia_driver.kbuild.compiler import Toolchain, choose_compiler, kernel_config
-from nvidia_driver.kbuild.crossbuild import BuildTarget, build_target
+from nvidia_driver.kbuild.compiler import Compiler, Toolchain
 from nvidia_driver.kbuild.kerneltree import KernelTree, missing_symbol_versions
 from nvidia_driver.kbuild.modules import OPEN, SOURCE_DIRS
 from nvidia_driver.kbuild.packages import (
@@ -48,13 +48,26 @@ _ERROR_LINE = re.compile(r"(error:|Error \d+|\*\*\*)")
 
 
 @dataclass(frozen=True)
+class ModuleSources:
+    """What a build compiles, and its digest (:func:`module_sources_digest`), which the
+    package records and the cache keys on."""
+
+    directory: Path  # kernel/ or kernel-open/ of /usr/src/nvidia-<version>
+    patches: tuple[Patch, ...]  # the compatibility patches this kernel needs, in order
+    digest: str
+    # MOFED's tree for this kernel: nvidia-peermem is built against it (node/peermem.py).
+    ofa_kernel: Path | None = None
+
+
+@dataclass(frozen=True)
 class BuildRequest:
     driver_version: str
     module_type: str
     kernel_release: str
     banner: str
     tree: KernelTree
-    driver_sources: Path  # /usr/src/nvidia-<version>, holding kernel/ and kernel-open/
+    compiler: Compiler  # a gcc of the kernel's major, for the tree (release.with_compiler)
+    module_sources: ModuleSources
     output: Path  # the package directory to create
     log_dir: Path
     jobs: int = 0
@@ -62,15 +75,6 @@ class BuildRequest:
     # Where the compile runs (a copy of the sources and its objects, hundreds of MB): on disk,
     # not beside the package in /run. None: beside the output.
     scratch: Path | None = None
-    # MOFED's tree for this kernel: nvidia-peermem is built against it (node/peermem.py).
-    ofa_kernel: Path | None = None
-    # The architecture the modules are for (TARGETARCH); the tree's .config must agree. Not
-    # the build machine's: then the build is a cross build (crossbuild.py).
-    target_arch: str = ""
-
-    @property
-    def driver_branch(self) -> int:
-        return int(self.driver_version.split(".", 1)[0])
 
 
 def tree_digest(paths: Iterable[Path], suffix: str = "") -> str:
@@ -85,11 +89,18 @@ def tree_digest(paths: Iterable[Path], suffix: str = "") -> str:
 
 
 def module_sources(
-    driver_sources: Path, module_type: str, driver_branch: int, kernel_release: str
-) -> tuple[Path, list[Patch]]:
-    """The module source tree a build compiles, and the patches it applies for this kernel."""
-    source_dir = driver_sources / SOURCE_DIRS[module_type]
-    return source_dir, select_patches(driver_branch, kernel_release, source_dir.name)
+    driver_sources: Path,
+    module_type: str,
+    driver_branch: int,
+    kernel_release: str,
+    ofa_kernel: Path | None = None,
+) -> ModuleSources:
+    """What a build for this kernel compiles: the module type's sources in ``driver_sources``
+    (/usr/src/nvidia-<version>), the patches this kernel needs, MOFED's tree if any."""
+    directory = driver_sources / SOURCE_DIRS[module_type]
+    patches = tuple(select_patches(driver_branch, kernel_release, directory.name))
+    digest = module_sources_digest(directory, patches, ofa_kernel)
+    return ModuleSources(directory, patches, digest, ofa_kernel)
 
 
 @functools.cache
@@ -103,35 +114,26 @@ def build_code_digest() -> str:
     return tree_digest([Path(__file__).parent], suffix=".py")
 
 
-def sources_digest(source_dir: Path, patches: Iterable[Patch]) -> str:
-    """What a package is built from: the module sources, each patch applied, in order, and
-    the build code (:func:`build_code_digest`).
+def module_sources_digest(
+    directory: Path, patches: Iterable[Patch], ofa_kernel: Path | None = None
+) -> str:
+    """What a package is built from: the module sources, each patch applied, in order, the
+    build code (:func:`build_code_digest`), and MOFED's tree when built against it.
 
     The cache keys on it, so that an image with new sources, patches or build code for the
     same driver version does not reuse packages built from the old ones. About 0.3 s for a
     190 MB tree.
     """
-    digest = hashlib.sha256(tree_digest([source_dir]).encode())
+    digest = hashlib.sha256(tree_digest([directory]).encode())
     digest.update(f"\0build code\0{build_code_digest()}".encode())
     for patch in patches:
         digest.update(f"\0{patch.name}\0".encode())
         digest.update(patch.path.read_bytes())
-    return f"sha256:{digest.hexdigest()}"
-
-
-def mofed_sources_digest(sources: str, ofa_kernel: Path) -> str:
-    """What a package built against MOFED is built from: the sources, then MOFED's tree."""
-    digest = hashlib.sha256(f"{sources}\0ofa_kernel\0{tree_digest([ofa_kernel])}".encode())
-    return f"sha256:{digest.hexdigest()}"
-
-
-def expected_sources_digest(
-    driver_sources: Path, module_type: str, driver_branch: int, kernel_release: str
-) -> str:
-    """The sources digest a build for this kernel would record, without building."""
-    return sources_digest(
-        *module_sources(driver_sources, module_type, driver_branch, kernel_release)
-    )
+    if ofa_kernel is None:
+        return f"sha256:{digest.hexdigest()}"
+    # Built against MOFED: the digest of the sources, then MOFED's tree.
+    mofed = f"sha256:{digest.hexdigest()}\0ofa_kernel\0{tree_digest([ofa_kernel])}"
+    return f"sha256:{hashlib.sha256(mofed.encode()).hexdigest()}"
 
 
 def strip_debug_info(
@@ -174,16 +176,10 @@ def _progress(done: int, total: int) -> str:
 OFA_COPY = "ofa_kernel"
 
 
-def run_make(
-    workdir: Path,
-    request: BuildRequest,
-    compiler: str,
-    commands: Commands,
-    toolchain: Toolchain = Toolchain(),
-    *,
-    target: BuildTarget | None = None,
-) -> Path:
+def run_make(workdir: Path, request: BuildRequest, commands: Commands) -> Path:
     """Run ``make modules``, showing progress; keep the whole log for a failure."""
+    compiler = request.compiler
+    toolchain = compiler.toolchain
     request.log_dir.mkdir(parents=True, exist_ok=True)
     log_path = request.log_dir / f"build-{request.kernel_release}-{request.module_type}.log"
     total = sum(1 for _ in workdir.rglob("*.c")) or 1
@@ -195,11 +191,15 @@ def run_make(
         "modules",
         f"SYSSRC={toolchain.inside(request.tree.source_dir)}",
         f"SYSOUT={toolchain.inside(request.tree.build_dir)}",
-        f"CC={compiler}",
+        f"CC={compiler.command}",
+        # NVIDIA's conftest.sh (cc_version_check) stops the build unless CC's major.minor is
+        # the one in the kernel's include/generated/compile.h. choose_compiler has held the
+        # build to the kernel's gcc major, what a module's ABI depends on; the minor seldom
+        # matches (Flatcar 4593's kernel is built by its SDK's gcc 14.3.1, not Debian's).
         "IGNORE_CC_MISMATCH=1",
-        *(target.make_arguments() if target is not None else []),
+        *compiler.target.make_arguments(),
     ]
-    if request.ofa_kernel is not None:
+    if request.module_sources.ofa_kernel is not None:
         args.append(f"OFA_DIR={toolchain.inside(workdir / OFA_COPY)}")
     say("Building kernel modules:")
     compiled, shown = 0, -1
@@ -225,20 +225,22 @@ def run_make(
     return log_path
 
 
-def _package_sources(
+def _package_files(
     workdir: Path, module_type: str
 ) -> tuple[dict[str, Path], list[str], list[LinkedModule]]:
+    """The files of the package (by their name in it), its modules, and those linked at
+    install time (the proprietary modules' interface and core objects)."""
     built = sorted(path.name for path in workdir.glob("*.ko"))
     if "nvidia.ko" not in built:
         raise DriverError(f"the build produced no nvidia.ko in {workdir}; see the build log")
-    sources = {name: workdir / name for name in built}
+    files = {name: workdir / name for name in built}
     if module_type == OPEN:
-        return sources, built, []
+        return files, built, []
     linked = []
     for module, interface, core in _CLOSED_CORES:
-        if module not in sources:
+        if module not in files:
             continue
-        del sources[module]
+        del files[module]
         stem = module.removesuffix(".ko")
         parts = {
             f"{stem}.interface.o": workdir / interface,
@@ -252,7 +254,7 @@ def _package_sources(
         missing = [str(path) for path in parts.values() if not path.is_file()]
         if missing:
             raise DriverError(f"cannot package {module}: missing {', '.join(missing)}")
-        sources.update(parts)
+        files.update(parts)
         linked.append(LinkedModule(module, list(parts), linker_script="module.lds"))
     if linked:
         if not (workdir / "module.lds").is_file():
@@ -260,28 +262,17 @@ def _package_sources(
                 "the kernel tree has no module linker script (scripts/module.lds or "
                 "arch/<arch>/module.lds) to link the proprietary modules with"
             )
-        sources["module.lds"] = workdir / "module.lds"
+        files["module.lds"] = workdir / "module.lds"
     modules = [name for name in built if name not in {item.module for item in linked}]
-    return sources, modules, linked
-
-
-def _source_digest(request: BuildRequest, source_dir: Path, patches: list[Patch]) -> str:
-    digest = sources_digest(source_dir, patches)
-    if request.ofa_kernel is None:
-        return digest
-    return mofed_sources_digest(digest, request.ofa_kernel)
+    return files, modules, linked
 
 
 def build_package(request: BuildRequest, commands: Commands) -> Package:
-    source_dir, patches = module_sources(
-        request.driver_sources,
-        request.module_type,
-        request.driver_branch,
-        request.kernel_release,
-    )
-    if not (source_dir / "Makefile").is_file():
+    sources = request.module_sources
+    if not (sources.directory / "Makefile").is_file():
         raise DriverError(
-            f"no {request.module_type} module sources at {source_dir}: the image is incomplete"
+            f"no {request.module_type} module sources at {sources.directory}: the image is "
+            "incomplete"
         )
     if not (request.tree.build_dir / "Makefile").is_file():
         raise DriverError(f"no kernel build tree at {request.tree.build_dir}")
@@ -294,14 +285,11 @@ def build_package(request: BuildRequest, commands: Commands) -> Package:
             "the release's own"
         )
     # A developer container's tree is built chrooted into it, with the gcc that built the kernel.
-    toolchain = Toolchain(request.tree.toolchain_root)
-    target = build_target(kernel_config(request.tree.build_dir), request.target_arch)
-    compiler, compiler_version = choose_compiler(
-        request.tree.build_dir, commands, toolchain, target
-    )
+    compiler = request.compiler
+    toolchain, target = compiler.toolchain, compiler.target
     if target.cross:
         say(f"The kernel is for {target.arch}: {target.describe()}")
-    say(f"Compiling NVIDIA driver kernel modules with {compiler_version}...")
+    say(f"Compiling NVIDIA driver kernel modules with {compiler.version}...")
     request.output.parent.mkdir(parents=True, exist_ok=True)
     # The compile must see its sources: inside the developer container when chrooted.
     if toolchain.root is not None:
@@ -311,32 +299,32 @@ def build_package(request: BuildRequest, commands: Commands) -> Package:
     scratch.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix=".build.", dir=scratch))
     try:
-        shutil.copytree(source_dir, workdir, dirs_exist_ok=True, symlinks=True)
-        apply_patches(patches, workdir, commands)
-        if request.ofa_kernel is not None:
-            shutil.copytree(request.ofa_kernel, workdir / OFA_COPY / "default", symlinks=True)
-        run_make(workdir, request, compiler, commands, toolchain, target=target)
+        shutil.copytree(sources.directory, workdir, dirs_exist_ok=True, symlinks=True)
+        apply_patches(sources.patches, workdir, commands)
+        if sources.ofa_kernel is not None:
+            shutil.copytree(sources.ofa_kernel, workdir / OFA_COPY / "default", symlinks=True)
+        run_make(workdir, request, commands)
         script = module_linker_script(request.tree.build_dir)
         if script is not None:
             shutil.copyfile(script, workdir / "module.lds")
-        sources, modules, linked = _package_sources(workdir, request.module_type)
+        files, modules, linked = _package_files(workdir, request.module_type)
         # Not NVIDIA's closed core objects (.o_binary): they carry no debug info.
-        objects = [path for name, path in sources.items() if name.endswith((".ko", ".o"))]
+        objects = [path for name, path in files.items() if name.endswith((".ko", ".o"))]
         stripped = strip_debug_info(objects, commands, toolchain, target.prefix)
         metadata = PackageMetadata(
             banner=request.banner,
             kernel_release=request.kernel_release,
             driver_version=request.driver_version,
             module_type=request.module_type,
-            compiler=compiler_version,
-            source_digest=_source_digest(request, source_dir, patches),
+            compiler=compiler.version,
+            source_digest=sources.digest,
             modules=modules,
             linked=linked,
-            patches=[patch.name for patch in patches],
+            patches=[patch.name for patch in sources.patches],
             flatcar_version=request.flatcar_version,
             debug_info_stripped=stripped,
         )
         say(f"Building NVIDIA driver package {package_name(request.kernel_release)}...")
-        return write_package(request.output, metadata, sources)
+        return write_package(request.output, metadata, files)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -22,7 +22,8 @@ is done. ``build --flatcar-version`` leaves it for the next build of the same re
 precompiled image builds the open and then the proprietary modules, and its builder stage is
 thrown away. ``init`` sweeps, under its pid lock, what a killed run left behind: the work
 directory, and the half-written entries (``.scratch-*``, ``.incoming-*``, staging directories)
-in the cache.
+in the cache. A package or tree replaced when the kill came is whole, the old or the new one;
+the other is in the staging directory beside it (atomic.replacing), swept with the rest.
 """
 
 from __future__ import annotations

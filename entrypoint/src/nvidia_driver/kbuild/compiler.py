@@ -9,6 +9,7 @@ takes the cross gcc of that major (crossbuild.py).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,10 +45,11 @@ class Toolchain:
         return "this image" if self.root is None else f"the developer container at {self.root}"
 
 
-def kernel_config(tree: Path) -> dict[str, str]:
+def kernel_config(build_dir: Path) -> dict[str, str]:
+    """The kernel's configuration, from the build tree's .config (none if it has none)."""
     config: dict[str, str] = {}
     try:
-        text = (tree / ".config").read_text(errors="replace")
+        text = (build_dir / ".config").read_text(errors="replace")
     except OSError:
         return config
     for line in text.splitlines():
@@ -57,9 +59,8 @@ def kernel_config(tree: Path) -> dict[str, str]:
     return config
 
 
-def kernel_gcc_major(tree: Path) -> int | None:
-    """The major version of the gcc that built the kernel, from the tree's .config."""
-    config = kernel_config(tree)
+def kernel_gcc_major(config: Mapping[str, str]) -> int | None:
+    """The major version of the gcc that built the kernel, from its .config (kernel_config)."""
     version = config.get("CONFIG_GCC_VERSION", "")
     if re.fullmatch(r"[0-9]{1,8}", version) and int(version) > 0:
         return int(version) // 10000
@@ -83,16 +84,26 @@ class CompilerMismatchError(DriverError):
     """No gcc of the kernel's major version where the build would run."""
 
 
+@dataclass(frozen=True)
+class Compiler:
+    """The gcc a build compiles with, where it runs, and the architecture it compiles for."""
+
+    command: str  # gcc-14, or a cross build's aarch64-linux-gnu-gcc-14
+    version: str  # its --version line, which the package records
+    toolchain: Toolchain
+    target: BuildTarget
+
+
 def choose_compiler(
-    tree: Path,
+    config: Mapping[str, str],
     commands: Commands,
     toolchain: Toolchain = Toolchain(),
     target: BuildTarget | None = None,
-) -> tuple[str, str]:
-    """A gcc of the kernel's major version, for the tree's architecture: (command, its version
-    line). A tree for another architecture than this machine's takes the cross gcc."""
-    wanted = kernel_gcc_major(tree)
-    target = target or build_target(kernel_config(tree))
+) -> Compiler:
+    """A gcc of the kernel's major version (config: the kernel's .config), for the kernel's
+    architecture: a tree for another one than this machine's takes the cross gcc."""
+    wanted = kernel_gcc_major(config)
+    target = target or build_target(config)
     prefix = target.prefix
     candidates = [f"{prefix}gcc-{wanted}", f"{prefix}gcc"] if wanted else [f"{prefix}gcc"]
     seen = []
@@ -103,7 +114,7 @@ def choose_compiler(
         seen.append(f"{name} {number}")
         if wanted is None or number.split(".", 1)[0] == str(wanted):
             banner = _compiler_output(commands, toolchain, name, "--version").splitlines()[0]
-            return name, banner
+            return Compiler(name, banner, toolchain, target)
     available = ", ".join(seen) or "none"
     if target.cross:  # no developer container helps: its gcc is the target's, not this machine's
         raise missing_cross_compiler(target, wanted, available)

@@ -17,6 +17,7 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO, NamedTuple
 
 from nvidia_driver import limits
+from nvidia_driver.atomic import replacing
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats import output, tar
 from nvidia_driver.formats.output import TreeWriter, contained_link_target
@@ -34,7 +35,6 @@ from nvidia_driver.kbuild.kerneltree import (
     one_line,
     scratch_beside,
     single_kernel,
-    staged,
     tree_at,
 )
 from nvidia_driver.links import escaping_links
@@ -242,7 +242,7 @@ def extract_container_tree(
     what = f"extract {CONTAINER_TARBALL} to {destination}"
     with (
         one_line(what, destination.parent, "delete the download and fetch it again"),
-        staged(destination) as staging,
+        replacing(destination, directory=True) as staging,
         scratch_beside(destination) as libraries,
     ):
         with download as stream:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import IO
 
 from nvidia_driver import limits
+from nvidia_driver.atomic import replacing
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats import output
@@ -25,7 +26,6 @@ from nvidia_driver.kbuild.kerneltree import (
     one_line,
     scratch_beside,
     single_kernel,
-    staged,
     tree_at,
 )
 from nvidia_driver.log import say
@@ -141,7 +141,7 @@ def extract_developer_container(
     destination = destination.absolute()
     with (
         one_line(f"extract {label} to {destination}", destination.parent, "retry"),
-        staged(destination) as staging,
+        replacing(destination, directory=True) as staging,
         scratch_beside(destination) as scratch,
     ):
         disk = scratch / "disk.bin"

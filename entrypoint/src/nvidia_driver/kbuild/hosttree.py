@@ -12,6 +12,7 @@ import os
 import shutil
 from pathlib import Path, PurePosixPath
 
+from nvidia_driver.atomic import replacing
 from nvidia_driver.formats.output import contained_link_target, drop_escaping_links
 from nvidia_driver.kbuild.hosttools import make_tools_runnable
 from nvidia_driver.kbuild.kerneltree import (
@@ -20,7 +21,6 @@ from nvidia_driver.kbuild.kerneltree import (
     KernelTree,
     missing_symbol_versions,
     one_line,
-    staged,
     tree_at,
 )
 from nvidia_driver.links import resolve_within, tree_links
@@ -91,7 +91,7 @@ def host_tree(paths: Paths, kernel_release: str, destination: Path) -> KernelTre
     what = f"copy the host's kernel build tree to {destination}"
     with (
         one_line(what, destination.parent, "check the node's /usr/lib/modules"),
-        staged(destination) as staging,
+        replacing(destination, directory=True) as staging,
     ):
         modules = staging / MODULES_DIR / kernel_release
         shutil.copytree(build, modules / "build", symlinks=True)

@@ -3,14 +3,13 @@
 The providers, from the cheapest to the most expensive: the node's own tree (hosttree.py), the
 release's flatcar-container.tar.gz streamed (container.py), and the release's developer
 container (devcontainer.py). Each tree is built in a staging directory beside its destination
-and renamed into place only when complete; an OSError says in one line whether the disk is
-full or read-only or the input is bad.
+and put in its place only when complete (atomic.replacing); an OSError says in one line whether
+the disk is full or read-only or the input is bad.
 """
 
 from __future__ import annotations
 
 import errno
-import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -47,36 +46,6 @@ class KernelTree:
 
 
 # Building a tree beside its destination.
-
-
-@contextmanager
-def staged(destination: Path) -> Iterator[Path]:
-    """A new directory that replaces destination only if the block completes."""
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
-    try:
-        staging.chmod(0o755)
-        yield staging
-        _replace(staging, destination)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
-def _replace(new: Path, destination: Path) -> None:
-    if not destination.exists() and not destination.is_symlink():
-        new.rename(destination)
-        return
-    trash = Path(tempfile.mkdtemp(prefix=f".{destination.name}.old.", dir=destination.parent))
-    previous = trash / "previous"
-    try:
-        destination.rename(previous)
-        try:
-            new.rename(destination)
-        except OSError:
-            previous.rename(destination)
-            raise
-    finally:
-        shutil.rmtree(trash, ignore_errors=True)
 
 
 @contextmanager

@@ -14,11 +14,11 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from nvidia_driver.atomic import replacing
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
 from nvidia_driver.log import say
@@ -60,7 +60,9 @@ class PackageMetadata:
     driver_version: str
     module_type: str
     compiler: str
-    source_digest: str  # the sources, patches and build code built from (build.sources_digest)
+    # What it was built from: the module sources, patches and build code (the module sources
+    # digest, build.module_sources_digest).
+    source_digest: str
     modules: list[str]
     linked: list[LinkedModule] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)
@@ -142,7 +144,8 @@ def matching_package(
 ) -> Package | None:
     """The first package built for this exact kernel banner, driver and module type.
 
-    With ``source_digest``, only one built from exactly those driver sources and patches.
+    With ``source_digest``, only one built from exactly those module sources, patches and
+    build code (build.module_sources_digest).
     """
     for package in iter_packages(directories):
         meta = package.metadata
@@ -163,25 +166,16 @@ def report_match(package: Package | None) -> Package | None:
     return package
 
 
-def write_package(
-    destination: Path, metadata: PackageMetadata, sources: dict[str, Path]
-) -> Package:
-    """Write a package atomically: a complete directory appears, or nothing does."""
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
-    try:
-        files = {}
-        for name, source in sources.items():
+def write_package(destination: Path, metadata: PackageMetadata, files: dict[str, Path]) -> Package:
+    """Write a package of files (by their name in it) atomically: a complete directory appears
+    (in place of the package there before, if any), or nothing does."""
+    with replacing(destination, directory=True) as staging:
+        checksums = {}
+        for name, source in files.items():
             shutil.copyfile(source, staging / name)
-            files[name] = sha256_file(staging / name)
-        final = replace(metadata, files=files)
+            checksums[name] = sha256_file(staging / name)
+        final = replace(metadata, files=checksums)
         (staging / METADATA).write_text(final.to_json())
-        if destination.exists():
-            shutil.rmtree(destination)
-        staging.rename(destination)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return Package(destination, final)
 
 
@@ -190,9 +184,7 @@ def install_package(package: Package, modules_dir: Path, commands: Commands) -> 
     say("Installing NVIDIA driver kernel modules...")
     package.verify()
     target = modules_dir / "kernel" / "drivers" / "video"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".video.", dir=target.parent))
-    try:
+    with replacing(target, directory=True) as staging:
         for module in package.metadata.modules:
             shutil.copyfile(package.path / module, staging / module)
         for linked in package.metadata.linked:
@@ -204,12 +196,6 @@ def install_package(package: Package, modules_dir: Path, commands: Commands) -> 
             commands.run(
                 "ld", "-r", "--build-id=none", *script, "-o", staging / linked.module, *objects
             )
-        if target.exists():
-            shutil.rmtree(target)
-        staging.rename(target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     # depmod wants these even when the container holds only the NVIDIA modules.
     for index in ("modules.order", "modules.builtin"):
         (modules_dir / index).touch()

@@ -7,8 +7,9 @@ patches -> make -> package.
 
 * banner: the node's /proc/version, or the release's, read from its vmlinuz (release.py);
 * cached package: on a node the image's own packages first (the banner is enough: they were
-  built from its sources), then the cache, by the digest of the sources, patches and build
-  code a build would use (with MOFED's tree: only packages built on the node against it),
+  built from its sources), then the cache, by the module sources digest: of the sources,
+  patches and build code a build would use (with MOFED's tree: only packages built on the
+  node against it),
   its files checked against their recorded SHA-256s (a damaged one is built again). A
   precompiled image's build finds there the packages of the image it replaces
   (images/precompiled/Dockerfile, SEED_IMAGE);
@@ -30,18 +31,14 @@ from nvidia_driver.commands import Commands
 from nvidia_driver.config import DriverConfig
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats.vmlinuz import banner_release
-from nvidia_driver.kbuild.build import (
-    BuildRequest,
-    build_package,
-    expected_sources_digest,
-    mofed_sources_digest,
-)
+from nvidia_driver.kbuild.build import BuildRequest, ModuleSources, build_package, module_sources
 from nvidia_driver.kbuild.cachedirs import cache_dir, clear_work, work_dir
+from nvidia_driver.kbuild.compiler import Compiler
 from nvidia_driver.kbuild.hosttools import ForeignToolsError
 from nvidia_driver.kbuild.hosttree import host_tree
 from nvidia_driver.kbuild.kerneltree import KernelTree
 from nvidia_driver.kbuild.packages import Package, matching_package, report_match
-from nvidia_driver.kbuild.release import ReleaseSources, refuse_foreign_host_tools
+from nvidia_driver.kbuild.release import FlatcarReleases, refuse_foreign_host_tools
 from nvidia_driver.log import say, warn
 from nvidia_driver.paths import Paths
 
@@ -70,7 +67,12 @@ class Target:
 
 @dataclass
 class Pipeline:
-    """Finds or builds the packages of one driver and module type."""
+    """Finds or builds the packages of one driver and module type.
+
+    What a build depends on is worked out once and handed down: the kernel release from the
+    banner, the module sources with their patches and digest (for the cache, then the
+    build), the tree, and the compiler with the kernel's .config (release.with_compiler).
+    """
 
     paths: Paths
     commands: Commands
@@ -86,9 +88,9 @@ class Pipeline:
         return work_dir(self.paths.work_cache, self.commands.env)
 
     @cached_property
-    def sources(self) -> ReleaseSources:
+    def releases(self) -> FlatcarReleases:
         """Flatcar's release server: made when first needed, as a node may need none."""
-        return ReleaseSources.from_env(self.commands, self.cache, self.work, self.commands.env)
+        return FlatcarReleases.from_env(self.commands, self.cache, self.work, self.commands.env)
 
     @overload
     def package(self, target: Target, *, build: Literal[True] = ...) -> Package: ...
@@ -98,39 +100,54 @@ class Pipeline:
     def package(self, target: Target, *, build: bool = True) -> Package | None:
         """A package for target: a cached one, else (with build) one built now."""
         banner = self.banner(target)
-        found = self.cached(target, banner)
-        if found is not None or not build:
-            return found
-        return self.build(target, banner)
+        say("Checking NVIDIA driver packages...")
+        if target.ofa_kernel is not None:
+            ofa = target.ofa_kernel
+            say(f"GPUDirect RDMA with MOFED's {ofa}: nvidia-peermem is built against it")
+        precompiled = self.precompiled(target, banner)
+        if precompiled is not None:
+            return report_match(precompiled)
+        kernel = self.kernel_release(target, banner)
+        sources = self.module_sources(target, kernel)
+        cached = self.cached(banner, sources)
+        if cached is not None or not build:
+            return report_match(cached)
+        return self.build(target, banner, kernel, sources)
 
     def banner(self, target: Target) -> str:
         if target.running is not None:
             return target.running.banner
-        banner = self.sources.banner(target.flatcar_version, self.config.target_arch)
+        banner = self.releases.banner(target.flatcar_version, self.config.target_arch)
         say(f"Kernel of Flatcar {target.flatcar_version}: {banner}")
         return banner
 
     def kernel_release(self, target: Target, banner: str) -> str:
         return target.running.release if target.running is not None else banner_release(banner)
 
-    def cached(self, target: Target, banner: str) -> Package | None:
-        say("Checking NVIDIA driver packages...")
-        if target.ofa_kernel is not None:
-            ofa = target.ofa_kernel
-            say(f"GPUDirect RDMA with MOFED's {ofa}: nvidia-peermem is built against it")
-        return report_match(self.matching(target, banner))
-
     def matching(self, target: Target, banner: str) -> Package | None:
         """The image's package for this kernel, else one cached from this image's sources."""
-        wanted = (banner, self.config.driver_version, self.module_type)
-        # The image's own packages were built from its sources: the banner is enough. None is
-        # built against this node's MOFED.
-        if target.running is not None and target.ofa_kernel is None:
-            precompiled = matching_package([self.paths.precompiled], *wanted)
-            if precompiled is not None:
-                return precompiled
-        digest = self.sources_digest(target, banner)
-        cached = matching_package([self.cache / "packages"], *wanted, source_digest=digest)
+        precompiled = self.precompiled(target, banner)
+        if precompiled is not None:
+            return precompiled
+        kernel = self.kernel_release(target, banner)
+        return self.cached(banner, self.module_sources(target, kernel))
+
+    def precompiled(self, target: Target, banner: str) -> Package | None:
+        """The image's own package for this node's kernel.
+
+        The image's own packages were built from its sources: the banner is enough. None is
+        built against this node's MOFED.
+        """
+        if target.running is None or target.ofa_kernel is not None:
+            return None
+        version = self.config.driver_version
+        return matching_package([self.paths.precompiled], banner, version, self.module_type)
+
+    def cached(self, banner: str, sources: ModuleSources) -> Package | None:
+        """The cache's package for this kernel, built from exactly these module sources."""
+        version = self.config.driver_version
+        cached = matching_package([self.cache / "packages"], banner, version, self.module_type,
+                                  source_digest=sources.digest)  # fmt: skip
         if cached is None:
             return None
         damaged = cached.damaged_file()
@@ -140,28 +157,27 @@ class Pipeline:
             return None
         return cached
 
-    def sources_digest(self, target: Target, banner: str) -> str:
-        """What a build for target would be built from, without building."""
-        digest = expected_sources_digest(
+    def module_sources(self, target: Target, kernel: str) -> ModuleSources:
+        """What a build for this kernel compiles, with the digest the cache keys on."""
+        return module_sources(
             self.paths.driver_sources(self.config.driver_version),
             self.module_type,
             self.config.driver_branch,
-            self.kernel_release(target, banner),
+            kernel,
+            target.ofa_kernel,
         )
-        if target.ofa_kernel is None:
-            return digest
-        return mofed_sources_digest(digest, target.ofa_kernel)
 
-    def build(self, target: Target, banner: str) -> Package:
+    def build(self, target: Target, banner: str, kernel: str, sources: ModuleSources) -> Package:
         """tree -> compiler -> patches -> make -> package, into the cache."""
-        kernel = self.kernel_release(target, banner)
         if target.running is not None:
             say(f"No precompiled NVIDIA driver package matches kernel {kernel}; building one")
-        sources = self.sources
+        releases = self.releases
         try:
             tree = self.tree(target, kernel)
-            tree = sources.with_compiler(tree, target.flatcar_version, self.config.target_arch)
-            return self.compile(target, banner, tree)
+            tree, compiler = releases.with_compiler(
+                tree, target.flatcar_version, self.config.target_arch
+            )
+            return self.compile(target, banner, tree, compiler, sources)
         finally:
             if target.running is not None:
                 clear_work(self.work)  # the node's disk: its trees and downloads are not kept
@@ -169,10 +185,10 @@ class Pipeline:
     def tree(self, target: Target, kernel: str) -> KernelTree:
         """The node's own build tree if it has one, else its release's."""
         version, arch = target.flatcar_version, self.config.target_arch
-        if target.running is None:
-            return self.sources.tree(version, arch, kernel)
-        if version:
+        if version:  # before anything is copied or fetched
             refuse_foreign_host_tools(version, arch)
+        if target.running is None:
+            return self.releases.tree(version, arch, kernel)
         try:
             tree = host_tree(self.paths, kernel, self.work / "trees" / f"host-{kernel}")
         except ForeignToolsError as foreign:
@@ -186,10 +202,17 @@ class Pipeline:
                     f"no kernel build tree for {kernel}: the host has none and its os-release "
                     "names no VERSION_ID to fetch one for"
                 )
-            tree = self.sources.tree(version, arch, kernel)
+            tree = self.releases.tree(version, arch, kernel)
         return tree
 
-    def compile(self, target: Target, banner: str, tree: KernelTree) -> Package:
+    def compile(
+        self,
+        target: Target,
+        banner: str,
+        tree: KernelTree,
+        compiler: Compiler,
+        sources: ModuleSources,
+    ) -> Package:
         """Compile and package for one exact kernel banner, into the package cache."""
         banner_key = hashlib.sha256(banner.encode()).hexdigest()[:12]
         if target.ofa_kernel is not None:  # another package: nvidia-peermem built against MOFED
@@ -201,7 +224,8 @@ class Pipeline:
             kernel_release=tree.kernel_release,
             banner=banner,
             tree=tree,
-            driver_sources=self.paths.driver_sources(version),
+            compiler=compiler,
+            module_sources=sources,
             output=self.cache
             / "packages"
             / version
@@ -211,7 +235,5 @@ class Pipeline:
             jobs=self.config.max_threads,
             flatcar_version=target.flatcar_version,
             scratch=self.work / "builds",
-            ofa_kernel=target.ofa_kernel,
-            target_arch=self.config.target_arch,
         )
         return build_package(request, self.commands)

@@ -18,17 +18,23 @@ import hashlib
 import os
 import shutil
 import stat
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nvidia_driver.atomic import write_atomically
+from nvidia_driver.atomic import replacing, write_atomically
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats.vmlinuz import kernel_banner_from_file
-from nvidia_driver.kbuild.compiler import CompilerMismatchError, Toolchain, choose_compiler
+from nvidia_driver.kbuild.compiler import (
+    Compiler,
+    CompilerMismatchError,
+    Toolchain,
+    choose_compiler,
+    kernel_config,
+)
 from nvidia_driver.kbuild.container import extract_container_tree
+from nvidia_driver.kbuild.crossbuild import build_target
 from nvidia_driver.kbuild.devcontainer import developer_container_tree, extract_developer_container
 from nvidia_driver.kbuild.kerneltree import CONTAINER_TARBALL, KernelTree
 from nvidia_driver.log import say
@@ -83,8 +89,8 @@ def _provide_devices(root: Path) -> None:
 
 
 @dataclass
-class ReleaseSources:
-    """Fetches what a Flatcar release offers to build modules against."""
+class FlatcarReleases:
+    """What Flatcar releases offer a module build, fetched from their release server."""
 
     commands: Commands
     cache: Path  # small results worth keeping: banners
@@ -101,7 +107,7 @@ class ReleaseSources:
     @classmethod
     def from_env(
         cls, commands: Commands, cache: Path, work: Path, env: Mapping[str, str]
-    ) -> ReleaseSources:
+    ) -> FlatcarReleases:
         return cls(
             commands,
             cache,
@@ -134,17 +140,12 @@ class ReleaseSources:
                 say(f"Using the cached kernel build tree of Flatcar {version} in {final}")
                 return _tree_in(final, kernel_release)
             say(f"The cached tree in {final} does not name its release; fetching it again")
-        final.parent.mkdir(parents=True, exist_ok=True)
         # Extracted beside its final place and published only once the stream has verified
         # and the verified tree says it is this release's.
-        with tempfile.TemporaryDirectory(dir=final.parent, prefix=".incoming-") as incoming:
-            staged = Path(incoming) / "tree"
+        with replacing(final) as staged:
             # Entered by the extraction: nothing is followed in the tree before the verdict.
             extract_container_tree(self.fetcher.stream(url), staged, kernel_release)
             check_release_file(staged, version, arch, url)
-            if final.exists():
-                shutil.rmtree(final)
-            staged.rename(final)
         return _tree_in(final, kernel_release)
 
     def developer_container(self, version: str, arch: str, kernel_release: str) -> KernelTree:
@@ -167,8 +168,8 @@ class ReleaseSources:
         return developer_container_tree(root, kernel_release)
 
     def tree(self, version: str, arch: str, kernel_release: str) -> KernelTree:
-        """The cheapest complete build tree the release offers."""
-        refuse_foreign_host_tools(version, arch)
+        """The cheapest complete build tree the release offers, once refuse_foreign_host_tools
+        has let it through."""
         if has_container_tree(version):
             return self.container_tree(version, arch, kernel_release)
         say(
@@ -177,23 +178,29 @@ class ReleaseSources:
         )
         return self.developer_container(version, arch, kernel_release)
 
-    def with_compiler(self, tree: KernelTree, version: str, arch: str) -> KernelTree:
-        """``tree`` if this image has the kernel's gcc, else the developer container's tree."""
-        if tree.toolchain_root is not None:
-            return tree
+    def with_compiler(
+        self, tree: KernelTree, version: str, arch: str
+    ) -> tuple[KernelTree, Compiler]:
+        """The tree and a gcc of its kernel's major for arch: this image's (or, for a developer
+        container's tree, the container's), else the release's developer container's, which
+        then comes with the container's tree. The kernel's .config is read here, once."""
+        config = kernel_config(tree.build_dir)
+        target = build_target(config, arch)
         try:
-            choose_compiler(tree.build_dir, self.commands, Toolchain())
+            return tree, choose_compiler(config, self.commands, Toolchain(tree.toolchain_root),
+                                         target)  # fmt: skip
         except CompilerMismatchError as mismatch:
-            if not version:
+            if tree.toolchain_root is not None or not version:
                 raise
             say(f"{mismatch}; using the developer container of Flatcar {version}")
             try:
-                return self.developer_container(version, arch, tree.kernel_release)
+                container = self.developer_container(version, arch, tree.kernel_release)
             except DriverError as unavailable:
                 raise CompilerMismatchError(
                     f"{mismatch} (the developer container is unavailable: {unavailable})"
                 ) from unavailable
-        return tree
+        toolchain = Toolchain(container.toolchain_root)
+        return container, choose_compiler(config, self.commands, toolchain, target)
 
 
 def _of_release(root: Path, version: str, arch: str, url: str) -> bool:

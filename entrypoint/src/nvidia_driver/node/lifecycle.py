@@ -1,18 +1,18 @@
-"""``init``, ``load`` and ``unload``: the driver's life on a node, as the GPU Operator runs it."""
+"""``init``, ``load`` and ``unload``: the driver's life on a node, as the GPU Operator runs it.
+
+How each of them (and ``build``, node/build.py) starts: the module type the node's GPUs get,
+its pipeline, and the node's kernel as the pipeline's target.
+"""
 
 from __future__ import annotations
 
 import errno
 import fcntl
 import os
-import shutil
-import signal
 import stat
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 
 from nvidia_driver.atomic import write_atomically
 from nvidia_driver.commands import Commands
@@ -23,7 +23,7 @@ from nvidia_driver.kbuild.packages import Package, install_package
 from nvidia_driver.kbuild.pipeline import Pipeline, RunningKernel, Target
 from nvidia_driver.log import say
 from nvidia_driver.node.daemons import DaemonManager
-from nvidia_driver.node.host import HostFacts, read_host_facts
+from nvidia_driver.node.host import HostFacts, PciDevice, read_host_facts
 from nvidia_driver.node.kmod import (
     BUSY_MESSAGE,
     LOAD_ORDER,
@@ -38,13 +38,12 @@ from nvidia_driver.node.modparams import (
     provide_gsp_firmware,
     write_modprobe_conf,
 )
-from nvidia_driver.node.moduletype import ModuleTypeChoice, resolve_module_type
+from nvidia_driver.node.moduletype import resolve_module_type
 from nvidia_driver.node.peermem import RdmaPlan, rdma_plan
 from nvidia_driver.node.rootfs import mount_rootfs, unmount_rootfs
+from nvidia_driver.node.signals import ignore_signals, signals_raise, wait_for_signal
 from nvidia_driver.paths import Paths
-from nvidia_driver.sources.download import abort_downloads
 
-HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 FLATCAR_DOCS = "https://www.flatcar.org/docs/latest/setup/customization/using-nvidia/"
 _LOCK_ATTEMPTS = 10
 
@@ -133,32 +132,23 @@ def _read_holder(fd: int) -> str:
         return "unknown"
 
 
-def _raise_caught(signum: int, _frame: FrameType | None) -> None:
-    # A helper thread may be blocked reading a download (the tarball's inflater): wake it, so
-    # that the unwinding does not wait for the network.
-    abort_downloads()
-    raise CaughtSignalError(signum)
+def chosen_module_type(config: DriverConfig, gpus: Sequence[PciDevice]) -> str:
+    """The module type these GPUs get, said in one line ("auto" without GPUs follows the
+    branch)."""
+    choice = resolve_module_type(config.kernel_module_type, config.driver_branch, gpus)
+    say(f"Using the {choice.module_type} kernel modules ({choice.reason})")
+    return choice.module_type
 
 
-@contextmanager
-def signals_raise() -> Iterator[None]:
-    previous = {sig: signal.signal(sig, _raise_caught) for sig in HANDLED_SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+def chosen_pipeline(ctx: Context, config: DriverConfig, gpus: Sequence[PciDevice]) -> Pipeline:
+    """The pipeline of that module type: how each subcommand that installs or builds starts."""
+    return Pipeline(ctx.paths, ctx.commands, config, chosen_module_type(config, gpus))
 
 
-def ignore_signals() -> None:
-    # A second SIGTERM must not cut the cleanup short.
-    for sig in HANDLED_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
-
-
-def wait_for_signal() -> None:
-    while True:
-        signal.pause()
+def node_target(facts: HostFacts, ofa_kernel: Path | None = None) -> Target:
+    """This node's kernel, and MOFED's tree when nvidia-peermem is built against it."""
+    running = RunningKernel(facts.proc_version, facts.kernel_release)
+    return Target(facts.version_id, running, ofa_kernel)
 
 
 def refuse_unsupported_host(config: DriverConfig, facts: HostFacts) -> None:
@@ -244,25 +234,11 @@ class Lifecycle:
             return False
         return True
 
-    def resolve_module_type(self) -> ModuleTypeChoice:
-        choice = resolve_module_type(
-            self.config.kernel_module_type, self.config.driver_branch, self.facts.gpus
-        )
-        say(f"Using the {choice.module_type} kernel modules ({choice.reason})")
-        return choice
-
-    def pipeline(self, choice: ModuleTypeChoice) -> Pipeline:
-        return Pipeline(self.paths, self.commands, self.config, choice.module_type)
+    def pipeline(self) -> Pipeline:
+        return chosen_pipeline(self.ctx, self.config, self.facts.gpus)
 
     def target(self) -> Target:
-        """This node's kernel, and MOFED's tree when nvidia-peermem is built against it."""
-        running = RunningKernel(self.facts.proc_version, self.facts.kernel_release)
-        return Target(self.facts.version_id, running, self.rdma.ofa_tree)
-
-    def matching_package(self, choice: ModuleTypeChoice) -> Package | None:
-        """The image's package for this kernel, else one cached from this image's sources."""
-        target = replace(self.target(), ofa_kernel=None)
-        return self.pipeline(choice).matching(target, self.facts.proc_version)
+        return node_target(self.facts, self.rdma.ofa_tree)
 
     def install(self, package: Package) -> None:
         kernel = self.facts.kernel_release
@@ -342,19 +318,19 @@ class Lifecycle:
                 "performing userspace-only install"
             )
             unmount_rootfs(self.paths, self.commands)
-            self.resolve_module_type()
+            chosen_module_type(self.config, self.facts.gpus)
             self.finish()
             say("Userspace-only install complete")
             return
         self.daemons.stop_all()
         unload_modules(self.paths, self.commands)
         unmount_rootfs(self.paths, self.commands)
-        choice = self.resolve_module_type()
-        package = self.pipeline(choice).package(self.target(), build=allow_build)
+        pipeline = self.pipeline()
+        package = pipeline.package(self.target(), build=allow_build)
         if package is None:
             raise DriverError(
                 f"no precompiled package for kernel {self.facts.kernel_release} "
-                f"({choice.module_type} modules); use 'nvidia-driver init', which builds one"
+                f"({pipeline.module_type} modules); use 'nvidia-driver init', which builds one"
             )
         self.install(package)
         self.load(package.metadata.module_type)
@@ -377,38 +353,3 @@ def unload_standalone(ctx: Context, config: DriverConfig) -> int:
     if not lifecycle.shutdown():
         raise DriverError(BUSY_MESSAGE)
     return 0
-
-
-def build_standalone(
-    ctx: Context,
-    config: DriverConfig,
-    *,
-    module_type: str | None,
-    flatcar_version: str | None,
-    output: Path | None,
-) -> Package:
-    """``nvidia-driver build``: compile and package, without loading anything.
-
-    With a Flatcar version, for that release (as the precompiled images are built); without,
-    for the running node.
-    """
-    if module_type and module_type != "auto":
-        config = replace(config, kernel_module_type=module_type)
-    if flatcar_version:
-        # Without GPUs to look at, "auto" follows the branch.
-        choice = resolve_module_type(config.kernel_module_type, config.driver_branch, [])
-        say(f"Using the {choice.module_type} kernel modules ({choice.reason})")
-        pipeline = Pipeline(ctx.paths, ctx.commands, config, choice.module_type)
-        package = pipeline.package(Target(flatcar_version))
-    else:
-        lifecycle = Lifecycle(ctx, config, read_host_facts(ctx.paths))
-        package = lifecycle.pipeline(lifecycle.resolve_module_type()).package(lifecycle.target())
-    if output is not None:
-        output.mkdir(parents=True, exist_ok=True)
-        destination = output / package.metadata.module_type / package.path.name
-        if destination.exists():
-            shutil.rmtree(destination)
-        shutil.copytree(package.path, destination)
-        package = Package(destination, package.metadata)
-    say(f"Packaged NVIDIA driver package {package.name} into {package.path}")
-    return package

@@ -27,6 +27,7 @@ from nvidia_driver.errors import CaughtSignalError, DriverError
 from nvidia_driver.log import error, say
 from nvidia_driver.node.host import HostFacts, is_loaded
 from nvidia_driver.node.modparams import options_line, read_params
+from nvidia_driver.node.signals import signals_raise, wait_for_signal
 from nvidia_driver.paths import OFA_KERNEL, Paths
 
 POLL_SECONDS = 10.0
@@ -130,8 +131,6 @@ def reload_nvidia_peermem(
     The kubelet restarts a container that exits: a failure is logged in one line and the
     sidecar waits, so it never crash-loops; the probe reports the module's state.
     """
-    from nvidia_driver.node.lifecycle import signals_raise, wait_for_signal  # noqa: PLC0415
-
     try:
         with signals_raise():
             while not _ready(paths, config):

@@ -6,10 +6,11 @@ from collections.abc import Mapping
 
 from nvidia_driver.config import DriverConfig
 from nvidia_driver.errors import DriverError
+from nvidia_driver.kbuild.pipeline import Pipeline
 from nvidia_driver.log import say
 from nvidia_driver.node.daemons import IMEX_DRA, DaemonManager, config_value, imex_domain
 from nvidia_driver.node.host import read_host_facts
-from nvidia_driver.node.lifecycle import Context, Lifecycle
+from nvidia_driver.node.lifecycle import Context, node_target
 from nvidia_driver.node.moduletype import resolve_module_type
 from nvidia_driver.node.rootfs import is_mounted
 from nvidia_driver.paths import FABRICMANAGER_CONFIG, NVLSM_BINARY, NVLSM_CONFIG, Paths
@@ -59,7 +60,8 @@ def print_status(ctx: Context, env: Mapping[str, str]) -> int:
         _row("Module type", f"none fits: {exc}")
     else:
         _row("Module type", f"{choice.module_type} ({choice.reason})")
-        package = Lifecycle(ctx, config, facts).matching_package(choice)
+        pipeline = Pipeline(ctx.paths, ctx.commands, config, choice.module_type)
+        package = pipeline.matching(node_target(facts), facts.proc_version)
         found = f"{package.name} at {package.path}" if package else "none (init would build one)"
         _row("Precompiled package", found)
     modules = {

@@ -15,21 +15,20 @@ through a directory that is a symlink, so nothing lands outside the mapped direc
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import tarfile
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from nvidia_driver.atomic import replacing
+from nvidia_driver.digests import digest_list, valid_sha256
 from nvidia_driver.errors import DriverError
 from nvidia_driver.log import say
 
 REDIST_ARCH = {"amd64": "x86_64", "arm64": "sbsa"}
 TRIPLET = {"amd64": "x86_64-linux-gnu", "arm64": "aarch64-linux-gnu"}
-SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 MAX_MEMBERS = 20_000
 MAX_MEMBER_BYTES = 1 << 30
 MAX_TOTAL_BYTES = 2 << 30
@@ -139,25 +138,16 @@ class Archive:
         return self.file_name.removesuffix(".tar.xz")
 
 
-def valid_sha256(value: str, what: str) -> str:
-    lowered = value.strip().lower()
-    if not SHA256_HEX.fullmatch(lowered):
-        raise DriverError(f"{what} is not a SHA-256 (64 hex digits): {value!r}")
-    return lowered
-
-
 def recorded_digests(spec: str) -> dict[str, str]:
     """``fabricmanager.amd64=HEX,nvlsm.arm64=HEX`` -> {"fabricmanager.amd64": HEX, ...}."""
-    digests: dict[str, str] = {}
-    for item in filter(None, (part.strip() for part in spec.split(","))):
-        key, sep, value = item.partition("=")
-        component, dot, arch = key.strip().partition(".")
-        if not sep or not dot or arch not in REDIST_ARCH or not component:
+    digests = digest_list(spec, "--sha256")
+    for key in digests:
+        component, _, arch = key.partition(".")
+        if arch not in REDIST_ARCH or not component:
             raise DriverError(
-                f"--sha256 entry {item!r} is not <component>.<amd64|arm64>=<sha256>, e.g. "
-                "fabricmanager.amd64=<64 hex digits>"
+                f"--sha256 entry {key or digests[key]!r} is not <component>.<amd64|arm64>="
+                "<sha256>, e.g. fabricmanager.amd64=<64 hex digits>"
             )
-        digests[f"{component}.{arch}"] = valid_sha256(value, f"--sha256 {key.strip()}")
     return digests
 
 
@@ -289,21 +279,6 @@ def _parents_without_links(root: Path, relative: PurePosixPath) -> Path:
     return current
 
 
-def _replace(final: Path, write: Any) -> None:
-    """Write through a temporary name beside final, then rename over it (never through it)."""
-    handle, temporary = tempfile.mkstemp(prefix=f".{final.name}.", dir=final.parent)
-    os.close(handle)
-    staged = Path(temporary)
-    try:
-        staged.unlink()
-        write(staged)
-        staged.replace(final)
-    except BaseException:
-        if os.path.lexists(staged):
-            staged.unlink()
-        raise
-
-
 class _Budget:
     def __init__(self) -> None:
         self.members = 0
@@ -373,19 +348,17 @@ def _install_member(
         raise DriverError(f"{final} is a directory: cannot install {member.name} over it")
     if member.issym():
         link = _plain_link_target(member)
-        _replace(final, lambda staged: staged.symlink_to(link))
+        with replacing(final) as staged:
+            staged.symlink_to(link)
         return
     source = tar.extractfile(member)
     if source is None:
         raise DriverError(f"cannot read {member.name} from the archive")
     mode = 0o755 if member.mode & 0o111 else 0o644  # no setuid, whatever the archive says
 
-    def write(staged: Path) -> None:
-        with source, staged.open("xb") as out:
-            shutil.copyfileobj(source, out, CHUNK)
+    with replacing(final) as staged, source, staged.open("xb") as out:
+        shutil.copyfileobj(source, out, CHUNK)
         staged.chmod(mode)
-
-    _replace(final, write)
 
 
 NVLSM_LD_CONF = "etc/ld.so.conf.d/nvidia-nvlsm.conf"
@@ -406,10 +379,10 @@ def link_nvlsm_config(root: Path) -> None:
     parent = _parents_without_links(root, link)
     target = os.path.relpath(source, parent)
     final = parent / link.name
-    if final.is_symlink() or not final.exists():
-        _replace(final, lambda staged: staged.symlink_to(target))
-    else:
+    if not final.is_symlink() and final.exists():
         raise DriverError(f"{final} exists and is not NVLSM's link: refusing to replace it")
+    with replacing(final) as staged:
+        staged.symlink_to(target)
     conf = PurePosixPath(NVLSM_LD_CONF)
-    ld_conf = _parents_without_links(root, conf) / conf.name
-    _replace(ld_conf, lambda staged: staged.write_text(f"/{NVLSM_HOME}/lib\n"))
+    with replacing(_parents_without_links(root, conf) / conf.name) as staged:
+        staged.write_text(f"/{NVLSM_HOME}/lib\n")
