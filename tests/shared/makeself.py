@@ -2,7 +2,7 @@
 .run files of both suites (tests/unit/runfile_builder.py, tests/integration/fixtures/runfile.py).
 
 The header lines and their order are those of the nv2 generator, as NVIDIA's .run files carry
-them (shared/reference/nvidia-run-format.md, section 1.2): ``KEY=value`` lines only, so that a
+them (docs/nvidia-run-format.md, section 1.2): ``KEY=value`` lines only, so that a
 parser that collects the leading ones sees exactly these. What follows (a comment banner with
 the format marker, the stub's code), then the embedded decompressor and the payload, is each
 suite's own.

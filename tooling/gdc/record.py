@@ -49,6 +49,7 @@ from gdc.nvidia import (
 )
 from gdc.versions import ARCHES, UNKNOWN_CHECKSUM, Driver, VersionsError, parse_versions
 from nvidia_driver.atomic import write_atomically
+from nvidia_driver.digests import valid_sha256
 from nvidia_driver.errors import DriverError
 from nvidia_driver.sources import redist
 
@@ -181,7 +182,7 @@ def _digest(files: object, key: str, platform: str, version: str, name: str) -> 
         )
     assert isinstance(files, Mapping)  # relative_path matched
     try:
-        return redist.valid_sha256(str(files.get("sha256", "")), f"{name}: {key} {platform} sha256")
+        return valid_sha256(str(files.get("sha256", "")), f"{name}: {key} {platform} sha256")
     except DriverError as exc:
         raise RecordError(str(exc)) from None
 

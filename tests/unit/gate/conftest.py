@@ -28,7 +28,7 @@ from nvidia_driver.gate.kubeapi import KubeAPI
 from nvidia_driver.gate.managers import Manager
 from nvidia_driver.gate.registry import Credentials, Registry
 from nvidia_driver.gate.verdict import Checker, Releases
-from nvidia_driver.kbuild.release import ReleaseSources
+from nvidia_driver.kbuild.release import FlatcarReleases
 from nvidia_driver.sources.download import Backoff, Downloader, DownloadLimits
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy" / "reboot-gate"
@@ -164,7 +164,7 @@ class Cluster:
 
         downloader = Downloader(DownloadLimits(timeout=5, deadline=10), Backoff(attempts=1))
         commands = Commands({"PATH": str(self.tmp / "no-compilers")})
-        sources = ReleaseSources(commands, self.tmp / "cache", self.tmp / "work")
+        sources = FlatcarReleases(commands, self.tmp / "cache", self.tmp / "work")
         return Checker(
             api,
             Releases(self.feed_file.as_uri(), downloader),

@@ -15,7 +15,7 @@ from vmlinuz_images import bzimage, bzimage_payload, vmlinux
 from nvidia_driver.commands import Commands
 from nvidia_driver.gate.buildcheck import BuildImage
 from nvidia_driver.gate.verdict import Verdict, allowed, held
-from nvidia_driver.kbuild.release import ReleaseSources
+from nvidia_driver.kbuild.release import FlatcarReleases
 from nvidia_driver.sources.flatcar import ReleaseServer as Servers
 from nvidia_driver.sources.verify import Trust
 
@@ -66,7 +66,7 @@ def _image(
         (tools / name).chmod(0o755)
     commands = Commands({"PATH": str(tools)})
     keyring = signer.export(tmp_path / "keyring.gpg", armor=False)
-    sources = ReleaseSources(
+    sources = FlatcarReleases(
         commands,
         tmp_path / "cache",
         tmp_path / "work",

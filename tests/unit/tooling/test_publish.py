@@ -509,9 +509,9 @@ class ThrottledPuts(OCIRegistry):
 
     throttling = False
 
-    def answer(self, handler: BaseHTTPRequestHandler, method: str) -> None:
-        if method != "PUT" or not self.throttling:
-            super().answer(handler, method)
+    def answer(self, handler: BaseHTTPRequestHandler) -> None:
+        if handler.command != "PUT" or not self.throttling:
+            super().answer(handler)
             return
         handler.rfile.read(int(handler.headers.get("Content-Length", "0")))
         handler.send_response(429)

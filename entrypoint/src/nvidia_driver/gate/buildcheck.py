@@ -25,7 +25,7 @@ from nvidia_driver.errors import DriverError
 from nvidia_driver.kbuild.cachedirs import clear_work
 from nvidia_driver.kbuild.compat import build_problem
 from nvidia_driver.kbuild.compiler import Toolchain, gcc_major_of
-from nvidia_driver.kbuild.release import ReleaseSources, refuse_foreign_host_tools
+from nvidia_driver.kbuild.release import FlatcarReleases, refuse_foreign_host_tools
 from nvidia_driver.log import say
 
 
@@ -41,7 +41,7 @@ class BuildImage:
 
     driver_version: str
     commands: Commands
-    sources: ReleaseSources
+    sources: FlatcarReleases
 
     def sources_build(self, driver: str, version: str, arch: str, kernel: str) -> Outcome:
         """Whether driver's sources (a version or a branch) build on the release's kernel."""

@@ -24,7 +24,7 @@ from nvidia_driver.gate.kubeapi import KubeAPI
 from nvidia_driver.gate.managers import Manager
 from nvidia_driver.gate.verdict import Checker, Releases
 from nvidia_driver.kbuild.cachedirs import cache_dir, work_dir
-from nvidia_driver.kbuild.release import ReleaseSources
+from nvidia_driver.kbuild.release import FlatcarReleases
 from nvidia_driver.log import say
 from nvidia_driver.sources.download import Downloader, DownloadLimits
 from nvidia_driver.sources.flatcar import releases_url_from_env
@@ -40,7 +40,7 @@ def make_gate(env: Mapping[str, str], manager: Manager, interval: float) -> Gate
     settings = Settings.from_env(env, manager, interval)
     api = KubeAPI.from_env(env)
     commands = Commands(dict(env))
-    sources = ReleaseSources.from_env(commands, cache_dir(CACHE, env), work_dir(WORK, env), env)
+    sources = FlatcarReleases.from_env(commands, cache_dir(CACHE, env), work_dir(WORK, env), env)
     limits = DownloadLimits.from_env(env)
     feed = Downloader(dataclasses.replace(limits, deadline=min(limits.deadline, FEED_DEADLINE)))
     checker = Checker(
