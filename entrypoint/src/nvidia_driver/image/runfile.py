@@ -21,15 +21,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Literal, Protocol, cast
+from typing import IO, Literal, Protocol, cast
 
 from nvidia_driver import limits
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats import output, tar
-
-if TYPE_CHECKING:
-    from _typeshed import WriteableBuffer
 
 Compression = Literal["gzip", "xz", "zstd"]
 
@@ -376,7 +373,7 @@ def _copy(data: IO[bytes], fd: int) -> None:
         output.write_all(fd, chunk)
 
 
-class _Bounded(io.RawIOBase):
+class _Bounded(io.BufferedIOBase):
     """The payload's decompressed bytes, refused past ``limit`` (a decompression bomb)."""
 
     def __init__(self, stream: IO[bytes], limit: int) -> None:
@@ -388,15 +385,14 @@ class _Bounded(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buffer: WriteableBuffer, /) -> int:
-        view = memoryview(buffer).cast("B")
+    def read(self, size: int | None = -1, /) -> bytes:
         # One byte more than the bound allows: what tells a stream at its bound from a bomb.
-        chunk = self._stream.read(min(len(view), self._limit + 1 - self._taken))
+        left = self._limit + 1 - self._taken
+        chunk = self._stream.read(left if size is None or size < 0 else min(size, left))
         self._taken += len(chunk)
         if self._taken > self._limit:
             raise tar.OverBoundError(f"more than {limits.size(self._limit)} of data once unpacked")
-        view[: len(chunk)] = chunk
-        return len(chunk)
+        return chunk
 
 
 @contextmanager
