@@ -1,4 +1,4 @@
-"""Sessions for gpu-driver-container (Python >= 3.11.4; docs/development.md).
+"""Sessions for gpu-driver-container (Python >= 3.11; docs/development.md).
 
 A bare ``nox`` runs lint, typecheck and tests (the unit tests: no root, no network, no Docker).
 ``nox -s integration integration_arm64`` runs the integration tests; they need root on Debian 12.

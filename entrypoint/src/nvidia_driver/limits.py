@@ -20,6 +20,15 @@ CONTAINER_MEMBER = 256 * MiB  # one file written
 CONTAINER_ENTRIES = 200_000  # files, links and directories written
 TAR_METADATA = 1 * MiB  # the pax and GNU long-name headers of one member, together
 
+# NVIDIA-Linux-<arch>-<version>.run: ~400 MB of xz or zstd, one tar stream. 610.57.04 unpacks to
+# 1,189 members and 1.8 GB (docs/nvidia-run-format.md section 1.4); the integration fixture's
+# 550.163.01, made of Debian's packages, to 977 members and 939 MB, its largest file 223 MB
+# (kernel-open/nvidia/nv-kernel.o_binary).
+RUN_INFLATED = 16 * GiB  # the tar stream: the files and their headers
+RUN_WRITTEN = 8 * GiB  # the bytes of every file written
+RUN_MEMBER = 2 * GiB  # one file written
+RUN_ENTRIES = 100_000  # files, links and directories written
+
 # Paths: a kernel tree's deepest is ~12 components; PATH_MAX (4096) allows ~2,000.
 PATH_DEPTH = 128
 LINK_TARGET = 4095  # bytes: PATH_MAX without its NUL

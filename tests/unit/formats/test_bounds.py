@@ -29,6 +29,7 @@ from kerneltree_fixtures import (
     tar_gz,
     write,
 )
+from runfile_builder import compress, write_run
 from tools import needs
 from vmlinuz_images import vmlinux
 
@@ -36,6 +37,7 @@ from nvidia_driver import limits
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats import ext4, gpt, output
 from nvidia_driver.formats.vmlinuz import kernel_banner, kernel_banner_from_file
+from nvidia_driver.image import runfile
 from nvidia_driver.kbuild import container, devcontainer, kerneltree
 
 MODULES = f"usr/lib/modules/{KERNEL}"
@@ -133,6 +135,63 @@ def test_extended_headers_are_bounded_together(tmp_path: Path) -> None:
     archive = pax + member + bytes(2 * tarfile.BLOCKSIZE)
     with pytest.raises(DriverError, match="more than 1048576 bytes of extended headers"):
         extract(zlib.compress(archive, 9, wbits=31), tmp_path)
+
+
+# NVIDIA's .run: one tar stream, walked member by member (image/runfile.py).
+
+
+def run_of_zeros(path: Path, members: list[tuple[str, int]]) -> Path:
+    """A .run whose tar holds files of zeros, gzip-compressed (so a few KiB for many MiB)."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.GNU_FORMAT) as archive:
+        for name, size in members:
+            info = tarfile.TarInfo(name)
+            info.size = size
+            archive.addfile(info, io.BytesIO(bytes(size)))
+    return write_run(path, compress(raw.getvalue(), "gzip")).path
+
+
+def test_a_run_member_larger_than_its_bound_is_refused_before_a_byte_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(limits, "RUN_MEMBER", 1 << 20)
+    written = Written(monkeypatch)
+    bomb = run_of_zeros(tmp_path / "x.run", [("./nvidia-smi", 10), ("./bomb", 8 << 20)])
+    with pytest.raises(
+        DriverError, match=r"it has \./bomb of 8388608 bytes, more than the 1 MiB a file may have"
+    ) as error:
+        runfile.extract(bomb, tmp_path / "out")
+    assert "\n" not in str(error.value)
+    assert written.bytes == 10
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_bytes_a_run_writes_are_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(limits, "RUN_WRITTEN", 4 << 20)
+    written = Written(monkeypatch)
+    bomb = run_of_zeros(tmp_path / "x.run", [(f"./part{n}", 1 << 20) for n in range(8)])
+    with pytest.raises(DriverError, match=r"it has more than 4 MiB to write; it is not a genuine"):
+        runfile.extract(bomb, tmp_path / "out")
+    assert written.bytes <= 4 << 20
+
+
+def test_the_entries_a_run_writes_are_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(limits, "RUN_ENTRIES", 20)
+    bomb = run_of_zeros(tmp_path / "x.run", [(f"./empty{n}", 0) for n in range(30)])
+    with pytest.raises(DriverError, match="it has more than 20 entries to write"):
+        runfile.extract(bomb, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_run_s_tar_stream_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(limits, "RUN_INFLATED", 4 << 20)
+    bomb = run_of_zeros(tmp_path / "x.run", [("./big", 16 << 20)])
+    with pytest.raises(DriverError, match="it has more than 4 MiB of data once unpacked"):
+        runfile.extract(bomb, tmp_path / "out")
 
 
 # The developer container: its disk image, its GPT and its ext4 file system.

@@ -290,6 +290,37 @@ UNSAFE_MEMBERS = {
     "symlink-up": [(_member("./up", tarfile.SYMTYPE, "../../.."), b"")],
     "hardlink-out": [(_member("./passwd", tarfile.LNKTYPE, "/etc/passwd"), b"")],
     "device": [(_member("./dev", tarfile.CHRTYPE), b"")],
+    "block-device": [(_member("./sda", tarfile.BLKTYPE), b"")],
+    "fifo": [(_member("./fifo", tarfile.FIFOTYPE), b"")],
+    "hardlink-up": [(_member("./passwd", tarfile.LNKTYPE, "../../../etc/passwd"), b"")],
+    # Each link is fine as text; together they climb out: "a/b" is the root, "a/b/.." above it.
+    "symlink-chain-out": [
+        (_member("./a", tarfile.DIRTYPE), b""),
+        (_member("./a/b", tarfile.SYMTYPE, ".."), b""),
+        (_member("./c", tarfile.SYMTYPE, "a/b/.."), b""),
+    ],
+    # Stricter than the "data" filter, which failed on the first with a KeyError and linked
+    # the directory.
+    "hardlink-to-nothing": [(_member("./copy", tarfile.LNKTYPE, "./missing"), b"")],
+    "hardlink-to-a-directory": [
+        (_member("./kernel", tarfile.DIRTYPE), b""),
+        (_member("./copy", tarfile.LNKTYPE, "./kernel"), b""),
+    ],
+}
+# What each refusal says: the reason after "refusing to unpack the driver package: it has".
+REFUSALS = {
+    "absolute-path": r"a member that would land outside the extraction directory \('/tmp/gdc",
+    "dot-dot": r"a member that would land outside the extraction directory \('\./\.\./evil'\)",
+    "symlink-out": r"a link to an absolute path \(\./out -> /etc\)",
+    "symlink-up": r"a symbolic link out of the extraction directory \(\./up -> \.\./\.\./\.\.\)",
+    "hardlink-out": r"a link to an absolute path \(\./passwd -> /etc/passwd\)",
+    "device": r"a device, fifo or other special file \(\./dev\)",
+    "block-device": r"a device, fifo or other special file \(\./sda\)",
+    "fifo": r"a device, fifo or other special file \(\./fifo\)",
+    "hardlink-up": r"a member that would land outside the extraction directory \('\.\./",
+    "symlink-chain-out": r"a symbolic link that resolves out of the extraction directory \(c -> ",
+    "hardlink-to-nothing": r"a hard link to what it has not unpacked as a file before",
+    "hardlink-to-a-directory": r"a hard link to what it has not unpacked as a file before",
 }
 
 
@@ -299,11 +330,53 @@ def test_unsafe_members_are_refused(
 ) -> None:
     safe = [(_member("./nvidia-smi"), b"fine\n")]
     built = write_run(tmp_path / "x.run", compress(tar_of_members(safe + members), "gzip"))
-    with pytest.raises(DriverError, match="refusing to unpack"):
+    with pytest.raises(DriverError, match="refusing to unpack") as refused:
         extract(built.path, tmp_path / "out" / "tree")
+    assert "\n" not in str(refused.value)
+    assert str(refused.value).endswith("it is not a genuine NVIDIA .run")
     assert not (tmp_path / "out" / "tree").exists()
     assert not (tmp_path / "out" / "evil").exists()
     assert not Path("/tmp/gdc-evil").exists()
+
+
+@pytest.mark.parametrize("case", UNSAFE_MEMBERS)
+def test_each_refusal_says_what_it_refused(tmp_path: Path, case: str) -> None:
+    built = write_run(tmp_path / "x.run", compress(tar_of_members(UNSAFE_MEMBERS[case]), "xz"))
+    prefix = "refusing to unpack the driver package: it has "
+    with pytest.raises(DriverError, match=prefix + REFUSALS[case]):
+        extract(built.path, tmp_path / "out")
+
+
+def test_nothing_is_written_through_a_link(tmp_path: Path) -> None:
+    # Stricter than the "data" filter, which wrote lib/evil through lib, to ./evil.
+    members = [(_member("./lib", tarfile.SYMTYPE, "."), b""), (_member("./lib/evil"), b"x")]
+    built = write_run(tmp_path / "x.run", compress(tar_of_members(members), "xz"))
+    with pytest.raises(
+        DriverError,
+        match=r"lib is a symbolic link in the extracted tree: refusing to write through it; it is "
+        r"not a genuine NVIDIA \.run",
+    ):
+        extract(built.path, tmp_path / "out" / "tree")
+    assert not (tmp_path / "out" / "tree").exists()
+
+
+def test_links_that_stay_inside_are_unpacked(tmp_path: Path) -> None:
+    # What the "data" filter let through: relative symbolic links inside the tree, also to what
+    # comes later, and hard links to a file unpacked before.
+    members = [
+        (_member("./kernel", tarfile.DIRTYPE), b""),
+        (_member("./kernel/nv.c"), b"int nv;\n"),
+        (_member("./kernel/nv-link.c", tarfile.SYMTYPE, "nv.c"), b""),
+        (_member("./kernel/nv-hard.c", tarfile.LNKTYPE, "./kernel/nv.c"), b""),
+        (_member("./libcuda.so.1", tarfile.SYMTYPE, f"libcuda.so.{VERSION}"), b""),
+        (_member(f"./libcuda.so.{VERSION}"), b"\x7fELF"),
+        (_member("./top", tarfile.SYMTYPE, "kernel/../libcuda.so.1"), b""),
+    ]
+    built = write_run(tmp_path / "x.run", compress(tar_of_members(members), "xz"))
+    dest = extract(built.path, tmp_path / "out")
+    assert (dest / "kernel/nv-link.c").readlink() == Path("nv.c")
+    assert (dest / "kernel/nv-hard.c").stat().st_ino == (dest / "kernel/nv.c").stat().st_ino
+    assert (dest / "libcuda.so.1").read_bytes() == (dest / "top").read_bytes() == b"\x7fELF"
 
 
 def test_extraction_drops_setuid_bits(tmp_path: Path) -> None:
@@ -313,6 +386,23 @@ def test_extraction_drops_setuid_bits(tmp_path: Path) -> None:
     built = write_run(tmp_path / "x.run", compress(tar_of_members([(member, b"bin\n")]), "xz"))
     dest = extract(built.path, tmp_path / "out")
     assert stat.S_IMODE((dest / "nvidia-modprobe").stat().st_mode) == 0o755
+
+
+# The modes Python's "data" filter gives files (CPython Lib/tarfile.py, _get_filtered_attrs):
+# no high bits or group and other write; no execute unless the owner's; owner read and write.
+DATA_FILTER_MODES = {
+    0o4755: 0o755, 0o2711: 0o711, 0o1777: 0o755, 0o666: 0o644, 0o640: 0o640,
+    0o070: 0o640, 0o000: 0o600, 0o100: 0o700, 0o511: 0o711,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("mode", "expected"), DATA_FILTER_MODES.items(), ids=oct)
+def test_file_modes_are_the_data_filter_s(tmp_path: Path, mode: int, expected: int) -> None:
+    member = _member("./file")
+    member.mode = mode
+    built = write_run(tmp_path / "x.run", compress(tar_of_members([(member, b"x")]), "xz"))
+    dest = extract(built.path, tmp_path / "out")
+    assert stat.S_IMODE((dest / "file").stat().st_mode) == expected
 
 
 @pytest.mark.parametrize("compression", ["gzip", "xz"])

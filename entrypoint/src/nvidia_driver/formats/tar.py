@@ -11,6 +11,10 @@ checksum.
 
 :class:`Inflated` inflates the gzip stream ahead, on a thread of its own, and stops at a bound:
 the caller says how many inflated bytes an archive may hold.
+
+What any tar extraction may write, whichever reader read its members, is judged here too:
+:func:`member_path` and :func:`symlink_target` refuse names and links that leave the extraction
+root, and a :class:`Budget` refuses a member before it would pass the extraction's bounds.
 """
 
 from __future__ import annotations
@@ -22,11 +26,13 @@ import threading
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
 from typing import BinaryIO, NamedTuple
 
 from nvidia_driver import limits
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats import output
+from nvidia_driver.links import escaping_links
 
 CHUNK = 1 << 20
 _GZIP_WBITS = 16 + zlib.MAX_WBITS  # a gzip header and trailer around the deflate data
@@ -59,8 +65,16 @@ class TarError(DriverError):
     """The stream is not a tar archive this reader reads, or it is corrupt."""
 
 
-class InflatedTooLargeError(DriverError):
+class OverBoundError(DriverError):
+    """The archive holds more than its bound: a decompression bomb, or not the archive."""
+
+
+class InflatedTooLargeError(OverBoundError):
     """The stream inflates to more than its bound: a decompression bomb, or not the archive."""
+
+
+class UnsafeMemberError(DriverError):
+    """A member's name or link would leave the extraction root, or is no path at all."""
 
 
 class Member(NamedTuple):
@@ -187,13 +201,14 @@ def _member(header: bytes, size: int, extended: _Extended) -> Member:
         kind=kind,
         size=0 if kind in _NO_DATA else size,
         mode=_number(mode),
-        mtime=_pax_time(pax["mtime"]) if "mtime" in pax else _mtime(_number(mtime)),
+        mtime=_pax_time(pax["mtime"]) if "mtime" in pax else checked_mtime(_number(mtime)),
         linkname=extended.long_link or pax.get("linkpath") or _text(link),
         sparse=kind == _GNU_SPARSE or any(key.startswith("GNU.sparse.") for key in pax),
     )
 
 
-def _mtime(seconds: float) -> float:
+def checked_mtime(seconds: float) -> float:
+    """A member's modification time, refused (TarError) where os.utime would overflow."""
     if not -_MAX_MTIME < seconds < _MAX_MTIME:
         raise TarError(f"an implausible modification time ({seconds:.0f})")
     return seconds
@@ -202,7 +217,7 @@ def _mtime(seconds: float) -> float:
 def _pax_time(text: str) -> float:
     if not _PAX_TIME.fullmatch(text):
         raise TarError(f"a pax mtime that is not a time: {text[:40]!r}")
-    return _mtime(float(text))
+    return checked_mtime(float(text))
 
 
 def _pax_size(text: str) -> int:
@@ -232,6 +247,85 @@ def members(data: Inflated) -> Iterator[Member]:
         yield member
         data.seek(start + member.size + -member.size % _BLOCK)
         extended = _Extended()
+
+
+# --- what an extraction writes --------------------------------------------------------------
+
+
+def member_path(name: str) -> str:
+    """A member's name as a path relative to the extraction root ("" for the root itself).
+
+    Names that are absolute or hold a ".." component are refused, not made relative: no genuine
+    archive of a tree has them. So are names with a NUL byte or more than limits.PATH_DEPTH
+    components.
+    """
+    parts = [part for part in name.split("/") if part not in ("", ".")]
+    if name.startswith("/") or ".." in parts:
+        raise UnsafeMemberError(
+            f"a member that would land outside the extraction directory ({name[:200]!r})"
+        )
+    if "\0" in name or len(parts) > limits.PATH_DEPTH:
+        raise UnsafeMemberError(
+            f"a member name with a NUL byte or more than {limits.PATH_DEPTH} components "
+            f"({name[:200]!r})"
+        )
+    return "/".join(parts)
+
+
+def symlink_target(rel: str, name: str, linkname: str) -> str:
+    """What the symbolic link member name, at rel, may point to (output.contained_link_target:
+    an absolute target becomes relative); refused if it climbs out, is empty or is too long."""
+    if "\0" in linkname or len(linkname) > limits.LINK_TARGET:
+        raise UnsafeMemberError(
+            f"a symbolic link with a NUL byte or more than {limits.LINK_TARGET} bytes in its "
+            f"target ({name[:200]})"
+        )
+    target = output.contained_link_target(PurePosixPath(rel), linkname)
+    if target is None:
+        raise UnsafeMemberError(
+            f"a symbolic link out of the extraction directory ({name} -> {linkname})"
+        )
+    return target
+
+
+def refuse_escaping_links(writer: output.TreeWriter) -> None:
+    """Each link was checked as text when written; here all are, by where they resolve (only
+    once the archive has its verdict: this follows them)."""
+    escaping = escaping_links(writer.root, writer.symlinks())
+    if escaping:
+        rel = escaping[0]
+        raise UnsafeMemberError(
+            "a symbolic link that resolves out of the extraction directory "
+            f"({rel} -> {Path(writer.path(rel)).readlink()}, through its other links)"
+        )
+
+
+@dataclass
+class Budget:
+    """The entries and file bytes an extraction may write (bounds from limits.py, taken when
+    the extraction starts), counted member by member."""
+
+    max_entries: int  # files, links and directories
+    max_written: int  # the bytes of every file
+    max_member: int  # the bytes of one file
+    entries: int = 0
+    written: int = 0
+
+    def take(self, name: str, file_size: int | None) -> None:
+        """Count member name (file_size None: not a file); refused before it passes a bound."""
+        self.entries += 1
+        if self.entries > self.max_entries:
+            raise OverBoundError(f"more than {self.max_entries} entries to write")
+        if file_size is None:
+            return
+        if file_size > self.max_member:
+            raise OverBoundError(
+                f"{name[:200]} of {file_size} bytes, more than the "
+                f"{limits.size(self.max_member)} a file may have"
+            )
+        self.written += file_size
+        if self.written > self.max_written:
+            raise OverBoundError(f"more than {limits.size(self.max_written)} to write")
 
 
 class Inflated:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import lzma
 import re
 import shutil
+import stat
 import tarfile
 import zlib
 from collections.abc import Iterator
@@ -21,9 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Literal, Protocol, cast
 
+from nvidia_driver import limits
 from nvidia_driver.commands import Commands
 from nvidia_driver.digests import valid_sha256
 from nvidia_driver.errors import DriverError
+from nvidia_driver.formats import output, tar
 
 Compression = Literal["gzip", "xz", "zstd"]
 
@@ -258,9 +262,11 @@ def extract(
 ) -> Path:
     """Verify ``runfile`` and unpack its tree into ``dest`` (new or empty); return ``dest``.
 
-    Members go through the standard library's "data" filter: names or links leading outside
-    ``dest`` and device files are refused (absolute names too, which the filter would only make
-    relative); setuid bits are dropped (install modes come from the .manifest).
+    The members are walked here and written through formats/output.py's TreeWriter, never
+    through a link. Refused, as Python's "data" extraction filter refuses them: absolute names,
+    names or links leading outside ``dest`` and device files; also names with "..", and what
+    passes limits.py's RUN_* bounds. Setuid bits and group and other write are dropped, as the
+    filter drops them (install modes come from the .manifest).
     """
     header = read_header(runfile)
     offset = payload_offset(runfile, header)
@@ -291,33 +297,103 @@ def _decompressed(
         if compression == "zstd":
             # zstd is not in this Python's standard library: the zstd command reads the open
             # file from the payload offset.
-            with commands.pipe_bytes("zstd", ZSTD_DECOMPRESS, raw) as output:
-                yield output
+            with commands.pipe_bytes("zstd", ZSTD_DECOMPRESS, raw) as decompressed:
+                yield decompressed
         elif compression == "xz":
-            with lzma.LZMAFile(raw) as output:
-                yield output
+            with lzma.LZMAFile(raw) as decompressed:
+                yield decompressed
         else:
-            with gzip.GzipFile(fileobj=raw, mode="rb") as output:
-                yield cast("IO[bytes]", output)  # a GzipFile is a binary stream
+            with gzip.GzipFile(fileobj=raw, mode="rb") as decompressed:
+                yield cast("IO[bytes]", decompressed)  # a GzipFile is a binary stream
+
+
+_NOT_GENUINE = "it is not a genuine NVIDIA .run"
 
 
 def _untar(payload: IO[bytes], dest: Path) -> None:
+    writer = output.TreeWriter(dest, _NOT_GENUINE)
+    budget = tar.Budget(limits.RUN_ENTRIES, limits.RUN_WRITTEN, limits.RUN_MEMBER)
     try:
-        with tarfile.open(fileobj=payload, mode="r|") as archive:
-            archive.extractall(dest, filter=_safe_member)  # noqa: S202 - filtered
-    except tarfile.FilterError as exc:
+        # tarfile only reads the archive (stream mode: forward only); nothing extracts with it.
+        with tarfile.open(fileobj=_Bounded(payload, limits.RUN_INFLATED), mode="r|") as archive:
+            for member in archive:
+                _unpack(archive, member, writer, budget)
+        # Verified before it was unpacked: the links may be followed now.
+        tar.refuse_escaping_links(writer)
+    except (tar.UnsafeMemberError, tar.OverBoundError) as exc:
         raise DriverError(
-            f"refusing to unpack the driver package: {exc}; it is not a genuine NVIDIA .run"
+            f"refusing to unpack the driver package: it has {exc}; {_NOT_GENUINE}"
         ) from exc
-    except (tarfile.TarError, lzma.LZMAError, EOFError, OSError) as exc:
+    except (tar.TarError, tarfile.TarError, lzma.LZMAError, EOFError, OSError) as exc:
         raise DriverError(f"unpacking the driver package failed: {exc}") from exc
 
 
-def _safe_member(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
-    """The "data" filter, refusing absolute names where it would strip their leading "/"."""
-    if member.name.startswith("/"):
-        raise tarfile.AbsolutePathError(member)
-    return tarfile.data_filter(member, dest)
+def _unpack(
+    archive: tarfile.TarFile, member: tarfile.TarInfo, writer: output.TreeWriter, budget: tar.Budget
+) -> None:
+    """Write one member as the "data" filter would let it be extracted, or refuse it."""
+    rel = tar.member_path(member.name)
+    budget.take(member.name, member.size if member.isreg() else None)
+    mtime = tar.checked_mtime(member.mtime)
+    if member.isdir():
+        writer.directory(rel)  # the filter keeps no directory mode either
+    elif member.issym() or member.islnk():
+        if member.linkname.startswith("/"):
+            raise tar.UnsafeMemberError(
+                f"a link to an absolute path ({member.name} -> {member.linkname})"
+            )
+        if member.issym():
+            writer.symlink(rel, tar.symlink_target(rel, member.name, member.linkname), mtime)
+        elif writer.made(source := tar.member_path(member.linkname)) == output.FILE:
+            writer.hardlink(rel, writer.path(source))
+        else:
+            raise tar.UnsafeMemberError(
+                f"a hard link to what it has not unpacked as a file before "
+                f"({member.name} -> {member.linkname})"
+            )
+    elif member.isreg():
+        data = archive.extractfile(member)
+        if data is None:  # tarfile gives every regular member a reader
+            raise tar.TarError(f"{member.name} has no data")
+        writer.file(rel, _data_mode(member.mode), mtime, lambda fd: _copy(data, fd))
+    else:
+        raise tar.UnsafeMemberError(f"a device, fifo or other special file ({member.name})")
+
+
+def _data_mode(mode: int) -> int:
+    """The mode the "data" filter gives a file: no setuid, setgid, sticky or group and other
+    write; no execute for anyone unless for the owner; always readable and writable by it."""
+    mode &= 0o755
+    if not mode & stat.S_IXUSR:
+        mode &= ~0o111
+    return mode | stat.S_IRUSR | stat.S_IWUSR
+
+
+def _copy(data: IO[bytes], fd: int) -> None:
+    while chunk := data.read(CHUNK_BYTES):
+        output.write_all(fd, chunk)
+
+
+class _Bounded(io.BufferedIOBase):
+    """The payload's decompressed bytes, refused past ``limit`` (a decompression bomb)."""
+
+    def __init__(self, stream: IO[bytes], limit: int) -> None:
+        super().__init__()
+        self._stream = stream
+        self._limit = limit
+        self._taken = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int | None = -1, /) -> bytes:
+        # One byte more than the bound allows: what tells a stream at its bound from a bomb.
+        left = self._limit + 1 - self._taken
+        chunk = self._stream.read(left if size is None or size < 0 else min(size, left))
+        self._taken += len(chunk)
+        if self._taken > self._limit:
+            raise tar.OverBoundError(f"more than {limits.size(self._limit)} of data once unpacked")
+        return chunk
 
 
 @contextmanager

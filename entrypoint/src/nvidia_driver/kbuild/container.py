@@ -13,14 +13,14 @@ import os
 import zlib
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
 from nvidia_driver import limits
 from nvidia_driver.atomic import replacing
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats import output, tar
-from nvidia_driver.formats.output import TreeWriter, contained_link_target
+from nvidia_driver.formats.output import TreeWriter
 from nvidia_driver.kbuild.hosttools import (
     LIBRARY_DIRS,
     LIBRARY_NAME,
@@ -37,7 +37,6 @@ from nvidia_driver.kbuild.kerneltree import (
     single_kernel,
     tree_at,
 )
-from nvidia_driver.links import escaping_links
 from nvidia_driver.log import say
 from nvidia_driver.sources.flatcar import RELEASE_FILE
 
@@ -55,21 +54,6 @@ class _Placement(NamedTuple):
     area: str  # "tree" (the kernel's build/source) or "runtime" (a shared library)
     path: str  # relative, normalized
     kernel: str
-
-
-def _member_path(name: str) -> str:
-    parts = [part for part in name.split("/") if part not in ("", ".")]
-    if name.startswith("/") or ".." in parts:
-        raise DriverError(
-            f"{CONTAINER_TARBALL} has a member that would land outside the extraction "
-            f"directory ({name[:200]!r}): refusing the archive; fetch it again or report it"
-        )
-    if "\0" in name or len(parts) > limits.PATH_DEPTH:
-        raise DriverError(
-            f"{CONTAINER_TARBALL} has a member name with a NUL byte or more than "
-            f"{limits.PATH_DEPTH} components ({name[:200]!r}): refusing the archive; report it"
-        )
-    return "/".join(parts)
 
 
 def _placement(path: str) -> _Placement | None:
@@ -96,26 +80,24 @@ class _ContainerExtraction:
     runtime: TreeWriter
     kernel_release: str | None
     kernels: set[str] = field(default_factory=set)
-    written: int = 0  # bytes of the files written
-    entries: int = 0  # files, links and directories written
+    budget: tar.Budget = field(
+        default_factory=lambda: tar.Budget(
+            limits.CONTAINER_ENTRIES, limits.CONTAINER_WRITTEN, limits.CONTAINER_MEMBER
+        )
+    )
 
     def writer(self, placement: _Placement) -> TreeWriter:
         return self.runtime if placement.area == "runtime" else self.tree
 
     def refuse_escaping_links(self) -> None:
-        """Each link was checked as text when written; here all are, by where they resolve."""
-        for writer in (self.tree, self.runtime):
-            escaping = escaping_links(writer.root, writer.symlinks())
-            if escaping:
-                rel = escaping[0]
-                raise DriverError(
-                    f"{CONTAINER_TARBALL} has a symbolic link that resolves out of the "
-                    f"extraction directory ({rel} -> {Path(writer.path(rel)).readlink()}, through "
-                    "its other links): refusing the archive; report it"
-                )
+        try:
+            for writer in (self.tree, self.runtime):
+                tar.refuse_escaping_links(writer)
+        except tar.UnsafeMemberError as exc:
+            raise _unsafe(exc) from exc
 
     def member(self, member: tar.Member) -> None:
-        placement = _placement(_member_path(member.name))
+        placement = _placement(tar.member_path(member.name))
         if placement is None:
             return
         if placement.area == "tree":
@@ -123,7 +105,7 @@ class _ContainerExtraction:
             if self.kernel_release not in (None, placement.kernel):
                 return
         writer, rel, kind = self.writer(placement), placement.path, member.kind
-        self.count(member)
+        self.budget.take(member.name, member.size if kind in tar.REGULAR else None)
         if member.sparse:
             raise DriverError(
                 f"{CONTAINER_TARBALL}: {member.name} is stored as a sparse file, which the "
@@ -132,7 +114,7 @@ class _ContainerExtraction:
         if kind == tar.DIRECTORY:
             os.chmod(writer.directory(rel), member.mode & 0o777 | 0o700)  # noqa: PTH101
         elif kind == tar.SYMLINK:
-            self.symlink(writer, rel, member)
+            writer.symlink(rel, tar.symlink_target(rel, member.name, member.linkname), member.mtime)
         elif kind == tar.HARDLINK:
             self.hardlink(placement, member)
         elif kind in tar.REGULAR:
@@ -141,41 +123,9 @@ class _ContainerExtraction:
             writer.file(rel, member.mode, member.mtime, lambda fd: self.data.write_to(fd, size))
         # Devices and fifos have no place in a build tree.
 
-    def count(self, member: tar.Member) -> None:
-        """Refuse the member before writing it if it would pass a bound."""
-        self.entries += 1
-        if self.entries > limits.CONTAINER_ENTRIES:
-            raise _over_bound(f"more than {limits.CONTAINER_ENTRIES} entries to write")
-        if member.kind not in tar.REGULAR:
-            return
-        if member.size > limits.CONTAINER_MEMBER:
-            raise _over_bound(
-                f"{member.name[:200]} of {member.size} bytes, more than the "
-                f"{limits.size(limits.CONTAINER_MEMBER)} a file may have"
-            )
-        self.written += member.size
-        if self.written > limits.CONTAINER_WRITTEN:
-            raise _over_bound(f"more than {limits.size(limits.CONTAINER_WRITTEN)} to write")
-
-    @staticmethod
-    def symlink(writer: TreeWriter, rel: str, member: tar.Member) -> None:
-        if "\0" in member.linkname or len(member.linkname) > limits.LINK_TARGET:
-            raise DriverError(
-                f"{CONTAINER_TARBALL}: {member.name[:200]} is a symbolic link with a NUL byte "
-                f"or more than {limits.LINK_TARGET} bytes in its target: refusing the archive; "
-                "report it"
-            )
-        target = contained_link_target(PurePosixPath(rel), member.linkname)
-        if target is None:
-            raise DriverError(
-                f"{CONTAINER_TARBALL} has a symbolic link out of the extraction directory "
-                f"({member.name} -> {member.linkname}): refusing the archive; report it"
-            )
-        writer.symlink(rel, target, member.mtime)
-
     def hardlink(self, placement: _Placement, member: tar.Member) -> None:
         writer = self.writer(placement)
-        source = _placement(_member_path(member.linkname))
+        source = _placement(tar.member_path(member.linkname))
         if source and source.area == placement.area and writer.made(source.path) == output.FILE:
             writer.hardlink(placement.path, writer.path(source.path))
         elif placement.area == "tree":
@@ -184,6 +134,12 @@ class _ContainerExtraction:
                 "which is not part of the kernel tree; report this with the Flatcar version"
             )
         # A library linked to something not extracted is not needed: the closure decides.
+
+
+def _unsafe(exc: tar.UnsafeMemberError) -> DriverError:
+    return DriverError(
+        f"{CONTAINER_TARBALL} has {exc}: refusing the archive; fetch it again or report it"
+    )
 
 
 def _over_bound(what: str) -> DriverError:
@@ -210,8 +166,10 @@ def _read_container_archive(
     try:
         for member in tar.members(inflated):
             extraction.member(member)
-    except tar.InflatedTooLargeError as exc:
+    except tar.OverBoundError as exc:
         raise _over_bound(str(exc)) from exc
+    except tar.UnsafeMemberError as exc:
+        raise _unsafe(exc) from exc
     except (tar.TarError, EOFError, zlib.error) as exc:
         raise DriverError(
             f"cannot extract {CONTAINER_TARBALL}: {exc}; delete the download and fetch it again"
