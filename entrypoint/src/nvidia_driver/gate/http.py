@@ -20,8 +20,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from nvidia_driver.errors import DriverError
-from nvidia_driver.gate.oneline import one_line
 from nvidia_driver.limits import MiB
+from nvidia_driver.safetext import ANNOTATION_SHOWN, shown
 from nvidia_driver.sources.download import Backoff
 from nvidia_driver.sources.exchange import (
     Budget,
@@ -74,8 +74,9 @@ class Client:
         body: bytes | None = None,
     ) -> Response:
         parts = urllib.parse.urlsplit(url)
+        where = shown(url, ANNOTATION_SHOWN)  # the URL as the gate's lines show it
         if parts.scheme not in {"http", "https"} or not parts.hostname:
-            raise DriverError(f"cannot send to {one_line(url)}: only http and https URLs work")
+            raise DriverError(f"cannot send to {where}: only http and https URLs work")
         budget = Budget(self.clock() + self.limits.deadline, self.limits.timeout, clock=self.clock)
         target = parts.path or "/"
         if parts.query:
@@ -90,20 +91,24 @@ class Client:
             connection.endheaders(body)
             answer = connection.getresponse()
             names = {key.lower(): value for key, value in answer.getheaders()}
-            content = b"" if method == "HEAD" else self._read(answer, url)
+            content = b"" if method == "HEAD" else self._read(answer, where)
             return Response(answer.status, names, content)
         except PastDeadlineError:
             raise UnreachableError(
-                f"{one_line(url)} did not answer within {self.limits.deadline:g} s"
+                f"{where} did not answer within {self.limits.deadline:g} s"
             ) from None
         except ExchangeError as exc:  # the head over its bound: no server the gate asks
             raise DriverError(
-                f"{method} {one_line(url)} was answered with {exc}: not what the gate asked for"
+                f"{method} {where} was answered with {exc}: not what the gate asked for"
             ) from None
         except (OSError, http.client.HTTPException) as exc:
-            raise UnreachableError(f"{method} {one_line(url)} failed: {one_line(exc)}") from None
+            raise UnreachableError(
+                f"{method} {where} failed: {shown(str(exc), ANNOTATION_SHOWN)}"
+            ) from None
         except ValueError as exc:  # http.client refuses a URL or header it cannot send
-            raise DriverError(f"cannot send {method} {one_line(url)}: {one_line(exc)}") from None
+            raise DriverError(
+                f"cannot send {method} {where}: {shown(str(exc), ANNOTATION_SHOWN)}"
+            ) from None
         finally:
             connection.close()
 
@@ -116,11 +121,11 @@ class Client:
             return BudgetedHTTPSConnection(host, budget=budget, port=port, context=context)
         return BudgetedHTTPConnection(host, budget=budget, port=port)
 
-    def _read(self, answer: http.client.HTTPResponse, url: str) -> bytes:
+    def _read(self, answer: http.client.HTTPResponse, where: str) -> bytes:
         length = answer.getheader("Content-Length")
         if length and length.isdigit() and int(length) > self.limits.max_bytes:
             raise DriverError(
-                f"{one_line(url)} answered {int(length)} bytes, over the limit of "
+                f"{where} answered {int(length)} bytes, over the limit of "
                 f"{self.limits.max_bytes}: not what the gate asked for"
             )
         chunks: list[bytes] = []
@@ -129,7 +134,7 @@ class Client:
             size += len(chunk)
             if size > self.limits.max_bytes:
                 raise DriverError(
-                    f"{one_line(url)} answered more than {self.limits.max_bytes} bytes: "
+                    f"{where} answered more than {self.limits.max_bytes} bytes: "
                     "not what the gate asked for"
                 )
             chunks.append(chunk)

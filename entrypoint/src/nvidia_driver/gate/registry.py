@@ -28,8 +28,8 @@ from typing import Any
 from nvidia_driver.errors import DriverError
 from nvidia_driver.gate.http import Client, Limits, Response, UnreachableError
 from nvidia_driver.gate.http import send_retried as _send_retried
-from nvidia_driver.gate.oneline import one_line
 from nvidia_driver.limits import MiB
+from nvidia_driver.safetext import ANNOTATION_SHOWN, shown
 from nvidia_driver.sources.download import Backoff
 from nvidia_driver.sources.gpuoperator import DIGEST, REPOSITORY, TAG
 
@@ -83,8 +83,8 @@ class ImageRef:
         valid = TAG.fullmatch(reference) or DIGEST.fullmatch(reference)
         if not (valid and REPOSITORY.fullmatch(f"{host}/{name}")):
             raise DriverError(
-                f"{one_line(text)!r} is not an image reference the Operator could pull (the "
-                "OCI reference grammar): check the policy's repository, image and version"
+                f"'{shown(text, ANNOTATION_SHOWN)}' is not an image reference the Operator could "
+                "pull (the OCI reference grammar): check the policy's repository, image and version"
             )
         return cls(host, name, reference)
 
@@ -217,9 +217,13 @@ class Registry:
             return basic
         realm = fields.get("realm", "")
         if kind.lower() != "bearer" or not realm:
-            raise DriverError(f"{image}: the registry's challenge {one_line(header)!r} is unknown")
+            raise DriverError(
+                f"{image}: the registry's challenge '{shown(header, ANNOTATION_SHOWN)}' is unknown"
+            )
         if urllib.parse.urlsplit(realm).scheme != scheme and not plain_http(image.api_host):
-            raise DriverError(f"{image}: refusing the token realm {one_line(realm)}: not https")
+            raise DriverError(
+                f"{image}: refusing the token realm {shown(realm, ANNOTATION_SHOWN)}: not https"
+            )
         query = {"service": fields.get("service", "")}
         query["scope"] = fields.get("scope") or f"repository:{image.name}:pull"
         url = f"{realm}?{urllib.parse.urlencode(query)}"
@@ -261,4 +265,4 @@ def _errors(response: Response) -> str:
         text = f"{first.get('code', '')} {first.get('message', '')}".strip()
     except (ValueError, AttributeError):
         return ""
-    return f": {one_line(text, 120)}" if text else ""
+    return f": {shown(text, 120)}" if text else ""
