@@ -12,16 +12,15 @@ Hub, registry:2 with token auth) it asks the realm for a token for the challenge
 scope, for ``Basic`` it sends the credentials. Credentials, first found wins:
 
 1. ``REGISTRY_USERNAME`` and ``REGISTRY_PASSWORD``;
-2. the registry's ``auth`` in the docker config (``$DOCKER_CONFIG/config.json`` or
-   ``~/.docker/config.json``, as ``docker login`` writes it without a credential helper);
+2. the registry's entry in the docker config (``$DOCKER_CONFIG/config.json`` or
+   ``~/.docker/config.json``, as ``docker login`` writes it without a credential helper), read
+   as the reboot gate reads a pull secret (``nvidia_driver.gate.registry``);
 3. for ghcr.io, ``GITHUB_TOKEN`` (user ``$GITHUB_ACTOR``);
 4. none: anonymous tokens, enough to read public images.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import email.utils
 import hashlib
 import json
@@ -36,23 +35,20 @@ from typing import Any
 import requests
 
 from gdc.transport import deadline_session
+from nvidia_driver.gate.registry import ACCEPT as MANIFEST_ACCEPT
+from nvidia_driver.gate.registry import (
+    INDEX_TYPES,
+    Credentials,
+    credentials_from_docker_config,
+    parse_challenge,
+)
 
-INDEX_TYPES = (
-    "application/vnd.oci.image.index.v1+json",
-    "application/vnd.docker.distribution.manifest.list.v2+json",
-)
-IMAGE_TYPES = (
-    "application/vnd.oci.image.manifest.v1+json",
-    "application/vnd.docker.distribution.manifest.v2+json",
-)
-MANIFEST_ACCEPT = ", ".join((*INDEX_TYPES, *IMAGE_TYPES))
 TIMEOUT_SECONDS = 60
 RETRIES = 4  # after the first attempt: 1 + 2 + 4 + 8 s of backoff at most, Retry-After aside
 BACKOFF_SECONDS = 1.0
 MAX_RETRY_AFTER_SECONDS = 60.0
 RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})
 PLAIN_HTTP_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]"})
-_CHALLENGE_PARAM = re.compile(r'(\w+)="([^"]*)"')
 _PORT = re.compile(r":[0-9]+$")
 _HOST = re.compile(r"[^/]*[.:][^/]*|localhost")
 _NOT_FOUND = 404
@@ -81,12 +77,6 @@ class RetryBudget:
     def waited(self) -> str:
         """`` after N s of retries`` for a message, or "" when nothing was waited."""
         return f" after {self.spent:.0f} s of retries" if self.spent else ""
-
-
-@dataclass(frozen=True)
-class Credentials:
-    username: str
-    password: str
 
 
 @dataclass(frozen=True)
@@ -150,18 +140,12 @@ def credentials_for(
 
 def _docker_config_auth(host: str, config: Path) -> Credentials | None:
     try:
-        auths = json.loads(config.read_text()).get("auths", {})
-    except (OSError, ValueError, AttributeError):
+        document = json.loads(config.read_text())
+    except (OSError, ValueError):
         return None
-    entry = (auths.get(host) or auths.get(f"https://{host}")) if isinstance(auths, dict) else None
-    encoded = entry.get("auth") if isinstance(entry, dict) else None
-    if not isinstance(encoded, str):
+    if not isinstance(document, dict):
         return None
-    try:
-        username, _, password = base64.b64decode(encoded).decode().partition(":")
-    except (binascii.Error, UnicodeDecodeError):
-        return None
-    return Credentials(username, password) if username else None
+    return credentials_from_docker_config(document).get(host)
 
 
 def _one_line(text: str) -> str:
@@ -295,11 +279,9 @@ class Registry:
 
     def _authorize(self, challenge: requests.Response, name: str, actions: str) -> str:
         header = challenge.headers.get("WWW-Authenticate", "")
-        scheme = header.split(" ", 1)[0].lower()
-        params = dict(_CHALLENGE_PARAM.findall(header))
+        scheme, params = parse_challenge(header)
         if scheme == "basic" and self.credentials:
-            pair = f"{self.credentials.username}:{self.credentials.password}".encode()
-            return "Basic " + base64.b64encode(pair).decode()
+            return self.credentials.basic
         if scheme != "bearer" or "realm" not in params:
             raise self._denied(f"it asks for {header or 'authentication'!r}")
         query = {"service": params.get("service", self.host),

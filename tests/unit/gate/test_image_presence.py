@@ -114,3 +114,9 @@ def test_docker_config_json_in_every_form_kubectl_and_docker_write() -> None:
     assert credentials_from_docker_config({"ghcr.io": {"auth": auth}}) == {  # .dockercfg
         "ghcr.io": Credentials("u", "p")
     }
+    # A host's own key wins over its URL forms, whichever comes first.
+    url_form = {"https://ghcr.io/v1/": {"username": "url", "password": "form"}}
+    for auths in ({**url_form, "ghcr.io": {"auth": auth}}, {"ghcr.io": {"auth": auth}, **url_form}):
+        assert credentials_from_docker_config({"auths": auths}) == {
+            "ghcr.io": Credentials("u", "p")
+        }

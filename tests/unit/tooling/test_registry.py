@@ -172,6 +172,24 @@ def test_credentials_come_from_the_environment_then_docker_config(tmp_path: Path
     )
 
 
+def test_the_docker_config_is_read_as_the_reboot_gate_reads_a_pull_secret(tmp_path: Path) -> None:
+    """One reader (nvidia_driver.gate.registry): URL keys, username and password entries, and a
+    host's own key before its URL forms."""
+    config = tmp_path / "config.json"
+    auth = base64.b64encode(b"docker-user:docker-pass").decode()
+    config.write_text(json.dumps({"auths": {
+        "ghcr.io": {"auth": auth},
+        "https://ghcr.io": {"auth": base64.b64encode(b"other:other").decode()},
+        "https://quay.io/v1/": {"username": "q", "password": "w"},
+        "broken.example": {"auth": "!!"},
+    }}))  # fmt: skip
+    assert credentials_for("ghcr.io", {}, config) == Credentials("docker-user", "docker-pass")
+    assert credentials_for("quay.io", {}, config) == Credentials("q", "w")
+    assert credentials_for("broken.example", {}, config) is None
+    config.write_text("[]")
+    assert credentials_for("ghcr.io", {}, config) is None
+
+
 class TokenService(OCIRegistry):
     """A ghcr.io-like registry whose token service answers with status (and Retry-After: 1)."""
 
