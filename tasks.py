@@ -177,8 +177,12 @@ def _print(text: str) -> None:
     print(text, end="", flush=True)
 
 
+def _versions_path(versions_file: str) -> Path:
+    return Path(versions_file) if versions_file else VERSIONS_FILE
+
+
 def _versions(versions_file: str) -> Versions:
-    return load_versions(Path(versions_file)) if versions_file else load_versions()
+    return load_versions(_versions_path(versions_file))
 
 
 def _matrix(  # noqa: PLR0917 - the task options it needs
@@ -475,7 +479,7 @@ def record_driver(  # noqa: PLR0917 - invoke maps each option to a parameter
                    "record-driver 580.178.04 (its options: invoke --help record-driver)",
                    code=1)  # fmt: skip
     sources = Sources(checksum_base_url, driver_base_url, fabricmanager_base_url)
-    path = Path(versions_file) if versions_file else VERSIONS_FILE
+    path = _versions_path(versions_file)
     try:
         record, replaced = recording.record_driver(version, path, sources, verify=verify,
                                                    date=_today())  # fmt: skip
@@ -496,7 +500,7 @@ def propose_drivers(  # noqa: PLR0917 - invoke maps each option to a parameter
 ) -> None:
     """Propose NVIDIA's newer point releases, and the TODOs its files now give, as pull requests."""
     sources = Sources(checksum_base_url, driver_base_url, fabricmanager_base_url, releases_url)
-    path = Path(versions_file) if versions_file else VERSIONS_FILE
+    path = _versions_path(versions_file)
     try:
         repository = None if dry_run else proposing.Repository.of(path)
         proposer = proposing.Proposer(path, sources, os.environ, _today(),
