@@ -21,7 +21,6 @@ scope, for ``Basic`` it sends the credentials. Credentials, first found wins:
 
 from __future__ import annotations
 
-import email.utils
 import hashlib
 import json
 import math
@@ -35,6 +34,7 @@ from typing import Any
 import requests
 
 from gdc.transport import deadline_session
+from nvidia_driver.gate.http import retry_after
 from nvidia_driver.gate.registry import ACCEPT as MANIFEST_ACCEPT
 from nvidia_driver.gate.registry import (
     INDEX_TYPES,
@@ -337,16 +337,8 @@ def _rate_limited(what: str) -> RegistryError:
 
 def _retry_after(response: requests.Response, backoff: float) -> float:
     """Seconds to wait before the next attempt: Retry-After when the answer has one."""
-    header = response.headers.get("Retry-After", "").strip()
-    if header.isascii() and header.isdigit():
-        return float(header)
-    if header:
-        try:
-            when = email.utils.parsedate_to_datetime(header)
-        except (TypeError, ValueError):
-            return backoff
-        return max(0.0, when.timestamp() - time.time())
-    return backoff
+    seconds = retry_after(response.headers.get("Retry-After", ""))
+    return backoff if seconds is None else seconds
 
 
 def _error_detail(response: requests.Response) -> str:

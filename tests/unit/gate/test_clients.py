@@ -13,7 +13,7 @@ from fake_apiserver import FakeAPIServer, Fault
 
 from nvidia_driver.errors import DriverError
 from nvidia_driver.gate.gate import Settings
-from nvidia_driver.gate.http import Client, Limits, UnreachableError
+from nvidia_driver.gate.http import Client, Limits, Response, UnreachableError, send_retried
 from nvidia_driver.gate.kubeapi import ConflictError, KubeAPI, NotFoundError
 from nvidia_driver.gate.managers import APPROVAL_ENV, Manager
 from nvidia_driver.gate.verdict import allowed, held
@@ -100,6 +100,21 @@ def test_5xx_answers_are_retried_a_bounded_number_of_times(cluster: Cluster) -> 
         str(caught.value) == "Kubernetes API: GET /api/v1/nodes/gpu-1 answered 500: injected fault"
     )
     assert cluster.sleeps == [0.5, 1.0, 0.5, 1.0]
+
+
+@pytest.mark.parametrize(
+    ("value", "slept"),
+    [("7", 7.0), ("3600", 30.0), ("", 0.5), ("soon", 0.5), ("\xb2", 0.5), ("\u0661\u0662", 0.5)],
+)  # Latin-1's superscript two and Arabic-Indic 12 are str.isdigit(), not RFC 9110's digits
+def test_retry_after_is_honoured_up_to_its_cap_and_never_breaks_the_gate(
+    value: str, slept: float
+) -> None:
+    answers = [Response(503, {"retry-after": value}, b""), Response(200, {}, b"{}")]
+    sleeps: list[float] = []
+    response = send_retried(lambda: answers.pop(0), Backoff(attempts=2, first_delay=0.5),
+                            sleeps.append)  # fmt: skip
+    assert response.status == 200
+    assert sleeps == [slept]
 
 
 def test_lists_are_read_page_by_page(cluster: Cluster) -> None:

@@ -162,16 +162,20 @@ def send_retried(
             continue
         if not retryable(response):
             return response
-        sleep(max(delay, _retry_after(response)))
+        asked = retry_after(response.header("Retry-After")) or 0.0
+        sleep(max(delay, min(asked, MAX_RETRY_AFTER)))
     return send()
 
 
-def _retry_after(response: Response) -> float:
-    value = response.header("Retry-After").strip()
-    if value.isdigit():
-        return min(float(value), MAX_RETRY_AFTER)
+def retry_after(value: str) -> float | None:
+    """The seconds a ``Retry-After`` value asks for (RFC 9110: ASCII digits, or an HTTP date),
+    never below 0; None when it is neither. Each client caps and defaults it its own way (the
+    tooling's registry client too)."""
+    value = value.strip()
+    if value.isascii() and value.isdigit():
+        return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
-        return 0.0
-    return max(0.0, min(when.timestamp() - time.time(), MAX_RETRY_AFTER))
+        return None
+    return max(0.0, when.timestamp() - time.time())
