@@ -75,8 +75,9 @@ def run_name(version: str, arch: str) -> str:
 
 
 @dataclass(frozen=True)
-class Sources:
-    """The base URLs of NVIDIA's files ("" keeps NVIDIA's own)."""
+class NvidiaUpstream:
+    """Where the tooling reads NVIDIA's files, as plan.Upstream is where the image builds
+    download from: the base URLs ("" keeps NVIDIA's own)."""
 
     checksum_base_url: str = ""
     driver_base_url: str = ""
@@ -93,7 +94,7 @@ class Sources:
     def manifest_url(self, version: str) -> str:
         return provision.redist_manifest_url(self.redist_base_url or REDIST_BASE_URL, version)
 
-    def releases(self) -> str:
+    def releases_list_url(self) -> str:
         return self.releases_url or RELEASES_URL
 
 

@@ -42,14 +42,14 @@ def nvidia(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ReleaseS
 
 
 def _record(server: ReleaseServer, path: Path, version: str, **options: object) -> str:
-    sources = nvidia_tree.sources(server)
+    upstream = nvidia_tree.upstream(server)
     tasks.record_driver(
         MockContext(),
         version,
         versions_file=str(path),
-        checksum_base_url=sources.checksum_base_url,
-        driver_base_url=sources.driver_base_url,
-        fabricmanager_base_url=sources.redist_base_url,
+        checksum_base_url=upstream.checksum_base_url,
+        driver_base_url=upstream.driver_base_url,
+        fabricmanager_base_url=upstream.redist_base_url,
         **options,
     )  # type: ignore[arg-type]
     return path.read_text()

@@ -158,9 +158,9 @@ class Checker:
         if not driver:
             return Outcome(problem="the gate runs in no build image (no DRIVER_VERSION), so it "
                                    "cannot check a runtime build")  # fmt: skip
-        sources = self.build.sources_build(driver, version, arch, kernel)
-        if sources.problem or not runs_build_image:
-            return sources
+        outcome = self.build.sources_build(driver, version, arch, kernel)
+        if outcome.problem or not runs_build_image:
+            return outcome
         return self.build.compilers(version, arch)
 
     def _credentials(self, spec: Spec) -> dict[str, Credentials]:
