@@ -192,7 +192,7 @@ class Registry:
             )
             return Presence.PUBLISHED if listed else Presence.NO_ARCH
         digest = manifest.get("config", {}).get("digest", "")
-        if not isinstance(digest, str) or not digest.startswith("sha256:"):
+        if not isinstance(digest, str) or not DIGEST.fullmatch(digest):  # it goes into a URL
             raise DriverError(f"{image}: the manifest names no config blob")
         config = _json(self._get(image, f"blobs/{digest}", "*/*"), image)
         return Presence.PUBLISHED if config.get("architecture") == arch else Presence.NO_ARCH
