@@ -42,6 +42,7 @@ from nvidia_driver.gate.registry import (
     credentials_from_docker_config,
     parse_challenge,
 )
+from nvidia_driver.safetext import shown
 
 TIMEOUT_SECONDS = 60
 RETRIES = 4  # after the first attempt: 1 + 2 + 4 + 8 s of backoff at most, Retry-After aside
@@ -149,8 +150,9 @@ def _docker_config_auth(host: str, config: Path) -> Credentials | None:
 
 
 def _one_line(text: str) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= 200 else line[:199] + "…"  # noqa: PLR2004
+    """A registry's words on one line: blanks collapsed, every other control character escaped
+    (nvidia_driver.safetext), 200 characters at most."""
+    return shown(" ".join(text.split()))
 
 
 def _first_line(error: Exception) -> str:
@@ -288,12 +290,11 @@ class Registry:
                  "scope": params.get("scope", f"repository:{name}:{actions}")}  # fmt: skip
         auth = (self.credentials.username, self.credentials.password) if self.credentials else None
         response = self._request("GET", params["realm"], params=query, auth=auth)
-        answered = f"its token service {params['realm']} answered {response.status_code}"
-        answered += f" {response.reason}"
+        realm, reason = _one_line(params["realm"]), _one_line(response.reason)
+        answered = f"its token service {realm} answered {response.status_code} {reason}"
         if response.status_code == _TOO_MANY_REQUESTS:
-            raise _rate_limited(f"the registry {self.host}'s token service {params['realm']} "
-                                f"answered 429 {response.reason}"
-                                f"{self.budget.waited()}")  # fmt: skip
+            raise _rate_limited(f"the registry {self.host}'s token service {realm} answered 429 "
+                                f"{reason}{self.budget.waited()}")  # fmt: skip
         if response.status_code >= _SERVER_ERROR:
             raise RegistryError(f"the registry {self.host} could not authorize: {answered}"
                                 f"{self.budget.waited()}; the registry is in trouble, retry "
@@ -306,7 +307,7 @@ class Registry:
         except (ValueError, AttributeError):
             token = None
         if not isinstance(token, str) or not token:
-            raise self._denied(f"its token service {params['realm']} returned no token")
+            raise self._denied(f"its token service {realm} returned no token")
         return f"Bearer {token}"
 
     def _denied(self, why: str) -> RegistryError:
@@ -320,13 +321,14 @@ class Registry:
             return
         if response.status_code == _UNAUTHORIZED:
             raise self._denied(f"{method} {name}:{ref} is still 401 with the credentials given")
+        reason = _one_line(response.reason)  # the status line's: the registry's words
         if response.status_code == _TOO_MANY_REQUESTS:
             raise _rate_limited(f"the registry {self.host} answered {method} {name}:{ref} with "
-                                f"429 {response.reason}{self.budget.waited()}")  # fmt: skip
+                                f"429 {reason}{self.budget.waited()}")  # fmt: skip
         detail = _error_detail(response)
         raise RegistryError(
             f"the registry {self.host} answered {method} {name}:{ref} with "
-            f"{response.status_code} {response.reason}{detail}: check the registry and the "
+            f"{response.status_code} {reason}{detail}: check the registry and the "
             "credentials' permissions"
         )
 
