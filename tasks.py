@@ -43,7 +43,7 @@ from gdc import sign as signing  # noqa: E402
 from gdc import tags as tag_rules  # noqa: E402
 from gdc.builder import BuildSettings, DockerBuilder  # noqa: E402
 from gdc.docker_api import Buildx, Docker, DockerError, DockerSDK  # noqa: E402
-from gdc.nvidia import RecordError, Sources  # noqa: E402
+from gdc.nvidia import NvidiaUpstream, RecordError  # noqa: E402
 from gdc.registry import (  # noqa: E402
     Registry,
     RegistryError,
@@ -177,8 +177,12 @@ def _print(text: str) -> None:
     print(text, end="", flush=True)
 
 
+def _versions_path(versions_file: str) -> Path:
+    return Path(versions_file) if versions_file else VERSIONS_FILE
+
+
 def _versions(versions_file: str) -> Versions:
-    return load_versions(Path(versions_file)) if versions_file else load_versions()
+    return load_versions(_versions_path(versions_file))
 
 
 def _matrix(  # noqa: PLR0917 - the task options it needs
@@ -474,10 +478,10 @@ def record_driver(  # noqa: PLR0917 - invoke maps each option to a parameter
         raise Exit("invoke record-driver: give the driver version first, e.g. invoke "
                    "record-driver 580.178.04 (its options: invoke --help record-driver)",
                    code=1)  # fmt: skip
-    sources = Sources(checksum_base_url, driver_base_url, fabricmanager_base_url)
-    path = Path(versions_file) if versions_file else VERSIONS_FILE
+    upstream = NvidiaUpstream(checksum_base_url, driver_base_url, fabricmanager_base_url)
+    path = _versions_path(versions_file)
     try:
-        record, replaced = recording.record_driver(version, path, sources, verify=verify,
+        record, replaced = recording.record_driver(version, path, upstream, verify=verify,
                                                    date=_today())  # fmt: skip
     except RecordError as exc:
         raise Exit(f"invoke record-driver: {exc}", code=1) from None
@@ -495,11 +499,13 @@ def propose_drivers(  # noqa: PLR0917 - invoke maps each option to a parameter
     fabricmanager_base_url: str = "",
 ) -> None:
     """Propose NVIDIA's newer point releases, and the TODOs its files now give, as pull requests."""
-    sources = Sources(checksum_base_url, driver_base_url, fabricmanager_base_url, releases_url)
-    path = Path(versions_file) if versions_file else VERSIONS_FILE
+    upstream = NvidiaUpstream(
+        checksum_base_url, driver_base_url, fabricmanager_base_url, releases_url
+    )
+    path = _versions_path(versions_file)
     try:
         repository = None if dry_run else proposing.Repository.of(path)
-        proposer = proposing.Proposer(path, sources, os.environ, _today(),
+        proposer = proposing.Proposer(path, upstream, os.environ, _today(),
                                       lambda line: print(f"invoke propose-drivers: {line}"),
                                       repository)  # fmt: skip
         proposals = proposer.run()

@@ -33,9 +33,10 @@ import threading
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
-from typing import Any, Self
+from http.server import BaseHTTPRequestHandler
+from typing import Any
+
+from local_server import LocalServer
 
 MERGE_PATCH = "application/merge-patch+json"
 OTHER_PATCHES = (
@@ -125,7 +126,7 @@ class Fault:
 
 
 @dataclass
-class FakeAPIServer:
+class FakeAPIServer(LocalServer):
     # Bearer token -> that user's RBAC PolicyRules (with "namespace" for a Role's); None: all.
     users: dict[str, list[dict[str, Any]] | None] = field(default_factory=dict)
     faults: list[Fault] = field(default_factory=list)
@@ -134,31 +135,17 @@ class FakeAPIServer:
     objects: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = field(default_factory=dict)
     _version: int = 0
 
+    thread_name = "apiserver"
+    keep_alive = True
+    methods = tuple(VERBS)
+
     def __post_init__(self) -> None:
+        super().__init__()
         self._lock = threading.RLock()
-        self._httpd = _HTTPServer(self)
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.01}, name="apiserver"
-        )
-
-    def __enter__(self) -> Self:
-        self._thread.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join()
 
     @property
     def url(self) -> str:
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host!s}:{port}"
+        return f"http://{self.host}"
 
     # --- the store, for the tests ----------------------------------------------------------
 
@@ -204,7 +191,8 @@ class FakeAPIServer:
 
     # --- the API ---------------------------------------------------------------------------
 
-    def answer(self, handler: BaseHTTPRequestHandler, method: str) -> None:
+    def answer(self, handler: BaseHTTPRequestHandler) -> None:
+        method = handler.command
         url = urllib.parse.urlsplit(handler.path)
         query = {k: v[0] for k, v in urllib.parse.parse_qs(url.query).items()}
         body = handler.rfile.read(int(handler.headers.get("Content-Length", "0")))
@@ -367,34 +355,3 @@ def _send(handler: BaseHTTPRequestHandler, status: int, document: dict[str, Any]
     handler.send_header("Content-Length", str(len(body)))
     handler.end_headers()
     handler.wfile.write(body)
-
-
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, server: FakeAPIServer) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.api = server
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _HTTPServer
-    protocol_version = "HTTP/1.1"
-
-    def do_GET(self) -> None:
-        self.server.api.answer(self, "GET")
-
-    def do_PUT(self) -> None:
-        self.server.api.answer(self, "PUT")
-
-    def do_PATCH(self) -> None:
-        self.server.api.answer(self, "PATCH")
-
-    def do_POST(self) -> None:
-        self.server.api.answer(self, "POST")
-
-    def do_DELETE(self) -> None:
-        self.server.api.answer(self, "DELETE")
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (overridden signature)
-        """Keep the test output quiet."""

@@ -17,8 +17,9 @@ import struct
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
-from typing import BinaryIO, Self
+from typing import BinaryIO
+
+from local_server import Threaded
 
 UNIQUE_NAME = ":1.42"
 
@@ -100,7 +101,9 @@ def _decode_call(data: bytes) -> Call:
 
 
 @dataclass
-class FakeSystemBus:
+class FakeSystemBus(Threaded):
+    thread_name = "system-bus"
+
     path: Path
     operation: str = "UPDATE_STATUS_IDLE"
     new_version: str = "0.0.0"
@@ -114,21 +117,12 @@ class FakeSystemBus:
         self._server.listen(4)
         self._server.settimeout(0.05)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, name="system-bus")
         self._serial = 100
 
-    def __enter__(self) -> Self:
-        self._thread.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def stop(self) -> None:
         self._stop.set()
-        self._thread.join()
+
+    def close(self) -> None:
         self._server.close()
         self.path.unlink()
 
@@ -136,7 +130,7 @@ class FakeSystemBus:
         """update_engine has applied an update: it waits for a reboot into version."""
         self.operation, self.new_version = "UPDATE_STATUS_UPDATED_NEED_REBOOT", version
 
-    def _serve(self) -> None:
+    def serve(self) -> None:
         while not self._stop.is_set():
             try:
                 client, _ = self._server.accept()

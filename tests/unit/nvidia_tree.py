@@ -25,7 +25,7 @@ from typing import Any
 
 from fetch_server import ReleaseServer
 
-from gdc.nvidia import RUN_ARCH, Sources, run_name
+from gdc.nvidia import RUN_ARCH, NvidiaUpstream, run_name
 from gdc.versions import VERSIONS_FILE, Driver, load_versions
 from nvidia_driver.sources.redist import REDIST_ARCH
 
@@ -58,8 +58,8 @@ def todo_entry(version: str) -> str:
     return f'[drivers."{version}"]\nsha256.amd64 = "TODO"\nsha256.arm64 = "TODO"\n'
 
 
-def sources(server: ReleaseServer) -> Sources:
-    return Sources(
+def upstream(server: ReleaseServer) -> NvidiaUpstream:
+    return NvidiaUpstream(
         server.url(CHECKSUMS), server.url(TESLA), server.url(REDIST), server.url(RELEASES)
     )
 

@@ -9,14 +9,15 @@ import time
 from importlib import metadata
 
 import pytest
-from simhost import SimulatedHost
+from simhost import FLATCAR_OS_RELEASE_UNQUOTED, SimulatedHost
 
 import nvidia_driver
 from nvidia_driver import cli
 from nvidia_driver.commands import Commands
 from nvidia_driver.config import DriverConfig
 from nvidia_driver.node.peermem import reload_nvidia_peermem
-from nvidia_driver.paths import Paths
+from nvidia_driver.paths import FABRICMANAGER_CONFIG, Paths
+from nvidia_driver.safetext import unsafe
 
 
 def test_help_lists_every_subcommand() -> None:
@@ -91,6 +92,23 @@ def test_status_reads_at_a_glance(host: SimulatedHost) -> None:
     assert lines["Loaded modules"].strip() == "nvidia (refcnt 2), nvidia_uvm (refcnt 0)"
     assert "persistence: not running" in lines["Daemons"]
     assert lines["Driver root"].strip().endswith("(not mounted)")
+
+
+def test_status_shows_the_host_s_files_escaped_on_their_lines(host: SimulatedHost) -> None:
+    """os-release and the fabric manager's config are the host's files: a terminal escape or a
+    bidirectional override in them is shown escaped, never sent to the operator's terminal."""
+    host.set_os_release(FLATCAR_OS_RELEASE_UNQUOTED.replace(
+        '(Oklo)"', '(Oklo)\x1b[2J\u202eForged"'))  # fmt: skip
+    host.write(FABRICMANAGER_CONFIG, "LOG_FILE_NAME=/var/log/fm\x1b]0;title\x07.log\n")
+    result = host.run("status")
+    assert result.returncode == 0, result.stderr
+    assert [line for line in result.stdout.splitlines() if unsafe(line)] == []
+    lines = dict(line.split(":", 1) for line in result.stdout.splitlines())
+    assert lines["Host"].strip() == (
+        "Flatcar Container Linux by Kinvolk 4593.2.0 (Oklo)\\x1b[2J\\u202eForged "
+        "(VERSION_ID 4593.2.0)"
+    )
+    assert lines["Fabric manager log"].strip() == "/var/log/fm\\x1b]0;title\\x07.log (missing)"
 
 
 def test_status_without_driver_version_still_shows_the_host(host: SimulatedHost) -> None:

@@ -2,7 +2,8 @@
 
 Each attack runs against every client that downloads: the entrypoint's downloader, its
 verified Flatcar fetch, the image build's NVIDIA downloads, the tooling's feed reader and its
-registry client. Each must end within its deadline, with one line in its own error type.
+registry client, and the reboot gate's Kubernetes API and registry clients. Each must end
+within its deadline, with one line in its own error type.
 
 The read timeout (3 s) is longer than the deadline (1 s) and every trickled byte arrives well
 within it: only a deadline that covers the status line and headers ends these exchanges.
@@ -27,6 +28,10 @@ from gdc.transport import Limits as TransportLimits
 from gdc.transport import deadline_session
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
+from nvidia_driver.gate import registry as gate_registry
+from nvidia_driver.gate.http import Client as GateClient
+from nvidia_driver.gate.http import Limits as GateLimits
+from nvidia_driver.gate.kubeapi import KubeAPI
 from nvidia_driver.image import provision
 from nvidia_driver.sources.download import Backoff, Downloader, DownloadLimits
 from nvidia_driver.sources.exchange import HEAD_LIMIT
@@ -65,13 +70,46 @@ def _registry(url: str) -> object:
     return Registry(host, session=session).digest("gdc/driver", "610.57.04-flatcar")
 
 
-@pytest.fixture(params=["download", "fetch", "provision", "feed", "registry"])
+def _feed(url: str) -> object:
+    return read_text(url, FeedLimits(deadline=DEADLINE))
+
+
+def _gate_client() -> GateClient:
+    return GateClient(GateLimits(timeout=TIMEOUT, deadline=DEADLINE))
+
+
+def _gate_api(url: str) -> object:
+    # One exchange: the gate's retries (bounded by its Backoff) are tested in gate/test_clients.
+    api = KubeAPI(url.rpartition("/")[0], client=_gate_client(), backoff=Backoff(attempts=1))
+    return api.get("/api/v1/nodes/gpu-1")
+
+
+def _gate_registry(url: str) -> object:
+    parts = urllib.parse.urlsplit(url)
+    host = parts.netloc
+    if parts.scheme == "https":  # 127.1 is 127.0.0.1, but not a host the gate speaks http to
+        host = host.replace("127.0.0.1", "127.1")
+    image = gate_registry.ImageRef.parse(f"{host}/o/driver:610.57.04-flatcar4593.2.5")
+    client = gate_registry.Registry(client=_gate_client(), backoff=Backoff(attempts=1))
+    return client.presence(image, "amd64")
+
+
+# The clients asked for a URL as they are: (how it is asked, its own error type).
+_CLIENTS: dict[str, tuple[Attempt, type[Exception]]] = {
+    "download": (_entrypoint, DriverError),
+    "feed": (_feed, DownloadError),
+    "registry": (_registry, RegistryError),
+    "gate-api": (_gate_api, DriverError),
+    "gate-registry": (_gate_registry, DriverError),
+}
+
+
+@pytest.fixture(params=["download", "fetch", "provision", "feed", "registry", "gate-api",
+                        "gate-registry"])  # fmt: skip
 def client(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[Attempt, type[Exception]]:
     """One download path: how it is asked for a URL, and its own error type."""
-    if request.param == "download":
-        return _entrypoint, DriverError
     if request.param == "fetch":
         fetcher = Fetcher(tmp_path / "cache", Commands(dict(os.environ)), downloader=_downloader())
         return fetcher.fetch, DriverError
@@ -81,9 +119,7 @@ def client(
         monkeypatch.setenv("NVIDIA_DRIVER_DOWNLOAD_TIMEOUT", str(TIMEOUT))
         monkeypatch.setenv("NVIDIA_DRIVER_DOWNLOAD_MIN_RATE", "0")
         return (lambda url: provision.download(url, tmp_path / "driver.run")), DriverError
-    if request.param == "feed":
-        return _feed, DownloadError
-    return _registry, RegistryError
+    return _CLIENTS[request.param]
 
 
 def _refused(attempt: Attempt, error: type[Exception], url: str) -> tuple[str, float]:
@@ -101,6 +137,7 @@ DEADLINE_WORDS = (
     "did not finish within 1 s (NVIDIA_DRIVER_DOWNLOAD_DEADLINE)",  # the entrypoint
     "past the 1 s deadline; the server is too slow",  # the feed
     "did not end within the 1 s deadline",  # the registry
+    "did not answer within 1 s",  # the reboot gate's clients
 )
 
 
@@ -135,17 +172,13 @@ def test_a_response_head_over_its_bound_is_refused(
     assert "headers over 64 KiB" in message
 
 
-def _feed(url: str) -> object:
-    return read_text(url, FeedLimits(deadline=DEADLINE))
-
-
-@pytest.mark.parametrize(("attempt", "error"), [(_entrypoint, DriverError), (_feed, DownloadError)])
+@pytest.mark.parametrize("name", ["download", "feed", "gate-api", "gate-registry"])
 def test_a_server_trickling_its_tls_handshake_cannot_hold_a_download_past_its_deadline(
-    attempt: Attempt, error: type[Exception]
+    name: str,
 ) -> None:
     # The start of a TLS record, then a byte at a time: the handshake waits for the rest.
     with raw_server(b"\x16\x03\x03\x40\x00", *[b"\x02"] * 1000, pause=0.2, scheme="https") as url:
-        message, elapsed = _refused(attempt, error, url)
+        message, elapsed = _refused(*_CLIENTS[name], url)
 
     assert elapsed < DEADLINE + SLACK
     assert any(words in message for words in DEADLINE_WORDS), message

@@ -105,6 +105,13 @@ def test_untrusted_text_is_shown_escaped_on_one_line() -> None:
     assert len(shown("x" * 10_000)) == 200
 
 
+def test_shown_text_is_clipped_to_its_limit_with_a_mark_and_never_through_an_escape() -> None:
+    assert shown("x" * 400, 400) == "x" * 400
+    assert shown("x" * 401, 400) == "x" * 399 + "…"  # an annotation's, the reboot gate's
+    assert shown("x" * 197 + "\u2028tail") == "x" * 197 + "…"  # \u2028 would not fit whole
+    assert shown("\x1b" * 10_000) == "\\x1b" * 49 + "…"  # 49 escapes of 4, the mark
+
+
 def test_a_server_s_status_line_cannot_split_the_download_s_log_line() -> None:
     status = b"HTTP/1.1 500 Oops\x85ERROR: forged\xe2\x80\xa8\x1b[2J\r\nContent-Length: 0\r\n\r\n"
     downloader = Downloader(DownloadLimits(deadline=5), Backoff(attempts=1))

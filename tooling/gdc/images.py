@@ -21,6 +21,7 @@ from gdc import context, inputs
 from gdc.docker_api import BuildJob, Docker, DockerError, ImageInfo, Progress
 from gdc.plan import Request
 from gdc.tags import ImageTags, Variant, build_image_tags, precompiled_tags, repository
+from nvidia_driver.sources.gpuoperator import DIGEST
 
 PRECOMPILED_DIR = "/opt/nvidia/precompiled"
 FLATCAR_VERSION_LABEL = "gpu-driver-container.flatcar-version"
@@ -28,7 +29,7 @@ CREATED_LABEL = "org.opencontainers.image.created"
 BASE_NAME_LABEL = "org.opencontainers.image.base.name"
 BASE_DIGEST_LABEL = "org.opencontainers.image.base.digest"
 _BASE_ARG = re.compile(r"^ARG BASE_IMAGE=(\S+)$", re.MULTILINE)
-_DIGEST = re.compile(r"@(sha256:[0-9a-f]{64})$")
+_DIGEST = re.compile(rf"@({DIGEST.pattern})$")
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from nvidia_driver.digests import valid_sha256
 from nvidia_driver.errors import DriverError
 from nvidia_driver.image import provision
 from nvidia_driver.sources.download import CHUNK, Opened
@@ -51,7 +52,9 @@ MAX_RELEASES_BYTES = 8 << 20  # a list of releases as text; far past this it is 
 MAX_RUN_BYTES = 2 << 30  # a .run is about 400 MB
 # A datacenter release: branch, then two numbers (580.178.04).
 RELEASE_VERSION = re.compile(r"[0-9]{3}\.[0-9]{1,4}\.[0-9]{1,4}")
-_SUM_LINE = re.compile(r"(?P<sha256>[0-9a-fA-F]{64}) [ *](?P<name>\S+)")
+# A line as sha256sum writes it: the digest (checked by nvidia_driver.digests), a space, then
+# " " or "*" (text or binary mode) and the file's name.
+_SUM_LINE = re.compile(r"(?P<sha256>\S+) [ *](?P<name>\S+)")
 
 
 class RecordError(Exception):
@@ -75,8 +78,9 @@ def run_name(version: str, arch: str) -> str:
 
 
 @dataclass(frozen=True)
-class Sources:
-    """The base URLs of NVIDIA's files ("" keeps NVIDIA's own)."""
+class NvidiaUpstream:
+    """Where the tooling reads NVIDIA's files, as plan.Upstream is where the image builds
+    download from: the base URLs ("" keeps NVIDIA's own)."""
 
     checksum_base_url: str = ""
     driver_base_url: str = ""
@@ -93,7 +97,7 @@ class Sources:
     def manifest_url(self, version: str) -> str:
         return provision.redist_manifest_url(self.redist_base_url or REDIST_BASE_URL, version)
 
-    def releases(self) -> str:
+    def releases_list_url(self) -> str:
         return self.releases_url or RELEASES_URL
 
 
@@ -166,7 +170,11 @@ def parse_checksum_file(text: str, name: str, url: str) -> str:
     """The SHA-256 a ``.sha256sum`` file gives for ``name``; refused if it names another file."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     match = _SUM_LINE.fullmatch(lines[0]) if len(lines) == 1 else None
-    if match is None:
+    try:
+        sha256 = valid_sha256(match["sha256"], url) if match else None
+    except DriverError:
+        sha256 = None
+    if match is None or sha256 is None:
         raise RecordError(
             f"{url} is not one sha256sum line ('<64 hex digits>  {name}'): {text[:120]!r}"
         )
@@ -174,7 +182,7 @@ def parse_checksum_file(text: str, name: str, url: str) -> str:
         raise RecordError(
             f"{url} names {match['name']}, not {name}: refusing a checksum of another file"
         )
-    return match["sha256"].lower()
+    return sha256
 
 
 @dataclass(frozen=True)

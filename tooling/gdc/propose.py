@@ -33,9 +33,9 @@ from gdc import record as recording
 from gdc.nvidia import (
     MAX_RELEASES_BYTES,
     Nvidia,
+    NvidiaUpstream,
     RecordError,
     Release,
-    Sources,
     newest_releases,
     release_key,
 )
@@ -181,7 +181,7 @@ class Repository:
 @dataclass
 class Proposer:
     path: Path  # versions.toml
-    sources: Sources
+    upstream: NvidiaUpstream
     env: Mapping[str, str]
     date: str
     say: Say = print
@@ -193,7 +193,7 @@ class Proposer:
         if self.repository is not None:
             self._base = self.repository.base()  # before any request
         nvidia = Nvidia(self.env)
-        url = self.sources.releases()
+        url = self.upstream.releases_list_url()
         feed = nvidia.json(url, MAX_RELEASES_BYTES, "NVIDIA's list of driver releases")
         try:
             tracked = {driver.branch: driver for driver in load_versions(self.path).drivers}
@@ -241,7 +241,7 @@ class Proposer:
             copy = Path(scratch) / self.path.name
             shutil.copyfile(self.path, copy)
             record, _ = recording.record_driver(
-                candidate.version, copy, self.sources, verify=False, date=self.date, env=self.env
+                candidate.version, copy, self.upstream, verify=False, date=self.date, env=self.env
             )
             after = copy.read_text()
         if tomllib.loads(after) == tomllib.loads(before):
@@ -293,8 +293,9 @@ class Proposer:
             )
         else:
             date = f", released {release.date}" if release.date else ""
+            listed = self.upstream.releases_list_url()
             why = (
-                f"NVIDIA's list of datacenter driver releases ({self.sources.releases()}) has "
+                f"NVIDIA's list of datacenter driver releases ({listed}) has "
                 f"{release.version} ({release.branch_type or 'branch'}{date}), newer than "
                 f"{proposal.candidate.tracked} in versions.toml."
             )

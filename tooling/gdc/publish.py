@@ -55,12 +55,13 @@ from typing import Any, Protocol
 from gdc import inputs
 from gdc.images import Base
 from gdc.matrix import Exclusion, Image, Matrix
-from gdc.registry import INDEX_TYPES, Manifest, Registry, RegistryError, Repository, RetryBudget
+from gdc.registry import Manifest, Registry, RegistryError, Repository, RetryBudget
 from gdc.table import format_table
 from gdc.tags import Variant
+from nvidia_driver.gate.registry import IMAGE_TYPES, INDEX_TYPES
 
 OCI_INDEX, DOCKER_LIST = INDEX_TYPES
-DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+_, DOCKER_MANIFEST = IMAGE_TYPES
 # What a node of each arch runs, as an image config says it (the OCI image index spec's
 # platform values: arm64 is variant v8; containerd takes an arm64 image without one for v8).
 PLATFORMS = {"amd64": ("linux", "amd64", ("",)), "arm64": ("linux", "arm64", ("v8", ""))}

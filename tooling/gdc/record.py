@@ -40,8 +40,8 @@ from gdc.nvidia import (
     MAX_CHECKSUM_BYTES,
     MAX_MANIFEST_BYTES,
     Nvidia,
+    NvidiaUpstream,
     RecordError,
-    Sources,
     check_release,
     parse_checksum_file,
     release_key,
@@ -187,16 +187,18 @@ def _digest(files: object, key: str, platform: str, version: str, name: str) -> 
         raise RecordError(str(exc)) from None
 
 
-def fetch(version: str, nvidia: Nvidia, sources: Sources, *, verify: bool, date: str) -> Record:
+def fetch(
+    version: str, nvidia: Nvidia, upstream: NvidiaUpstream, *, verify: bool, date: str
+) -> Record:
     """Read NVIDIA's files for version (and hash each .run with verify)."""
     checksums = []
     for arch in ARCHES:
-        url = sources.checksum_url(version, arch)
+        url = upstream.checksum_url(version, arch)
         text = nvidia.text(url, MAX_CHECKSUM_BYTES, "a .sha256sum file")
         sha256 = parse_checksum_file(text, run_name(version, arch), url)
         verified = ""
         if verify:
-            run_url = sources.run_url(version, arch)
+            run_url = upstream.run_url(version, arch)
             actual = nvidia.sha256(run_url)
             if actual != sha256:
                 raise RecordError(
@@ -205,7 +207,7 @@ def fetch(version: str, nvidia: Nvidia, sources: Sources, *, verify: bool, date:
                 )
             verified = run_url
         checksums.append(Checksum(arch, sha256, url, verified))
-    manifest_url = sources.manifest_url(version)
+    manifest_url = upstream.manifest_url(version)
     manifest = nvidia.json(manifest_url, MAX_MANIFEST_BYTES, "a redistrib manifest")
     return Record(
         version,
@@ -309,7 +311,7 @@ def _check_edit(
 def record_driver(
     version: str,
     path: Path,
-    sources: Sources,
+    upstream: NvidiaUpstream,
     *,
     verify: bool,
     date: str,
@@ -320,12 +322,12 @@ def record_driver(
     current = _current(path, version)
     nvidia = Nvidia(os.environ if env is None else env)
     for url in (
-        sources.checksum_url(version, "amd64"),
-        sources.run_url(version, "amd64"),
-        sources.manifest_url(version),
+        upstream.checksum_url(version, "amd64"),
+        upstream.run_url(version, "amd64"),
+        upstream.manifest_url(version),
     ):
         nvidia.check(url)  # every host, before the first request
-    record = fetch(version, nvidia, sources, verify=verify, date=date)
+    record = fetch(version, nvidia, upstream, verify=verify, date=date)
     return record, write(record, current)
 
 

@@ -12,17 +12,15 @@ Hub, registry:2 with token auth) it asks the realm for a token for the challenge
 scope, for ``Basic`` it sends the credentials. Credentials, first found wins:
 
 1. ``REGISTRY_USERNAME`` and ``REGISTRY_PASSWORD``;
-2. the registry's ``auth`` in the docker config (``$DOCKER_CONFIG/config.json`` or
-   ``~/.docker/config.json``, as ``docker login`` writes it without a credential helper);
+2. the registry's entry in the docker config (``$DOCKER_CONFIG/config.json`` or
+   ``~/.docker/config.json``, as ``docker login`` writes it without a credential helper), read
+   as the reboot gate reads a pull secret (``nvidia_driver.gate.registry``);
 3. for ghcr.io, ``GITHUB_TOKEN`` (user ``$GITHUB_ACTOR``);
 4. none: anonymous tokens, enough to read public images.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import email.utils
 import hashlib
 import json
 import math
@@ -36,23 +34,22 @@ from typing import Any
 import requests
 
 from gdc.transport import deadline_session
+from nvidia_driver.gate.http import retry_after
+from nvidia_driver.gate.registry import ACCEPT as MANIFEST_ACCEPT
+from nvidia_driver.gate.registry import (
+    INDEX_TYPES,
+    Credentials,
+    credentials_from_docker_config,
+    parse_challenge,
+)
+from nvidia_driver.safetext import shown
 
-INDEX_TYPES = (
-    "application/vnd.oci.image.index.v1+json",
-    "application/vnd.docker.distribution.manifest.list.v2+json",
-)
-IMAGE_TYPES = (
-    "application/vnd.oci.image.manifest.v1+json",
-    "application/vnd.docker.distribution.manifest.v2+json",
-)
-MANIFEST_ACCEPT = ", ".join((*INDEX_TYPES, *IMAGE_TYPES))
 TIMEOUT_SECONDS = 60
 RETRIES = 4  # after the first attempt: 1 + 2 + 4 + 8 s of backoff at most, Retry-After aside
 BACKOFF_SECONDS = 1.0
 MAX_RETRY_AFTER_SECONDS = 60.0
 RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})
 PLAIN_HTTP_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]"})
-_CHALLENGE_PARAM = re.compile(r'(\w+)="([^"]*)"')
 _PORT = re.compile(r":[0-9]+$")
 _HOST = re.compile(r"[^/]*[.:][^/]*|localhost")
 _NOT_FOUND = 404
@@ -81,12 +78,6 @@ class RetryBudget:
     def waited(self) -> str:
         """`` after N s of retries`` for a message, or "" when nothing was waited."""
         return f" after {self.spent:.0f} s of retries" if self.spent else ""
-
-
-@dataclass(frozen=True)
-class Credentials:
-    username: str
-    password: str
 
 
 @dataclass(frozen=True)
@@ -150,23 +141,18 @@ def credentials_for(
 
 def _docker_config_auth(host: str, config: Path) -> Credentials | None:
     try:
-        auths = json.loads(config.read_text()).get("auths", {})
-    except (OSError, ValueError, AttributeError):
+        document = json.loads(config.read_text())
+    except (OSError, ValueError):
         return None
-    entry = (auths.get(host) or auths.get(f"https://{host}")) if isinstance(auths, dict) else None
-    encoded = entry.get("auth") if isinstance(entry, dict) else None
-    if not isinstance(encoded, str):
+    if not isinstance(document, dict):
         return None
-    try:
-        username, _, password = base64.b64decode(encoded).decode().partition(":")
-    except (binascii.Error, UnicodeDecodeError):
-        return None
-    return Credentials(username, password) if username else None
+    return credentials_from_docker_config(document).get(host)
 
 
 def _one_line(text: str) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= 200 else line[:199] + "…"  # noqa: PLR2004
+    """A registry's words on one line: blanks collapsed, every other control character escaped
+    (nvidia_driver.safetext), 200 characters at most."""
+    return shown(" ".join(text.split()))
 
 
 def _first_line(error: Exception) -> str:
@@ -295,23 +281,20 @@ class Registry:
 
     def _authorize(self, challenge: requests.Response, name: str, actions: str) -> str:
         header = challenge.headers.get("WWW-Authenticate", "")
-        scheme = header.split(" ", 1)[0].lower()
-        params = dict(_CHALLENGE_PARAM.findall(header))
+        scheme, params = parse_challenge(header)
         if scheme == "basic" and self.credentials:
-            pair = f"{self.credentials.username}:{self.credentials.password}".encode()
-            return "Basic " + base64.b64encode(pair).decode()
+            return self.credentials.basic
         if scheme != "bearer" or "realm" not in params:
             raise self._denied(f"it asks for {header or 'authentication'!r}")
         query = {"service": params.get("service", self.host),
                  "scope": params.get("scope", f"repository:{name}:{actions}")}  # fmt: skip
         auth = (self.credentials.username, self.credentials.password) if self.credentials else None
         response = self._request("GET", params["realm"], params=query, auth=auth)
-        answered = f"its token service {params['realm']} answered {response.status_code}"
-        answered += f" {response.reason}"
+        realm, reason = _one_line(params["realm"]), _one_line(response.reason)
+        answered = f"its token service {realm} answered {response.status_code} {reason}"
         if response.status_code == _TOO_MANY_REQUESTS:
-            raise _rate_limited(f"the registry {self.host}'s token service {params['realm']} "
-                                f"answered 429 {response.reason}"
-                                f"{self.budget.waited()}")  # fmt: skip
+            raise _rate_limited(f"the registry {self.host}'s token service {realm} answered 429 "
+                                f"{reason}{self.budget.waited()}")  # fmt: skip
         if response.status_code >= _SERVER_ERROR:
             raise RegistryError(f"the registry {self.host} could not authorize: {answered}"
                                 f"{self.budget.waited()}; the registry is in trouble, retry "
@@ -324,7 +307,7 @@ class Registry:
         except (ValueError, AttributeError):
             token = None
         if not isinstance(token, str) or not token:
-            raise self._denied(f"its token service {params['realm']} returned no token")
+            raise self._denied(f"its token service {realm} returned no token")
         return f"Bearer {token}"
 
     def _denied(self, why: str) -> RegistryError:
@@ -338,13 +321,14 @@ class Registry:
             return
         if response.status_code == _UNAUTHORIZED:
             raise self._denied(f"{method} {name}:{ref} is still 401 with the credentials given")
+        reason = _one_line(response.reason)  # the status line's: the registry's words
         if response.status_code == _TOO_MANY_REQUESTS:
             raise _rate_limited(f"the registry {self.host} answered {method} {name}:{ref} with "
-                                f"429 {response.reason}{self.budget.waited()}")  # fmt: skip
+                                f"429 {reason}{self.budget.waited()}")  # fmt: skip
         detail = _error_detail(response)
         raise RegistryError(
             f"the registry {self.host} answered {method} {name}:{ref} with "
-            f"{response.status_code} {response.reason}{detail}: check the registry and the "
+            f"{response.status_code} {reason}{detail}: check the registry and the "
             "credentials' permissions"
         )
 
@@ -355,16 +339,8 @@ def _rate_limited(what: str) -> RegistryError:
 
 def _retry_after(response: requests.Response, backoff: float) -> float:
     """Seconds to wait before the next attempt: Retry-After when the answer has one."""
-    header = response.headers.get("Retry-After", "").strip()
-    if header.isascii() and header.isdigit():
-        return float(header)
-    if header:
-        try:
-            when = email.utils.parsedate_to_datetime(header)
-        except (TypeError, ValueError):
-            return backoff
-        return max(0.0, when.timestamp() - time.time())
-    return backoff
+    seconds = retry_after(response.headers.get("Retry-After", ""))
+    return backoff if seconds is None else seconds
 
 
 def _error_detail(response: requests.Response) -> str:

@@ -26,7 +26,6 @@ Users verify an image signed in this repository's workflows with::
 from __future__ import annotations
 
 import hashlib
-import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable
@@ -39,6 +38,7 @@ from gdc.commands import Runner
 from gdc.matrix import Matrix
 from gdc.registry import Registry, RegistryError, Repository, plain_http
 from gdc.table import format_table
+from nvidia_driver.digests import SHA256_HEX
 
 NO_COSIGN = (
     "cosign is not on PATH: nothing signed; install it "
@@ -46,7 +46,6 @@ NO_COSIGN = (
     "to make this an error"
 )
 NO_SYFT = "syft is not on PATH: signatures only, no SBOM attestations; install syft for them"
-SHA256 = re.compile(r"[0-9a-f]{64}")
 MAX_SYFT_BYTES = 512 << 20  # a bound for reading it: syft's binary is a fraction of it
 
 
@@ -110,8 +109,10 @@ class Signer:
 
 
 def check_sha256(value: str) -> None:
-    """Refuse a --syft-sha256 that is not 64 lowercase hex digits, before any network call."""
-    if value and not SHA256.fullmatch(value):
+    """Refuse a --syft-sha256 that is not 64 lowercase hex digits, before any network call: as
+    given, since pinned_syft compares it with hashlib's digest (not normalised, as
+    nvidia_driver.digests.valid_sha256 would)."""
+    if value and not SHA256_HEX.fullmatch(value):
         raise SignError(f"--syft-sha256 {value!r} is not a SHA-256 (64 lowercase hex digits)")
 
 

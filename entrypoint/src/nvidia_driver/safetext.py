@@ -15,8 +15,9 @@ consumer's grammar as well.
 
 A refusal is one :class:`DriverError` line that shows the text with ``repr`` (which escapes
 every such character) and says what to fix; callers check everything before writing anything.
-Text the node cannot refuse (a server's status line, a host file) goes into log lines through
-:func:`shown`, which escapes the same characters.
+Text the node cannot refuse (a server's status line, a host file, a name from the cluster)
+goes into log lines, annotations and events through :func:`shown`, which escapes the same
+characters and clips it.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ PARAMETER = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")  # a module parameter's name
 CONFIG_KEY = re.compile(r"[A-Z0-9_]+")  # KEY of the fabric manager's and IMEX's KEY=value
 ADDRESS = re.compile(r"[0-9A-Za-z.:%_-]{1,253}")  # an IMEX node: IPv4, IPv6 or a host name
 _SHOWN = 200  # characters of untrusted text a log line shows
+# Characters of a node annotation or an event message (the reboot gate's verdict), and of
+# anything the gate says: what an operator reads at a glance.
+ANNOTATION_SHOWN = 400
 
 
 def unsafe(text: str) -> str | None:
@@ -94,12 +98,24 @@ def config_entry(key: str, value: str, what: str, fix: str) -> tuple[str, str]:
     return key, check(value, f"{what} {key}'s value", fix)
 
 
-def shown(text: str) -> str:
-    """Untrusted text (a server's words, a host file) fit for one log line: escaped, clipped."""
-    return "".join(
-        character.encode("unicode_escape").decode("ascii") if unsafe(character) else character
-        for character in _clip(text.strip())
-    )
+def shown(text: str, limit: int = _SHOWN) -> str:
+    """Untrusted text (a server's words, a host file) fit for one log line: every line break
+    and control character escaped, at most ``limit`` characters, a cut marked with "…" (never
+    one through an escape)."""
+    pieces: list[str] = []
+    size = 0
+    for character in text.strip():
+        pieces.append(_escaped(character))
+        size += len(pieces[-1])
+        if size > limit:
+            while size > limit - 1:
+                size -= len(pieces.pop())
+            return "".join(pieces) + "…"
+    return "".join(pieces)
+
+
+def _escaped(character: str) -> str:
+    return character.encode("unicode_escape").decode("ascii") if unsafe(character) else character
 
 
 def _refused(what: str, text: str, problem: str, fix: str) -> DriverError:

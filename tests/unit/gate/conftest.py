@@ -164,11 +164,11 @@ class Cluster:
 
         downloader = Downloader(DownloadLimits(timeout=5, deadline=10), Backoff(attempts=1))
         commands = Commands({"PATH": str(self.tmp / "no-compilers")})
-        sources = FlatcarReleases(commands, self.tmp / "cache", self.tmp / "work")
+        releases = FlatcarReleases(commands, self.tmp / "cache", self.tmp / "work")
         return Checker(
             api,
             Releases(self.feed_file.as_uri(), downloader),
-            build or BuildImage("610.57.04", commands, sources),
+            build or BuildImage("610.57.04", commands, releases),
             operator_namespace="gpu-operator",
             registry=registry,
         )

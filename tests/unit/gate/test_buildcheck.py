@@ -67,14 +67,14 @@ def _image(
         (tools / name).chmod(0o755)
     commands = Commands({"PATH": str(tools)})
     keyring = signer.export(tmp_path / "keyring.gpg", armor=False)
-    sources = FlatcarReleases(
+    releases = FlatcarReleases(
         commands,
         tmp_path / "cache",
         tmp_path / "work",
         server=Servers(server.url("{channel}")),
         trust=Trust.of_keyring(keyring),
     )
-    return BuildImage(driver, commands, sources)
+    return BuildImage(driver, commands, releases)
 
 
 def _verdict(cluster: Cluster, image: BuildImage) -> Verdict:

@@ -12,9 +12,11 @@ from conftest import Cluster
 from fake_apiserver import FakeAPIServer, Fault
 
 from nvidia_driver.errors import DriverError
-from nvidia_driver.gate.http import Client, Limits, UnreachableError
+from nvidia_driver.gate.gate import Settings
+from nvidia_driver.gate.http import Client, Limits, Response, UnreachableError, send_retried
 from nvidia_driver.gate.kubeapi import ConflictError, KubeAPI, NotFoundError
-from nvidia_driver.gate.oneline import one_line
+from nvidia_driver.gate.managers import APPROVAL_ENV, Manager
+from nvidia_driver.gate.verdict import allowed, held
 from nvidia_driver.sources.download import Backoff
 
 
@@ -100,6 +102,21 @@ def test_5xx_answers_are_retried_a_bounded_number_of_times(cluster: Cluster) -> 
     assert cluster.sleeps == [0.5, 1.0, 0.5, 1.0]
 
 
+@pytest.mark.parametrize(
+    ("value", "slept"),
+    [("7", 7.0), ("3600", 30.0), ("", 0.5), ("soon", 0.5), ("\xb2", 0.5), ("\u0661\u0662", 0.5)],
+)  # Latin-1's superscript two and Arabic-Indic 12 are str.isdigit(), not RFC 9110's digits
+def test_retry_after_is_honoured_up_to_its_cap_and_never_breaks_the_gate(
+    value: str, slept: float
+) -> None:
+    answers = [Response(503, {"retry-after": value}, b""), Response(200, {}, b"{}")]
+    sleeps: list[float] = []
+    response = send_retried(lambda: answers.pop(0), Backoff(attempts=2, first_delay=0.5),
+                            sleeps.append)  # fmt: skip
+    assert response.status == 200
+    assert sleeps == [slept]
+
+
 def test_lists_are_read_page_by_page(cluster: Cluster) -> None:
     for index in range(260):
         cluster.api.put(f"/api/v1/nodes/n{index:03}", {"metadata": {"labels": {"gpu": "yes"}}})
@@ -148,6 +165,19 @@ def test_the_in_cluster_api_server_comes_from_the_pods_environment(tmp_path: Pat
         KubeAPI.from_env({}, service_account=tmp_path)
 
 
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("NODE_NAME", "gpu-1\nRebootAllowed"), ("POD_NAMESPACE", "gate\u2028x"),
+     ("POD_NAME", "pod\rx"), (APPROVAL_ENV, "gpu-driver-container/ok\x1b[2J")],
+)  # fmt: skip
+def test_a_name_from_the_environment_with_a_line_break_is_refused(name: str, value: str) -> None:
+    env = {"NODE_NAME": "gpu-1", "POD_NAMESPACE": "gate", "POD_NAME": "pod", name: value}
+    with pytest.raises(DriverError) as raised:
+        Settings.from_env(env, Manager.KURED, 60)
+    assert str(raised.value).startswith(f"{name} {value!r}, which holds U+")
+    assert str(raised.value).endswith(": set it to the Kubernetes name deploy/reboot-gate gives it")
+
+
 def test_the_fake_refuses_patch_types_it_does_not_implement() -> None:
     """A client sending another patch type would fail here, not pass on missing semantics."""
     with FakeAPIServer() as server:
@@ -165,13 +195,15 @@ def test_the_fake_refuses_patch_types_it_does_not_implement() -> None:
 @pytest.mark.parametrize(
     ("text", "line"),
     [
-        ("two\nlines", "two lines"),
-        ("carriage\rreturn\x1b[31m", "carriage return [31m"),
-        ("bidi\u202eoverride, line\u2028separator", "bidi override, line separator"),
+        ("two\nlines", "two\\nlines"),
+        ("carriage\rreturn\x1b[31m", "carriage\\rreturn\\x1b[31m"),
+        ("bidi\u202eoverride, line\u2028separator", "bidi\\u202eoverride, line\\u2028separator"),
         ("x" * 500, "x" * 399 + "…"),
     ],
 )
 def test_text_from_the_cluster_reaches_annotations_events_and_logs_as_one_line(
     text: str, line: str
 ) -> None:
-    assert one_line(text) == line
+    """The verdict's line (the annotation, the event, the log line) goes through safetext."""
+    assert held(text).line == line
+    assert allowed(text).line == line

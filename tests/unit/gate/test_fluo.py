@@ -152,4 +152,4 @@ def test_a_new_version_that_is_no_flatcar_release_holds(cluster: Cluster) -> Non
     assert verdict is not None
     assert not verdict.allowed
     assert "\n" not in verdict.line
-    assert verdict.line.startswith("the staged release '0.0.0 RebootAllowed' is not a Flatcar")
+    assert verdict.line.startswith("the staged release '0.0.0\\nRebootAllowed' is not a Flatcar")

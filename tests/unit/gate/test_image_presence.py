@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Iterator
 
 import pytest
+from oci_registry import IMAGE as IMAGE_MANIFEST
 from oci_registry import OCIRegistry
 
 from nvidia_driver.errors import DriverError
@@ -46,6 +48,19 @@ def test_a_single_arch_image_is_judged_by_its_config(registry: OCIRegistry) -> N
     image = ImageRef.parse(f"{registry.host}/o/driver:{TAG}")
     assert _client().presence(image, "arm64") is Presence.PUBLISHED
     assert _client().presence(image, "amd64") is Presence.NO_ARCH
+
+
+@pytest.mark.parametrize("digest", ["sha256:../../../other/manifests/x", "sha256:" + "A" * 64, ""])
+def test_a_config_digest_that_is_no_sha256_digest_is_refused_before_it_is_asked_for(
+    registry: OCIRegistry, digest: str
+) -> None:
+    """It would go into the blob's URL: the one SHA-256 check (nvidia_driver.digests)."""
+    manifest = {"schemaVersion": 2, "config": {"digest": digest}, "layers": []}
+    registry.put("o/driver", [TAG], IMAGE_MANIFEST, json.dumps(manifest).encode())
+    image = ImageRef.parse(f"{registry.host}/o/driver:{TAG}")
+    with pytest.raises(DriverError, match=r": the manifest names no config blob$"):
+        _client().presence(image, "amd64")
+    assert [path for _, path, _ in registry.log if "/blobs/" in path] == []
 
 
 def test_a_private_registry_takes_the_pull_secrets_credentials(registry: OCIRegistry) -> None:
@@ -114,3 +129,9 @@ def test_docker_config_json_in_every_form_kubectl_and_docker_write() -> None:
     assert credentials_from_docker_config({"ghcr.io": {"auth": auth}}) == {  # .dockercfg
         "ghcr.io": Credentials("u", "p")
     }
+    # A host's own key wins over its URL forms, whichever comes first.
+    url_form = {"https://ghcr.io/v1/": {"username": "url", "password": "form"}}
+    for auths in ({**url_form, "ghcr.io": {"auth": auth}}, {"ghcr.io": {"auth": auth}, **url_form}):
+        assert credentials_from_docker_config({"auths": auths}) == {
+            "ghcr.io": Credentials("u", "p")
+        }

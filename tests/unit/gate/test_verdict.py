@@ -246,6 +246,6 @@ def test_a_policy_that_names_no_pullable_image_holds_in_one_line(cluster: Cluste
     assert not verdict.allowed
     assert "\n" not in verdict.line
     assert (
-        "/driver:610.57.04 RebootAllowed-flatcar4593.2.5' is not an image reference the "
+        "/driver:610.57.04\\nRebootAllowed-flatcar4593.2.5' is not an image reference the "
         "Operator could pull" in verdict.line
     )

@@ -318,6 +318,34 @@ def test_a_manifest_without_nscq_is_refused(tmp_path: Path) -> None:
         _install(_redist(tmp_path, components=()), tmp_path / "root")
 
 
+@pytest.mark.parametrize(
+    ("key", "field", "value"),
+    [("nvlsm", "version", "2025.06.11\nERROR: forged"), ("nvlsm", "version", "2025\x1b[2J"),
+     ("fabricmanager", "version", f"{VERSION}\u2028x"),
+     ("nvlsm", "relative_path", "nvlsm/linux-x86_64/a\rb.tar.xz")],
+)  # fmt: skip
+def test_a_manifest_value_with_a_line_break_or_control_character_is_refused_unlogged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], key: str, field: str, value: str
+) -> None:
+    redist = _redist(tmp_path)
+    path = redist.base / f"redistrib_{VERSION}.json"
+    manifest = json.loads(path.read_text())
+    entry = manifest[key] if field == "version" else manifest[key]["linux-x86_64"]
+    entry[field] = value
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(DriverError) as raised:
+        _install(redist, tmp_path / "root")
+    assert str(raised.value) == (
+        f"redistrib_{VERSION}.json's {key} {field} {value!r}, which holds U+"
+        f"{ord(next(c for c in value if not c.isprintable())):04X}, "
+        f"{'a line break' if len(value.splitlines()) > 1 else 'a control character'} that would "
+        "let it start a line of its own where it is written: the manifest is not NVIDIA's; "
+        "check FABRICMANAGER_BASE_URL"
+    )
+    assert value not in capsys.readouterr().out
+    assert not (tmp_path / "root").exists()
+
+
 def test_a_fabric_manager_of_another_version_is_refused(tmp_path: Path) -> None:
     redist = _redist(tmp_path, fm_version="580.1.1")
     with pytest.raises(DriverError, match="must match the driver exactly"):

@@ -30,9 +30,10 @@ def _versions(*channels: str) -> Versions:
                            "drivers": {"610.57.04": {"sha256": {"amd64": "ab" * 32}}}})  # fmt: skip
 
 
-def _covered(feed: dict[str, Any], *channels: str) -> tuple[dict[str, tuple[str, ...]], Any]:
-    covered, excluded, notes = covered_releases(json.dumps(feed), _versions(*channels), LTS)
-    return {c.version: c.streams for c in covered}, (excluded, notes)
+def _read(text: str, *channels: str) -> tuple[dict[str, tuple[str, ...]], Any, tuple[str, ...]]:
+    """The feed's releases read: each covered version's streams, the exclusions, the notes."""
+    covered, excluded, notes = covered_releases(text, _versions(*channels), LTS)
+    return {c.version: c.streams for c in covered}, excluded, notes
 
 
 def test_an_empty_feed_is_an_error_not_an_empty_matrix() -> None:
@@ -43,7 +44,7 @@ def test_an_empty_feed_is_an_error_not_an_empty_matrix() -> None:
 def test_a_per_channel_feed_covers_its_channel_and_excludes_the_others() -> None:
     full = feed_from_tsv()
     stable = {k: v for k, v in full.items() if v["channel"] == "stable"}  # releases-stable.json
-    covered, (excluded, _) = _covered(stable)
+    covered, excluded, _ = _read(json.dumps(stable))
     assert covered == {"4593.2.5": ("stable",)}
     reasons = {x.flatcar: x.reason for x in excluded}
     assert set(reasons) == {"alpha", "beta", "lts-2024"}
@@ -55,7 +56,7 @@ def test_only_current_and_current_year_are_markers() -> None:
     feed = feed_from_tsv()
     feed["current-beta"] = {**feed["4757.1.0"], "channel": "stable"}  # an unknown object
     feed["next"] = {"channel": "stable", "release_date": "2099-01-01 00:00:00 +0000"}
-    covered, (_, notes) = _covered(feed)
+    covered, _, notes = _read(json.dumps(feed))
     assert covered["4593.2.5"] == ("stable",)  # stable does not drop out
     assert notes[0].startswith("the releases feed has 2 key(s) that are neither a version nor")
 
@@ -65,7 +66,7 @@ def test_unicode_digits_are_not_versions() -> None:
     fullwidth = "\uff14\uff15\uff19\uff13"  # 4593 in fullwidth digits: str.isdigit() says yes
     feed[f"{fullwidth}.2.9"] = feed_entry("stable", "2026-12-01", "6.12.200")
     feed["current-\uff12\uff10\uff12\uff15"] = feed["4081.3.10"]
-    covered, (_, notes) = _covered(feed)
+    covered, _, notes = _read(json.dumps(feed))
     assert "4593.2.9" not in covered
     assert f"{fullwidth}.2.9" not in covered
     assert "2 key(s)" in notes[0]
@@ -75,7 +76,7 @@ def test_a_bad_old_entry_is_reported_and_a_bad_current_one_excludes_its_stream()
     feed = feed_from_tsv()
     feed["4459.2.1"]["release_date"] = "last Tuesday"
     feed["4790.0.1"] = {**feed_entry("alpha", "2026-08-20", "6.12.103"), "architectures": "all"}
-    covered, (excluded, notes) = _covered(feed)
+    covered, excluded, notes = _read(json.dumps(feed))
     assert "4790.0.0" not in covered  # no silent fallback to an older alpha
     assert [x.flatcar for x in excluded] == ["4790.0.1"]
     assert "its architectures is not a list of names" in excluded[0].reason
@@ -176,11 +177,6 @@ def test_an_unreachable_host_and_an_http_error_are_one_line() -> None:
 def _json(pairs: list[tuple[str, Any]]) -> str:
     """A JSON object with the pairs in order, a key given twice if pairs repeat it."""
     return "{" + ", ".join(f"{json.dumps(key)}: {json.dumps(value)}" for key, value in pairs) + "}"
-
-
-def _read(text: str, *channels: str) -> tuple[dict[str, tuple[str, ...]], Any, tuple[str, ...]]:
-    covered, excluded, notes = covered_releases(text, _versions(*channels), LTS)
-    return {c.version: c.streams for c in covered}, excluded, notes
 
 
 def test_an_identical_duplicate_key_is_read_once_with_a_note() -> None:

@@ -49,13 +49,13 @@ def behind(tmp_path: Path) -> Path:
 
 
 def _options(server: ReleaseServer, path: Path) -> dict[str, str]:
-    sources = nvidia_tree.sources(server)
+    upstream = nvidia_tree.upstream(server)
     return {
         "versions_file": str(path),
-        "releases_url": sources.releases(),
-        "checksum_base_url": sources.checksum_base_url,
-        "driver_base_url": sources.driver_base_url,
-        "fabricmanager_base_url": sources.redist_base_url,
+        "releases_url": upstream.releases_list_url(),
+        "checksum_base_url": upstream.checksum_base_url,
+        "driver_base_url": upstream.driver_base_url,
+        "fabricmanager_base_url": upstream.redist_base_url,
     }
 
 
@@ -127,7 +127,7 @@ def test_an_entry_with_todo_values_is_proposed_again_once_nvidia_s_files_give_th
         nvidia.root, stand_in, {"release_label": stand_in, "nvlsm": nvlsm_listed}
     )
     capsys.readouterr()
-    proposer = propose.Proposer(path, nvidia_tree.sources(nvidia), os.environ, "2026-12-05")
+    proposer = propose.Proposer(path, nvidia_tree.upstream(nvidia), os.environ, "2026-12-05")
     [proposal] = [p for p in proposer.run() if p.record.version == stand_in]
     out = capsys.readouterr().out
     assert "999: NVIDIA's list has no branch 999; 999.1.1 stays\n" in out

@@ -113,6 +113,13 @@ def _publish(registry: OCIRegistry, builder: FakeBuilder, covered: matrix.Matrix
     return outcomes, said
 
 
+def _published(registry: OCIRegistry) -> FakeBuilder:
+    """The builder of a first run, from an empty registry: every image built and published."""
+    builder = FakeBuilder(registry)
+    _publish(registry, builder, _matrix(registry))
+    return builder
+
+
 def _statuses(outcomes: list[publish.Outcome]) -> list[tuple[str, str]]:
     return [(o.image.tags.tags[0], o.status.value) for o in outcomes]
 
@@ -169,8 +176,7 @@ def test_from_empty_everything_is_built_and_a_second_run_builds_nothing(
 
 
 def test_a_changed_input_rebuilds_exactly_the_images_it_reaches(registry: OCIRegistry) -> None:
-    builder = FakeBuilder(registry)
-    _publish(registry, builder, _matrix(registry))
+    builder = _published(registry)
     before = registry.tags(NAME)
     builder.built.clear()
     builder.entrypoint = "v2"
@@ -197,8 +203,7 @@ def test_a_changed_input_rebuilds_exactly_the_images_it_reaches(registry: OCIReg
 def test_a_rebuilt_precompiled_image_reuses_the_packages_of_the_one_it_replaces(
     registry: OCIRegistry,
 ) -> None:
-    builder = FakeBuilder(registry)
-    _publish(registry, builder, _matrix(registry))
+    builder = _published(registry)
     assert set(builder.previous.values()) == {""}  # nothing to replace yet
     replaced = registry.tags(NAME)["610.57.04-6.12.102-flatcar-amd64"]  # its staging tag
     builder.entrypoint = "v2"
@@ -216,8 +221,7 @@ def test_a_rebuilt_precompiled_image_reuses_the_packages_of_the_one_it_replaces(
 def test_a_new_release_of_a_live_kernel_rebuilds_its_image_and_tags_the_rest(
     registry: OCIRegistry,
 ) -> None:
-    builder = FakeBuilder(registry)
-    _publish(registry, builder, _matrix(registry))
+    builder = _published(registry)
     build_digest = registry.tags(NAME)[BUILD]
     feed = feed_from_tsv()
     feed["4593.2.6"] = feed_entry("stable", "2026-09-10", "6.12.110")
@@ -237,8 +241,7 @@ def test_a_newly_recorded_driver_is_built_by_the_next_run_as_a_new_release_is(
 ) -> None:
     """A merged proposal of invoke propose-drivers replaces the branch's driver in versions.toml:
     the next run builds the new driver's images; the old driver's stay as they were."""
-    builder = FakeBuilder(registry)
-    _publish(registry, builder, _matrix(registry))
+    builder = _published(registry)
     before = registry.tags(NAME)
     newer = "610.60.01"
     redist = {name: {**fields, "version": newer} for name, fields in REDIST.items()}
@@ -319,8 +322,7 @@ def test_a_driver_without_a_checksum_fails_before_building(registry: OCIRegistry
 
 
 def test_429_and_5xx_are_retried_honouring_retry_after(registry: OCIRegistry) -> None:
-    builder = FakeBuilder(registry)
-    _publish(registry, builder, _matrix(registry))
+    builder = _published(registry)
     waits: list[float] = []
     client = Registry(registry.host, sleep=waits.append)
     registry.burst = [(429, "3"), (503, ""), (429, "Wed, 21 Oct 2015 07:28:00 GMT")]
@@ -414,8 +416,7 @@ KERNEL_ARM64 = "610.57.04-6.12.102-flatcar-arm64"  # the 6.12.102 image's arm64 
 def test_another_arch_s_image_under_a_staging_tag_is_rebuilt_not_up_to_date(
     registry: OCIRegistry,
 ) -> None:
-    builder = FakeBuilder(registry)
-    _publish(registry, builder, _matrix(registry))
+    builder = _published(registry)
     before = registry.tags(NAME)[KERNEL_IMAGE]
     _restage(registry, KERNEL_ARM64, "amd64")  # the same build inputs, the wrong arch
     builder.built.clear()
@@ -487,8 +488,7 @@ def test_a_merge_only_run_refuses_a_wrong_arch_or_stale_staged_image(
 
 
 def test_a_tag_whose_index_lists_other_platforms_is_not_up_to_date(registry: OCIRegistry) -> None:
-    builder = FakeBuilder(registry)
-    _publish(registry, builder, _matrix(registry))
+    builder = _published(registry)
     good = registry.tags(NAME)[BUILD]
     amd64 = registry.tags(NAME)["610.57.04-flatcar-amd64"]
     listed = [{"mediaType": IMAGE, "digest": amd64, "size": 1,

@@ -16,7 +16,7 @@ from invoke.exceptions import Exit
 
 from gdc import record as recording
 from gdc import versions_text
-from gdc.nvidia import RecordError
+from gdc.nvidia import RecordError, parse_checksum_file
 from gdc.versions import Driver, load_versions
 
 TODAY_TEXT, TODAY, todo_entry = nvidia_tree.TODAY_TEXT, nvidia_tree.TODAY, nvidia_tree.todo_entry
@@ -42,14 +42,14 @@ def nvidia(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ReleaseS
 
 
 def _record(server: ReleaseServer, path: Path, version: str, **options: object) -> str:
-    sources = nvidia_tree.sources(server)
+    upstream = nvidia_tree.upstream(server)
     tasks.record_driver(
         MockContext(),
         version,
         versions_file=str(path),
-        checksum_base_url=sources.checksum_base_url,
-        driver_base_url=sources.driver_base_url,
-        fabricmanager_base_url=sources.redist_base_url,
+        checksum_base_url=upstream.checksum_base_url,
+        driver_base_url=upstream.driver_base_url,
+        fabricmanager_base_url=upstream.redist_base_url,
         **options,
     )  # type: ignore[arg-type]
     return path.read_text()
@@ -177,6 +177,25 @@ def test_a_checksum_file_that_names_another_file_is_refused(
         f"invoke record-driver: {url} names {other}, not NVIDIA-Linux-x86_64-"
         f"{driver.version}.run: refusing a checksum of another file"
     )
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["ab" * 31 + "  NAME", "ab" * 33 + "  NAME", "g" * 64 + "  NAME", "ab" * 32 + " NAME",
+     "ab" * 32 + "  NAME\n" + "ab" * 32 + "  NAME", ""],
+)  # fmt: skip
+def test_a_checksum_line_s_digest_is_checked_by_the_one_sha256_validator(line: str) -> None:
+    name = "NVIDIA-Linux-x86_64-610.57.04.run"
+    text = line.replace("NAME", name)
+    with pytest.raises(RecordError) as raised:
+        parse_checksum_file(text, name, "https://host/x.sha256sum")
+    assert str(raised.value) == (
+        f"https://host/x.sha256sum is not one sha256sum line ('<64 hex digits>  {name}'): "
+        f"{text[:120]!r}"
+    )
+    # As sha256sum writes it, in text or binary mode; upper case is read as lower.
+    for mode in (" ", "*"):
+        assert parse_checksum_file(f"{'AB' * 32} {mode}{name}\n", name, "u") == "ab" * 32
 
 
 def test_a_host_that_is_not_nvidia_s_is_refused_before_any_request(

@@ -22,6 +22,7 @@ from gdc.registry import (
     credentials_for,
     plain_http,
 )
+from nvidia_driver.safetext import unsafe
 
 NAME = "gdc/driver"
 CONFIG_DIGEST = "sha256:" + "2" * 64
@@ -172,6 +173,24 @@ def test_credentials_come_from_the_environment_then_docker_config(tmp_path: Path
     )
 
 
+def test_the_docker_config_is_read_as_the_reboot_gate_reads_a_pull_secret(tmp_path: Path) -> None:
+    """One reader (nvidia_driver.gate.registry): URL keys, username and password entries, and a
+    host's own key before its URL forms."""
+    config = tmp_path / "config.json"
+    auth = base64.b64encode(b"docker-user:docker-pass").decode()
+    config.write_text(json.dumps({"auths": {
+        "ghcr.io": {"auth": auth},
+        "https://ghcr.io": {"auth": base64.b64encode(b"other:other").decode()},
+        "https://quay.io/v1/": {"username": "q", "password": "w"},
+        "broken.example": {"auth": "!!"},
+    }}))  # fmt: skip
+    assert credentials_for("ghcr.io", {}, config) == Credentials("docker-user", "docker-pass")
+    assert credentials_for("quay.io", {}, config) == Credentials("q", "w")
+    assert credentials_for("broken.example", {}, config) is None
+    config.write_text("[]")
+    assert credentials_for("ghcr.io", {}, config) is None
+
+
 class TokenService(OCIRegistry):
     """A ghcr.io-like registry whose token service answers with status (and Retry-After: 1)."""
 
@@ -210,28 +229,33 @@ class Broken(OCIRegistry):
     """Answers /v2 requests with a fixed status, body and headers."""
 
     answer_with: tuple[int, bytes, dict[str, str]] = (500, b"", {})
+    reason: str | None = None  # the status line's; None: the status's own
 
-    def answer(self, handler: BaseHTTPRequestHandler, method: str) -> None:
+    def answer(self, handler: BaseHTTPRequestHandler) -> None:
         if not handler.path.startswith("/v2/"):
-            super().answer(handler, method)
+            super().answer(handler)
             return
         handler.rfile.read(int(handler.headers.get("Content-Length", "0")))
         status, body, headers = self.answer_with
-        handler.send_response(status)
+        handler.send_response(status, self.reason)
         for key, value in {**headers, "Content-Length": str(len(body))}.items():
             handler.send_header(key, value)
         handler.end_headers()
-        if method != "HEAD":
+        if handler.command != "HEAD":
             handler.wfile.write(body)
 
 
 TWO_LINES = b'{"errors":[{"code":"UNAVAILABLE","message":"down\\nfor maintenance\\n\\tback soon"}]}'
+# What splitting by blanks leaves: a terminal escape, a bidirectional override, a NUL.
+CONTROLS = (b'{"errors":[{"code":"UNAVAILABLE","message":"down\\u001b[2J\\u202eERROR: forged'
+            b'\\u0000"}]}')  # fmt: skip
 
 
 @pytest.mark.parametrize(
     ("answer", "call"),
     [
         ((500, TWO_LINES, {}), "manifest"),
+        ((500, CONTROLS, {}), "manifest"),
         ((503, TWO_LINES, {"Retry-After": "3600"}), "manifest"),
         ((429, b"", {"Retry-After": "1"}), "put"),
         ((401, b"", {"WWW-Authenticate": "Negotiate"}), "manifest"),
@@ -255,3 +279,18 @@ def test_every_registry_error_is_one_line(answer: tuple[int, bytes, dict[str, st
     message = str(error.value)
     assert "\n" not in message, message
     assert message.startswith(f"the registry {server.host}") or "cannot reach" in message
+    assert unsafe(message) is None, message
+
+
+def test_a_registry_s_error_and_status_line_reach_the_message_escaped() -> None:
+    with Broken() as server:
+        server.answer_with = (500, CONTROLS, {})
+        server.reason = "Oops\x85ERROR: forged\x1b[2J"  # \x85 is a blank to str.split()
+        with pytest.raises(RegistryError) as error:
+            Registry(server.host, sleep=lambda _seconds: None).manifest(NAME, "t")
+    assert str(error.value) == (
+        f"the registry {server.host} answered GET {NAME}:t with 500 Oops ERROR: forged"
+        "\\x1b[2J (UNAVAILABLE: down\\x1b[2J\\u202eERROR: forged\\x00): check the registry and "
+        "the credentials' permissions"
+    )
+    assert str(error.value).splitlines() == [str(error.value)]

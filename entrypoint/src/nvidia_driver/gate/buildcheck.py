@@ -41,7 +41,7 @@ class BuildImage:
 
     driver_version: str
     commands: Commands
-    sources: FlatcarReleases
+    releases: FlatcarReleases  # the staged release's kernel banner, from its vmlinuz
 
     def sources_build(self, driver: str, version: str, arch: str, kernel: str) -> Outcome:
         """Whether driver's sources (a version or a branch) build on the release's kernel."""
@@ -53,8 +53,8 @@ class BuildImage:
 
     def compilers(self, version: str, arch: str) -> Outcome:
         """Whether this image has the gcc that built the release's kernel."""
-        banner = self.sources.banner(version, arch)
-        clear_work(self.sources.work)  # the vmlinuz: its banner is cached, the 32 MB are not
+        banner = self.releases.banner(version, arch)
+        clear_work(self.releases.work)  # the vmlinuz: its banner is cached, the 32 MB are not
         major = gcc_major_of(banner)
         if major is None:
             return Outcome(problem=f"the kernel banner of Flatcar {version} names no gcc")

@@ -42,11 +42,11 @@ from nvidia_driver.gate.managers import (
     VERDICT,
     Manager,
 )
-from nvidia_driver.gate.oneline import one_line
 from nvidia_driver.gate.operator import GPU_PRESENT
 from nvidia_driver.gate.updateengine import SYSTEM_BUS, read_status
 from nvidia_driver.gate.verdict import Checker, Verdict, allowed, held
 from nvidia_driver.log import say, warn
+from nvidia_driver.safetext import ANNOTATION_SHOWN, check, shown
 
 COMPONENT = "nvidia-reboot-gate"
 DEFAULT_INTERVAL = 60.0
@@ -82,6 +82,10 @@ class Settings:
                 f"{', '.join(unset)} unset: the gate's DaemonSet sets them from the downward API "
                 "(deploy/reboot-gate); set them when running it by hand"
             )
+        # They reach request paths, annotations, events and log lines.
+        needed[APPROVAL_ENV] = settings.approval
+        for name, value in needed.items():
+            check(value, name, "set it to the Kubernetes name deploy/reboot-gate gives it")
         return settings
 
 
@@ -114,7 +118,7 @@ class Gate:
             try:
                 self.step()
             except DriverError as exc:
-                warn(f"reboot gate: {one_line(exc)}; the reboot stays held")
+                warn(f"reboot gate: {shown(str(exc), ANNOTATION_SHOWN)}; the reboot stays held")
             stop.wait(self.settings.interval)
 
     # --- FLUO ------------------------------------------------------------------------------
@@ -227,7 +231,7 @@ class Gate:
         try:
             self.api.create(f"/api/v1/namespaces/{namespace}/events", event)
         except DriverError as exc:  # the annotation says it already
-            warn(f"reboot gate: cannot record the event: {one_line(exc)}")
+            warn(f"reboot gate: cannot record the event: {shown(str(exc), ANNOTATION_SHOWN)}")
 
 
 def _labels(node: Mapping[str, Any]) -> Mapping[str, str]:

@@ -1,17 +1,18 @@
 """One bounded HTTP exchange, for the Kubernetes API and the registries the gate asks.
 
-Each exchange (connect, send, every read of the answer) ends by one deadline, no read waits
-longer than the timeout, and an answer over its byte limit is refused. Redirects are not
-followed: neither the API server nor a registry's manifest endpoint sends one that the gate
-should follow. The answer is returned whatever its status; failures to exchange at all raise
-:class:`UnreachableError`, a :class:`~nvidia_driver.errors.DriverError` worth another try.
+Each exchange keeps the project's one deadline mechanism (:mod:`nvidia_driver.sources.exchange`):
+connect, TLS, the request, the status line, the headers and the body all end by one deadline,
+no operation waits longer than the timeout, and the response head is bounded in bytes; an
+answer whose body is over its byte limit is refused. Redirects are not followed: neither the
+API server nor a registry's manifest endpoint sends one that the gate should follow. The answer
+is returned whatever its status; failures to exchange at all raise :class:`UnreachableError`, a
+:class:`~nvidia_driver.errors.DriverError` worth another try.
 """
 
 from __future__ import annotations
 
 import email.utils
 import http.client
-import socket
 import ssl
 import time
 import urllib.parse
@@ -19,9 +20,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from nvidia_driver.errors import DriverError
-from nvidia_driver.gate.oneline import one_line
 from nvidia_driver.limits import MiB
+from nvidia_driver.safetext import ANNOTATION_SHOWN, shown
 from nvidia_driver.sources.download import Backoff
+from nvidia_driver.sources.exchange import (
+    Budget,
+    BudgetedHTTPConnection,
+    BudgetedHTTPSConnection,
+    ExchangeError,
+    PastDeadlineError,
+)
 
 USER_AGENT = "nvidia-driver-reboot-gate (Flatcar GPU driver container)"
 CHUNK = 64 * 1024
@@ -66,13 +74,14 @@ class Client:
         body: bytes | None = None,
     ) -> Response:
         parts = urllib.parse.urlsplit(url)
+        where = shown(url, ANNOTATION_SHOWN)  # the URL as the gate's lines show it
         if parts.scheme not in {"http", "https"} or not parts.hostname:
-            raise DriverError(f"cannot send to {one_line(url)}: only http and https URLs work")
-        ends = self.clock() + self.limits.deadline
+            raise DriverError(f"cannot send to {where}: only http and https URLs work")
+        budget = Budget(self.clock() + self.limits.deadline, self.limits.timeout, clock=self.clock)
         target = parts.path or "/"
         if parts.query:
             target += f"?{parts.query}"
-        connection = self._connection(parts, ends)
+        connection = self._connection(parts, budget)
         try:
             connection.putrequest(method, target, skip_accept_encoding=True)
             for name, value in {"User-Agent": USER_AGENT, **(headers or {})}.items():
@@ -80,64 +89,56 @@ class Client:
             if body is not None:
                 connection.putheader("Content-Length", str(len(body)))
             connection.endheaders(body)
-            # The answer is read from this socket, also once the connection lets go of it.
-            sock = connection.sock
-            self._pace(sock, url, ends)
             answer = connection.getresponse()
             names = {key.lower(): value for key, value in answer.getheaders()}
-            content = b"" if method == "HEAD" else self._read(answer, sock, url, ends)
+            content = b"" if method == "HEAD" else self._read(answer, where)
             return Response(answer.status, names, content)
+        except PastDeadlineError:
+            raise UnreachableError(
+                f"{where} did not answer within {self.limits.deadline:g} s"
+            ) from None
+        except ExchangeError as exc:  # the head over its bound: no server the gate asks
+            raise DriverError(
+                f"{method} {where} was answered with {exc}: not what the gate asked for"
+            ) from None
         except (OSError, http.client.HTTPException) as exc:
-            raise UnreachableError(f"{method} {one_line(url)} failed: {one_line(exc)}") from None
+            raise UnreachableError(
+                f"{method} {where} failed: {shown(str(exc), ANNOTATION_SHOWN)}"
+            ) from None
         except ValueError as exc:  # http.client refuses a URL or header it cannot send
-            raise DriverError(f"cannot send {method} {one_line(url)}: {one_line(exc)}") from None
+            raise DriverError(
+                f"cannot send {method} {where}: {shown(str(exc), ANNOTATION_SHOWN)}"
+            ) from None
         finally:
             connection.close()
 
     def _connection(
-        self, parts: urllib.parse.SplitResult, ends: float
+        self, parts: urllib.parse.SplitResult, budget: Budget
     ) -> http.client.HTTPConnection:
-        timeout = self._remaining(ends, parts.geturl())
         host, port = parts.hostname or "", parts.port
         if parts.scheme == "https":
             context = self.context or ssl.create_default_context()
-            return http.client.HTTPSConnection(host, port, timeout=timeout, context=context)
-        return http.client.HTTPConnection(host, port, timeout=timeout)
+            return BudgetedHTTPSConnection(host, budget=budget, port=port, context=context)
+        return BudgetedHTTPConnection(host, budget=budget, port=port)
 
-    def _remaining(self, ends: float, url: str) -> float:
-        remaining = ends - self.clock()
-        if remaining <= 0:
-            raise UnreachableError(
-                f"{one_line(url)} did not answer within {self.limits.deadline:g} s"
-            )
-        return min(self.limits.timeout, remaining)
-
-    def _pace(self, sock: object, url: str, ends: float) -> None:
-        """The socket's timeout for the next wait: the timeout, or what is left of the deadline."""
-        if isinstance(sock, socket.socket):
-            sock.settimeout(self._remaining(ends, url))
-
-    def _read(self, answer: http.client.HTTPResponse, sock: object, url: str, ends: float) -> bytes:
+    def _read(self, answer: http.client.HTTPResponse, where: str) -> bytes:
         length = answer.getheader("Content-Length")
         if length and length.isdigit() and int(length) > self.limits.max_bytes:
             raise DriverError(
-                f"{one_line(url)} answered {int(length)} bytes, over the limit of "
+                f"{where} answered {int(length)} bytes, over the limit of "
                 f"{self.limits.max_bytes}: not what the gate asked for"
             )
         chunks: list[bytes] = []
         size = 0
-        while True:
-            self._pace(sock, url, ends)
-            chunk = answer.read1(CHUNK)
-            if not chunk:
-                return b"".join(chunks)
+        while chunk := answer.read1(CHUNK):
             size += len(chunk)
             if size > self.limits.max_bytes:
                 raise DriverError(
-                    f"{one_line(url)} answered more than {self.limits.max_bytes} bytes: "
+                    f"{where} answered more than {self.limits.max_bytes} bytes: "
                     "not what the gate asked for"
                 )
             chunks.append(chunk)
+        return b"".join(chunks)
 
 
 def retryable(response: Response) -> bool:
@@ -161,16 +162,20 @@ def send_retried(
             continue
         if not retryable(response):
             return response
-        sleep(max(delay, _retry_after(response)))
+        asked = retry_after(response.header("Retry-After")) or 0.0
+        sleep(max(delay, min(asked, MAX_RETRY_AFTER)))
     return send()
 
 
-def _retry_after(response: Response) -> float:
-    value = response.header("Retry-After").strip()
-    if value.isdigit():
-        return min(float(value), MAX_RETRY_AFTER)
+def retry_after(value: str) -> float | None:
+    """The seconds a ``Retry-After`` value asks for (RFC 9110: ASCII digits, or an HTTP date),
+    never below 0; None when it is neither. Each client caps and defaults it its own way (the
+    tooling's registry client too)."""
+    value = value.strip()
+    if value.isascii() and value.isdigit():
+        return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
-        return 0.0
-    return max(0.0, min(when.timestamp() - time.time(), MAX_RETRY_AFTER))
+        return None
+    return max(0.0, when.timestamp() - time.time())

@@ -30,7 +30,7 @@ from nvidia_driver.gate.http import (
     UnreachableError,
     send_retried,
 )
-from nvidia_driver.gate.oneline import one_line
+from nvidia_driver.safetext import ANNOTATION_SHOWN, shown
 from nvidia_driver.sources.download import Backoff
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -63,16 +63,17 @@ class KubeAPI:
 
     def __post_init__(self) -> None:
         parts = urllib.parse.urlsplit(self.base_url)
+        url = shown(self.base_url, ANNOTATION_SHOWN)
         if parts.scheme not in {"http", "https"} or not parts.hostname:
             raise DriverError(
-                f"invalid Kubernetes API server URL {one_line(self.base_url)!r}: give https://"
-                f"host:port (or http://127.0.0.1:port for kubectl proxy) in {API_SERVER_ENV}"
+                f"invalid Kubernetes API server URL '{url}': give https://host:port (or "
+                f"http://127.0.0.1:port for kubectl proxy) in {API_SERVER_ENV}"
             )
         if parts.scheme == "http" and parts.hostname not in _LOOPBACK:
+            host = shown(parts.hostname, ANNOTATION_SHOWN)
             raise DriverError(
-                f"refusing plain http to the Kubernetes API at {one_line(parts.hostname)}: the "
-                "service account token would cross the network in clear; use https, or "
-                "kubectl proxy on 127.0.0.1"
+                f"refusing plain http to the Kubernetes API at {host}: the service account token "
+                "would cross the network in clear; use https, or kubectl proxy on 127.0.0.1"
             )
         self.base_url = self.base_url.rstrip("/")
 
@@ -172,9 +173,10 @@ class KubeAPI:
             with self.token_file.open("rb") as file:
                 token = file.read(_TOKEN_LIMIT).decode("ascii").strip()
         except (OSError, UnicodeDecodeError) as exc:
+            why = shown(str(exc), ANNOTATION_SHOWN)
             raise DriverError(
-                f"cannot read the service account token {self.token_file}: {one_line(exc)}; "
-                "check that the pod mounts its service account (automountServiceAccountToken)"
+                f"cannot read the service account token {self.token_file}: {why}; check that the "
+                "pod mounts its service account (automountServiceAccountToken)"
             ) from None
         return {"Authorization": f"Bearer {token}"} if token else {}
 
@@ -198,7 +200,7 @@ def _failure(response: Response, method: str, path: str) -> DriverError:
         pass
     line = f"Kubernetes API: {method} {path} answered {response.status}"
     if message:
-        line += f": {one_line(message, 200)}"
+        line += f": {shown(message)}"
     if response.status == _CONFLICT:
         return ConflictError(line)
     if response.status == _NOT_FOUND:

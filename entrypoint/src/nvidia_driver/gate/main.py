@@ -40,13 +40,13 @@ def make_gate(env: Mapping[str, str], manager: Manager, interval: float) -> Gate
     settings = Settings.from_env(env, manager, interval)
     api = KubeAPI.from_env(env)
     commands = Commands(dict(env))
-    sources = FlatcarReleases.from_env(commands, cache_dir(CACHE, env), work_dir(WORK, env), env)
+    releases = FlatcarReleases.from_env(commands, cache_dir(CACHE, env), work_dir(WORK, env), env)
     limits = DownloadLimits.from_env(env)
     feed = Downloader(dataclasses.replace(limits, deadline=min(limits.deadline, FEED_DEADLINE)))
     checker = Checker(
         api,
         Releases(releases_url_from_env(env), feed),
-        BuildImage(env.get("DRIVER_VERSION", "").strip(), commands, sources),
+        BuildImage(env.get("DRIVER_VERSION", "").strip(), commands, releases),
         operator_namespace=env.get("GPU_OPERATOR_NAMESPACE", "").strip() or OPERATOR_NAMESPACE,
     )
     return Gate(settings, api, checker)

@@ -29,7 +29,7 @@ from typing import Any
 
 from nvidia_driver.errors import DriverError
 from nvidia_driver.gate.kubeapi import KubeAPI, NotFoundError
-from nvidia_driver.gate.oneline import one_line
+from nvidia_driver.safetext import shown
 from nvidia_driver.sources.gpuoperator import (
     DIGEST_PREFIX,
     OS_ID,
@@ -169,7 +169,7 @@ def driver_spec(api: KubeAPI, node: Mapping[str, Any]) -> DriverSpec | str:
     if not policies:
         return "no ClusterPolicy: the GPU Operator installs no driver"
     policy = min(policies, key=lambda p: str(p.get("metadata", {}).get("creationTimestamp", "")))
-    name = one_line(policy.get("metadata", {}).get("name", "?"), 100)
+    name = shown(str(policy.get("metadata", {}).get("name", "?")), 100)
     driver = policy.get("spec", {}).get("driver", {})
     if not isinstance(driver, Mapping):
         driver = {}
@@ -201,7 +201,7 @@ def _nvidia_driver_spec(api: KubeAPI, node: Mapping[str, Any]) -> DriverSpec | s
             resources = [api.get(f"{NVIDIA_DRIVERS}/{owner}")]
         except NotFoundError:
             return (
-                f"the node's {DRIVER_OWNER} label names NVIDIADriver {one_line(owner, 100)}, "
+                f"the node's {DRIVER_OWNER} label names NVIDIADriver {shown(owner, 100)}, "
                 "which does not exist: the Operator installs no driver here"
             )
     else:  # Operators before the owner label: the resources whose nodeSelector takes the node
@@ -213,13 +213,15 @@ def _nvidia_driver_spec(api: KubeAPI, node: Mapping[str, Any]) -> DriverSpec | s
     if not resources:
         return "no NVIDIADriver selects this node: the GPU Operator installs no driver here"
     if len(resources) > 1:
-        names = ", ".join(one_line(r.get("metadata", {}).get("name", "?"), 60) for r in resources)
+        names = ", ".join(shown(str(r.get("metadata", {}).get("name", "?")), 60) for r in resources)
         raise DriverError(f"NVIDIADrivers {names} all select this node: the Operator refuses that")
     resource = resources[0]
     spec = resource.get("spec", {})
-    name = one_line(resource.get("metadata", {}).get("name", "?"), 100)
+    name = shown(str(resource.get("metadata", {}).get("name", "?")), 100)
     if spec.get("driverType", "gpu") != "gpu":
-        return f"NVIDIADriver {name} is driverType {one_line(spec.get('driverType'), 40)}, not gpu"
+        return (
+            f"NVIDIADriver {name} is driverType {shown(str(spec.get('driverType')), 40)}, not gpu"
+        )
     return _spec(f"NVIDIADriver {name}", spec, per_pool=True)
 
 

@@ -10,6 +10,9 @@ otherwise, which public images need), a ``Basic`` one sends the credentials them
 Registries on 127.0.0.1, ::1 or localhost are spoken to over plain http, all others over https,
 as gdc.registry does. Credentials come from the GPU Operator's pull secrets (docker config
 JSON, as ``kubectl create secret docker-registry`` writes it).
+
+The media types, the challenge's reading and the docker config's credentials are the
+project's one definition of them: gdc.registry, the tooling's client, takes them from here.
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ from typing import Any
 from nvidia_driver.errors import DriverError
 from nvidia_driver.gate.http import Client, Limits, Response, UnreachableError
 from nvidia_driver.gate.http import send_retried as _send_retried
-from nvidia_driver.gate.oneline import one_line
 from nvidia_driver.limits import MiB
+from nvidia_driver.safetext import ANNOTATION_SHOWN, shown
 from nvidia_driver.sources.download import Backoff
 from nvidia_driver.sources.gpuoperator import DIGEST, REPOSITORY, TAG
 
@@ -47,7 +50,7 @@ DOCKER_HUB = "docker.io"
 _DOCKER_HUB_API = "registry-1.docker.io"  # where docker.io's API is
 _DOCKER_HUB_KEYS = ("https://index.docker.io/v1/", "index.docker.io", "docker.io")
 _PLAIN_HTTP = frozenset({"127.0.0.1", "localhost", "::1"})
-_CHALLENGE = re.compile(r'(\w+)="([^"]*)"')
+_CHALLENGE_PARAM = re.compile(r'(\w+)="([^"]*)"')
 _NOT_FOUND, _UNAUTHORIZED = 404, 401
 _OK = range(200, 300)
 
@@ -62,6 +65,11 @@ class Presence(Enum):
 class Credentials:
     username: str
     password: str
+
+    @property
+    def basic(self) -> str:
+        """The ``Authorization`` header's value for a ``Basic`` challenge."""
+        return "Basic " + base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
 
 
 @dataclass(frozen=True)
@@ -83,8 +91,8 @@ class ImageRef:
         valid = TAG.fullmatch(reference) or DIGEST.fullmatch(reference)
         if not (valid and REPOSITORY.fullmatch(f"{host}/{name}")):
             raise DriverError(
-                f"{one_line(text)!r} is not an image reference the Operator could pull (the "
-                "OCI reference grammar): check the policy's repository, image and version"
+                f"'{shown(text, ANNOTATION_SHOWN)}' is not an image reference the Operator could "
+                "pull (the OCI reference grammar): check the policy's repository, image and version"
             )
         return cls(host, name, reference)
 
@@ -112,14 +120,26 @@ def plain_http(host: str) -> bool:
     return (urllib.parse.urlsplit(f"//{host}").hostname or "") in _PLAIN_HTTP
 
 
+def parse_challenge(header: str) -> tuple[str, dict[str, str]]:
+    """A ``WWW-Authenticate`` header's scheme (lower-cased) and parameters:
+    ``Bearer realm="...",service="...",scope="..."`` -> ``("bearer", {"realm": ...})``."""
+    scheme, _, params = header.partition(" ")
+    return scheme.lower(), dict(_CHALLENGE_PARAM.findall(params))
+
+
 def credentials_from_docker_config(document: Mapping[str, Any]) -> dict[str, Credentials]:
-    """host -> credentials from a docker config (``{"auths": {...}}``, or a .dockercfg's map)."""
+    """host -> credentials from a docker config (``{"auths": {...}}``, or a .dockercfg's map).
+
+    A host's own key (``ghcr.io``) wins over its URL forms (``https://ghcr.io``).
+    """
     auths = document.get("auths", document)
     found: dict[str, Credentials] = {}
     if not isinstance(auths, Mapping):
         return found
-    for key, entry in auths.items():
-        if not isinstance(entry, Mapping) or not isinstance(key, str):
+    keys = [key for key in auths if isinstance(key, str)]
+    for key in sorted(keys, key=lambda key: "://" not in key):  # a host's own key last: it wins
+        entry = auths[key]
+        if not isinstance(entry, Mapping):
             continue
         username, password = entry.get("username"), entry.get("password")
         encoded = entry.get("auth")
@@ -172,7 +192,7 @@ class Registry:
             )
             return Presence.PUBLISHED if listed else Presence.NO_ARCH
         digest = manifest.get("config", {}).get("digest", "")
-        if not isinstance(digest, str) or not digest.startswith("sha256:"):
+        if not isinstance(digest, str) or not DIGEST.fullmatch(digest):  # it goes into a URL
             raise DriverError(f"{image}: the manifest names no config blob")
         config = _json(self._get(image, f"blobs/{digest}", "*/*"), image)
         return Presence.PUBLISHED if config.get("architecture") == arch else Presence.NO_ARCH
@@ -204,22 +224,22 @@ class Registry:
 
     def _authorize(self, image: ImageRef, challenge: Response, scheme: str) -> str:
         header = challenge.header("WWW-Authenticate")
-        kind, _, params = header.partition(" ")
-        fields = dict(_CHALLENGE.findall(params))
+        kind, fields = parse_challenge(header)
         credentials = self.credentials.get(image.host)
-        basic = ""
-        if credentials is not None:
-            pair = f"{credentials.username}:{credentials.password}".encode()
-            basic = "Basic " + base64.b64encode(pair).decode()
-        if kind.lower() == "basic":
+        basic = "" if credentials is None else credentials.basic
+        if kind == "basic":
             if not basic:
                 raise DriverError(f"{image}: the registry wants credentials: {_SET_PULL_SECRETS}")
             return basic
         realm = fields.get("realm", "")
-        if kind.lower() != "bearer" or not realm:
-            raise DriverError(f"{image}: the registry's challenge {one_line(header)!r} is unknown")
+        if kind != "bearer" or not realm:
+            raise DriverError(
+                f"{image}: the registry's challenge '{shown(header, ANNOTATION_SHOWN)}' is unknown"
+            )
         if urllib.parse.urlsplit(realm).scheme != scheme and not plain_http(image.api_host):
-            raise DriverError(f"{image}: refusing the token realm {one_line(realm)}: not https")
+            raise DriverError(
+                f"{image}: refusing the token realm {shown(realm, ANNOTATION_SHOWN)}: not https"
+            )
         query = {"service": fields.get("service", "")}
         query["scope"] = fields.get("scope") or f"repository:{image.name}:pull"
         url = f"{realm}?{urllib.parse.urlencode(query)}"
@@ -261,4 +281,4 @@ def _errors(response: Response) -> str:
         text = f"{first.get('code', '')} {first.get('message', '')}".strip()
     except (ValueError, AttributeError):
         return ""
-    return f": {one_line(text, 120)}" if text else ""
+    return f": {shown(text, 120)}" if text else ""

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats import dbus
-from nvidia_driver.gate.oneline import one_line
+from nvidia_driver.safetext import shown
 
 SYSTEM_BUS = Path("/run/dbus/system_bus_socket")
 SERVICE = "com.coreos.update1"
@@ -97,7 +97,7 @@ class _Connection:
             if message.reply_serial != self.serial:
                 continue  # a signal (NameAcquired) or another reply
             if message.kind == dbus.ERROR:
-                raise _failure(f"{member} failed: {one_line(message.error_name, 120)}")
+                raise _failure(f"{member} failed: {shown(message.error_name, 120)}")
             return message
         raise _failure(f"no reply to {member} among {_MESSAGES_LIMIT} messages")
 
@@ -116,17 +116,17 @@ def read_status(bus: Path = SYSTEM_BUS, timeout: float = 10.0) -> Status:
     try:
         connection = _Connection(bus, timeout)
     except OSError as exc:
-        raise _failure(f"{bus}: {one_line(exc.strerror or exc, 120)}") from None
+        raise _failure(f"{bus}: {shown(str(exc.strerror or exc), 120)}") from None
     try:
         connection.sock.sendall(b"\0")
         answer = connection.auth_line(f"AUTH EXTERNAL {str(os.getuid()).encode().hex()}")
         if not answer.startswith("OK "):
-            raise _failure(f"the bus refused EXTERNAL authentication ({one_line(answer, 80)})")
+            raise _failure(f"the bus refused EXTERNAL authentication ({shown(answer, 80)})")
         connection.sock.sendall(b"BEGIN\r\n")
         connection.call(_BUS[0], _BUS[1], _BUS[2], "Hello")
         reply = connection.call(SERVICE, OBJECT, INTERFACE, "GetStatus")
     except OSError as exc:
-        raise _failure(one_line(exc, 160)) from None
+        raise _failure(shown(str(exc), 160)) from None
     finally:
         connection.sock.close()
     body = reply.body

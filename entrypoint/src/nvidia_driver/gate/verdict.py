@@ -27,7 +27,6 @@ from typing import Any
 from nvidia_driver.errors import DriverError
 from nvidia_driver.gate.buildcheck import BuildImage, Outcome
 from nvidia_driver.gate.kubeapi import KubeAPI
-from nvidia_driver.gate.oneline import one_line
 from nvidia_driver.gate.operator import DriverSpec as Spec
 from nvidia_driver.gate.operator import GPUNode, Kind, Wanted, driver_spec, gpu_nodes, wanted_images
 from nvidia_driver.gate.registry import (
@@ -38,6 +37,7 @@ from nvidia_driver.gate.registry import (
     credentials_from_docker_config,
 )
 from nvidia_driver.limits import MiB
+from nvidia_driver.safetext import ANNOTATION_SHOWN, shown
 from nvidia_driver.sources.download import Downloader
 from nvidia_driver.sources.flatcar import FlatcarVersion, Release, parse_releases
 
@@ -57,11 +57,11 @@ class Verdict:
 
 def held(line: str) -> Verdict:
     """A held verdict; its line is made one line here, whatever the cluster put in it."""
-    return Verdict(allowed=False, line=one_line(line))
+    return Verdict(allowed=False, line=shown(line, ANNOTATION_SHOWN))
 
 
 def allowed(line: str) -> Verdict:
-    return Verdict(allowed=True, line=one_line(line))
+    return Verdict(allowed=True, line=shown(line, ANNOTATION_SHOWN))
 
 
 @dataclass
@@ -91,14 +91,14 @@ class Checker:
         try:
             version = FlatcarVersion.parse(staged)
         except DriverError:
-            return held(f"the staged release {one_line(staged, 60)!r} is not a Flatcar version: "
+            return held(f"the staged release '{shown(staged, 60)}' is not a Flatcar version: "
                         "cannot tell which image it needs")  # fmt: skip
         prefix = f"flatcar {version}"
         try:
             return self._verdict(node, version, prefix)
         except DriverError as exc:
             return held(f"{prefix}: cannot check its driver image: "
-                        f"{one_line(exc)}")  # fmt: skip
+                        f"{shown(str(exc), ANNOTATION_SHOWN)}")  # fmt: skip
 
     def _verdict(self, node: Mapping[str, Any], version: FlatcarVersion, prefix: str) -> Verdict:
         spec = driver_spec(self.api, node)
@@ -106,7 +106,7 @@ class Checker:
             return allowed(f"{prefix}: {spec}")
         release = self.releases.find(version)
         if release is None:
-            feed = one_line(self.releases.url, 120)
+            feed = shown(self.releases.url, 120)
             return held(f"{prefix}: not in Flatcar's releases feed ({feed}) yet, so its kernel "
                         "is unknown")  # fmt: skip
         metadata, info = node.get("metadata", {}), node.get("status", {}).get("nodeInfo", {})
@@ -151,16 +151,16 @@ class Checker:
         if spec.kind is Kind.BUILD and spec.driver != own:
             return Outcome(
                 problem=f"the gate runs the build image of driver {own or 'none'}, the "
-                f"{spec.source} names {one_line(spec.driver or spec.version, 60)}: run the "
+                f"{spec.source} names {shown(spec.driver or spec.version, 60)}: run the "
                 "gate from the cluster's build image so it can check that image's compilers"
             )
         driver = spec.driver or own  # a digest: the gate's own image, as the docs require
         if not driver:
             return Outcome(problem="the gate runs in no build image (no DRIVER_VERSION), so it "
                                    "cannot check a runtime build")  # fmt: skip
-        sources = self.build.sources_build(driver, version, arch, kernel)
-        if sources.problem or not runs_build_image:
-            return sources
+        outcome = self.build.sources_build(driver, version, arch, kernel)
+        if outcome.problem or not runs_build_image:
+            return outcome
         return self.build.compilers(version, arch)
 
     def _credentials(self, spec: Spec) -> dict[str, Credentials]:
@@ -174,7 +174,7 @@ class Checker:
                 document = json.loads(base64.b64decode(encoded))
             except (binascii.Error, ValueError):
                 raise DriverError(
-                    f"pull secret {one_line(name, 60)} holds no docker config JSON"
+                    f"pull secret {shown(name, 60)} holds no docker config JSON"
                 ) from None
             if isinstance(document, dict):
                 found.update(credentials_from_docker_config(document))

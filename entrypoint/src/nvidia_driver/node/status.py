@@ -14,6 +14,7 @@ from nvidia_driver.node.lifecycle import Context, node_target
 from nvidia_driver.node.moduletype import resolve_module_type
 from nvidia_driver.node.rootfs import is_mounted
 from nvidia_driver.paths import FABRICMANAGER_CONFIG, NVLSM_BINARY, NVLSM_CONFIG, Paths
+from nvidia_driver.safetext import shown
 
 
 def _row(label: str, value: str) -> None:
@@ -21,7 +22,8 @@ def _row(label: str, value: str) -> None:
 
 
 def _file(paths: Paths, absolute: str) -> str:
-    return f"{absolute} ({'present' if paths(absolute).exists() else 'missing'})"
+    """A host path and whether it exists; shown escaped (a config value may name it)."""
+    return f"{shown(absolute)} ({'present' if paths(absolute).exists() else 'missing'})"
 
 
 def _fabric_rows(paths: Paths) -> None:
@@ -39,7 +41,9 @@ def _fabric_rows(paths: Paths) -> None:
 
 def print_status(ctx: Context, env: Mapping[str, str]) -> int:
     facts = read_host_facts(ctx.paths)
-    _row("Host", f"{facts.pretty_name} (VERSION_ID {facts.version_id or 'unknown'})")
+    # os-release is the host's file, not the kernel's words: shown escaped.
+    host = shown(facts.pretty_name)
+    _row("Host", f"{host} (VERSION_ID {shown(facts.version_id) or 'unknown'})")
     _row("Kernel", facts.kernel_release)
     _row("Kernel banner", facts.proc_version)
     gpus = ", ".join(gpu.describe() for gpu in facts.gpus) or "none"

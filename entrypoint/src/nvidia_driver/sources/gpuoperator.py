@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 
+from nvidia_driver.digests import SHA256_HEX
 from nvidia_driver.sources.flatcar import FlatcarVersion
 
 OS_ID = "flatcar"  # /etc/os-release ID, as NFD's system-os_release.ID label carries it
@@ -36,7 +37,7 @@ _HOST = rf"(?:{_DOMAIN}(?:\.{_DOMAIN})*|\[[0-9a-fA-F:]+\])(?::[0-9]+)?"
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 REPOSITORY = re.compile(rf"(?:{_HOST}/)?{_COMPONENT}(?:/{_COMPONENT})*")
 TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
-DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+DIGEST = re.compile(f"sha256:{SHA256_HEX.pattern}")
 
 
 def os_tag(flatcar_version: str) -> str:

@@ -26,6 +26,7 @@ from nvidia_driver.atomic import replacing
 from nvidia_driver.digests import digest_list, valid_sha256
 from nvidia_driver.errors import DriverError
 from nvidia_driver.log import say
+from nvidia_driver.safetext import check
 
 REDIST_ARCH = {"amd64": "x86_64", "arm64": "sbsa"}
 TRIPLET = {"amd64": "x86_64-linux-gnu", "arm64": "aarch64-linux-gnu"}
@@ -38,6 +39,7 @@ NVLSM_HOME = "opt/nvidia/nvlsm"
 NVLSM_CONFIG_DIR = "usr/share/nvidia/nvlsm"
 
 Rule = tuple[str, str | None]  # (archive path prefix, destination prefix; None: not installed)
+_NOT_NVIDIAS = "the manifest is not NVIDIA's; check FABRICMANAGER_BASE_URL"
 
 
 @dataclass(frozen=True)
@@ -179,13 +181,16 @@ def listed_archives(manifest: Mapping[str, Any], arch: str, version: str) -> lis
             say(f"Skipping {component.title}: redistrib_{version}.json lists none for "
                 f"{platform} ({component.missing})")  # fmt: skip
             continue
-        listed_version = str(entry.get("version", ""))
+        # Both reach log lines (NVLSM's version is its own, not the driver's checked one).
+        listed = f"redistrib_{version}.json's {component.key}"
+        listed_version = check(str(entry.get("version", "")), f"{listed} version", _NOT_NVIDIAS)
+        relative_path = str(files.get("relative_path", ""))
+        check(relative_path, f"{listed} relative_path", _NOT_NVIDIAS)
         if component.driver_version and listed_version != version:
             raise DriverError(
                 f"redistrib_{version}.json has {component.key} {listed_version}, not {version}: "
                 f"the {component.title} must match the driver exactly"
             )
-        relative_path = str(files.get("relative_path", ""))
         _safe_relative(relative_path, f"{component.key} relative_path")
         sha256 = valid_sha256(str(files.get("sha256", "")), f"{component.key} {platform} sha256")
         archives.append(Archive(component, listed_version, relative_path, sha256))
