@@ -120,10 +120,9 @@ def test_releases_json_lists_the_test_release_as_current_stable(
     assert feed["current"] == feed["9999.2.0"]
     assert feed["9999.2.0"]["channel"] == "stable"
     assert feed["9999.2.0"]["major_software"]["kernel"] == [TEST_RELEASE.kernel.upstream_version]
-    assert feed["4593.2.5"]["major_software"]["kernel"] == ["6.12.102"]
-    assert feed["current-2024"]["channel"] == "lts"
+    assert set(feed) == {"9999.2.0", "current"}  # the test release alone (fixtures/flatcar.py)
     beta = json.loads(fetch(f"{flatcar_release_server.url}/releases-json/releases-beta.json"))
-    assert beta["current"] == beta["4757.1.0"]
+    assert beta == {}
 
 
 def test_vmlinuz_and_config_are_the_debian_kernels(
