@@ -200,6 +200,11 @@ class DeadlineSocket:
         if self._closed and self._readers <= 0:
             self._socket.close()
 
+    def abort(self) -> None:
+        """Close the connection now, whatever readers of it are still open."""
+        self._closed = True
+        self._socket.close()
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._socket, name)
 
@@ -245,6 +250,17 @@ class BudgetedHTTPConnection(http.client.HTTPConnection):
         # What http.client's connect() opens its socket with: a proxy's CONNECT answer, and
         # everything after it, is read through the budget's socket then.
         self._create_connection = self._connect
+
+    def connect(self) -> None:
+        try:
+            super().connect()
+        except BaseException:
+            # A connect that fails hands out no response, but http.client leaves the reader of
+            # a proxy's CONNECT answer open: without this, the socket would stay open until the
+            # garbage collector found that reader.
+            if isinstance(self.sock, DeadlineSocket):
+                self.sock.abort()
+            raise
 
     def getresponse(self) -> http.client.HTTPResponse:
         self.budget.reading_head()
