@@ -1,4 +1,8 @@
-"""An OCI registry on 127.0.0.1 for the publish and sign tests: manifests, config blobs, tags.
+"""An OCI registry on 127.0.0.1 for the publish and sign tests: manifests, blobs, tags, uploads.
+
+Blobs are uploaded as the distribution spec's monolithic upload has it: a POST to
+``/v2/<name>/blobs/uploads/`` for a location, then a PUT of the bytes there with ``?digest=``,
+refused (400 DIGEST_INVALID) when the bytes are not that digest's.
 
 Optional ghcr.io-style token auth: a 401 with a Bearer challenge, a token endpoint that checks
 basic credentials and hands out a token for the scope asked. ``status`` answers every /v2
@@ -8,8 +12,11 @@ request with that HTTP status instead (a broken registry).
 from __future__ import annotations
 
 import base64
+import gzip
 import hashlib
+import io
 import json
+import tarfile
 import threading
 import urllib.parse
 from dataclasses import dataclass, field
@@ -21,6 +28,20 @@ from local_server import LocalServer
 INDEX = "application/vnd.oci.image.index.v1+json"
 IMAGE = "application/vnd.oci.image.manifest.v1+json"
 CONFIG = "application/vnd.oci.image.config.v1+json"
+DOCKER_IMAGE = "application/vnd.docker.distribution.manifest.v2+json"
+DOCKER_CONFIG = "application/vnd.docker.container.image.v1+json"
+DOCKER_GZIP = "application/vnd.docker.image.rootfs.diff.tar.gzip"
+
+
+def tar_layer(files: dict[str, bytes]) -> bytes:
+    """A real layer: a tar of files (path -> content), as a build step would make it."""
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path, content in sorted(files.items()):
+            member = tarfile.TarInfo(path)
+            member.size, member.mtime, member.mode = len(content), 1_700_000_000, 0o644
+            tar.addfile(member, io.BytesIO(content))
+    return data.getvalue()
 
 
 def digest_of(body: bytes) -> str:
@@ -46,6 +67,7 @@ class OCIRegistry(LocalServer):
 
     thread_name = "oci-registry"
     keep_alive = True
+    methods = ("GET", "HEAD", "PUT", "POST")
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -85,6 +107,35 @@ class OCIRegistry(LocalServer):
         body = json.dumps({"schemaVersion": 2, "mediaType": INDEX, "manifests": platforms})
         return self.put(name, tags, INDEX, body.encode())
 
+    def add_layered_image(self, name: str, tags: list[str], layers: list[bytes], *,
+                          arch: str = "amd64", labels: dict[str, str] | None = None,
+                          media_type: str = DOCKER_GZIP, docker: bool = True,
+                          diff_ids: list[str] | None = None) -> str:  # fmt: skip
+        """An image of tar layers, each stored gzip-compressed (media_type says so; another
+        type stores the tar as it is), as dockerd pushes one; its manifest's digest.
+
+        diff_ids: what the config says (default: the tars' digests, as it should)."""
+        config = json.dumps({
+            "os": "linux", "architecture": arch, "config": {"Labels": labels or {}},
+            "rootfs": {"type": "layers",
+                       "diff_ids": diff_ids or [digest_of(layer) for layer in layers]},
+        }).encode()  # fmt: skip
+        self.blobs[digest_of(config)] = config
+        descriptors = []
+        for layer in layers:
+            blob = gzip.compress(layer, mtime=0) if media_type.endswith("gzip") else layer
+            self.blobs[digest_of(blob)] = blob
+            descriptors.append({"mediaType": media_type, "digest": digest_of(blob),
+                                "size": len(blob)})  # fmt: skip
+        manifest_type, config_type = (DOCKER_IMAGE, DOCKER_CONFIG) if docker else (IMAGE, CONFIG)
+        manifest = json.dumps({
+            "schemaVersion": 2, "mediaType": manifest_type,
+            "config": {"mediaType": config_type, "digest": digest_of(config),
+                       "size": len(config)},
+            "layers": descriptors,
+        }).encode()  # fmt: skip
+        return self.put(name, tags, manifest_type, manifest)
+
     def tags(self, name: str) -> dict[str, str]:
         """tag -> digest."""
         return {
@@ -117,12 +168,14 @@ class OCIRegistry(LocalServer):
             _send(handler, self.status, down, head=head)
             return
         name, kind, reference = _split(url.path)
-        actions = "pull,push" if method == "PUT" else "pull"
+        actions = "pull,push" if method in {"PUT", "POST"} else "pull"
         if self.username and not self._authorized(handler, name, method):
             realm = f"http://{self.host}/token"
             challenge = f'Bearer realm="{realm}",service="fake",scope="repository:{name}:{actions}"'
             headers = {"WWW-Authenticate": challenge}
             _send(handler, HTTPStatus.UNAUTHORIZED, b"{}", headers, head=head)
+        elif kind == "blobs" and reference.startswith("uploads/"):
+            self._upload(handler, name, url, body)
         elif kind == "blobs":
             blob = self.blobs.get(reference)
             status = HTTPStatus.OK if blob else HTTPStatus.NOT_FOUND
@@ -140,10 +193,25 @@ class OCIRegistry(LocalServer):
                        "Docker-Content-Digest": digest_of(stored.body)}  # fmt: skip
             _send(handler, HTTPStatus.OK, stored.body, headers, head=head)
 
+    def _upload(self, handler: BaseHTTPRequestHandler, name: str, url: urllib.parse.SplitResult,
+                body: bytes) -> None:  # fmt: skip
+        if handler.command == "POST":
+            with self._lock:
+                number = len(self.log)
+            location = f"/v2/{name}/blobs/uploads/{number}?_state=s{number}"
+            _send(handler, HTTPStatus.ACCEPTED, b"", {"Location": location})
+            return
+        digest = urllib.parse.parse_qs(url.query).get("digest", [""])[0]
+        if handler.command != "PUT" or digest != digest_of(body):
+            _send(handler, HTTPStatus.BAD_REQUEST, b'{"errors":[{"code":"DIGEST_INVALID"}]}')
+            return
+        self.blobs[digest] = body
+        _send(handler, HTTPStatus.CREATED, b"", {"Docker-Content-Digest": digest})
+
     def _authorized(self, handler: BaseHTTPRequestHandler, name: str, method: str) -> bool:
         header = handler.headers.get("Authorization", "")
         scope = header.removeprefix("Bearer token:")
-        wanted = "push" if method == "PUT" else "pull"
+        wanted = "push" if method in {"PUT", "POST"} else "pull"
         repository, _, actions = scope.removeprefix("repository:").rpartition(":")
         return header.startswith("Bearer ") and repository == name and wanted in actions
 

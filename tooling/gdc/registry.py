@@ -1,4 +1,5 @@
-"""A small OCI distribution API client (through ``requests``): which tags exist, and tag copies.
+"""A small OCI distribution API client (through ``requests``): which tags exist, tag copies, and
+blobs, down and up (:mod:`gdc.compression` rewrites layers with them).
 
 Registries on 127.0.0.1 or localhost are spoken to over plain http, all others over https.
 Answers 429 and 5xx are retried, a bounded number of times with exponential backoff, honouring
@@ -17,23 +18,33 @@ scope, for ``Basic`` it sends the credentials. Credentials, first found wins:
    as the reboot gate reads a pull secret (``nvidia_driver.gate.registry``);
 3. for ghcr.io, ``GITHUB_TOKEN`` (user ``$GITHUB_ACTOR``);
 4. none: anonymous tokens, enough to read public images.
+
+Blobs move through a session of their own, whose deadline (:data:`BLOB_DEADLINE_SECONDS`) fits a
+layer of gigabytes; a download is bounded by the size its descriptor gives and checked against
+its digest before anyone reads it. An upload is monolithic (a POST for a location, one PUT of the
+bytes with their digest); the registry's credentials go only to a location on the registry
+itself.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
 import re
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import requests
+import urllib3.exceptions
 
-from gdc.transport import deadline_session
+from gdc.transport import Limits, deadline_session
 from nvidia_driver.gate.http import retry_after
 from nvidia_driver.gate.registry import ACCEPT as MANIFEST_ACCEPT
 from nvidia_driver.gate.registry import (
@@ -43,6 +54,7 @@ from nvidia_driver.gate.registry import (
     parse_challenge,
 )
 from nvidia_driver.safetext import shown
+from nvidia_driver.sources.exchange import ExchangeError
 
 TIMEOUT_SECONDS = 60
 RETRIES = 4  # after the first attempt: 1 + 2 + 4 + 8 s of backoff at most, Retry-After aside
@@ -50,6 +62,9 @@ BACKOFF_SECONDS = 1.0
 MAX_RETRY_AFTER_SECONDS = 60.0
 RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})
 PLAIN_HTTP_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]"})
+BLOB_DEADLINE_SECONDS = 3600.0  # one blob, down or up: a precompiled image's layer is ~1 GB
+CHUNK_BYTES = 1 << 20
+SHA256_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _PORT = re.compile(r":[0-9]+$")
 _HOST = re.compile(r"[^/]*[.:][^/]*|localhost")
 _NOT_FOUND = 404
@@ -168,6 +183,7 @@ class Registry:
         *,
         credentials: Credentials | None = None,
         session: requests.Session | None = None,
+        blob_session: requests.Session | None = None,
         retries: int = RETRIES,
         sleep: Callable[[float], None] = time.sleep,
         retry_budget: float = math.inf,
@@ -176,6 +192,10 @@ class Registry:
         self.base_url = f"{'http' if plain_http(host) else 'https'}://{host}"
         self.credentials = credentials
         self.session = session or deadline_session()  # each request within one deadline
+        # Blobs: a longer deadline, the same session when one is given (tests, adapters).
+        self.blob_session = (
+            blob_session or session or deadline_session(Limits(deadline=BLOB_DEADLINE_SECONDS))
+        )
         self.retries = retries
         self.sleep = sleep
         self.budget = RetryBudget(retry_budget)  # the caller may replace it (per image)
@@ -243,28 +263,100 @@ class Registry:
         self._check(response, "PUT", name, tag)
         return response.headers.get("Docker-Content-Digest") or manifest.digest
 
+    def blob_exists(self, name: str, digest: str) -> bool:
+        """Whether the registry has blob digest in name (a HEAD)."""
+        response = self._send("HEAD", name, f"blobs/{_checked(digest)}", "pull")
+        if response.status_code == _NOT_FOUND:
+            return False
+        self._check(response, "HEAD", name, digest)
+        return True
+
+    def fetch_blob(self, name: str, digest: str, size: int, destination: Path) -> None:
+        """Write blob digest of name to destination: at most size bytes, streamed, its size and
+        SHA-256 checked before this returns (a mismatch leaves no file)."""
+        _checked(digest)
+        response = self._send("GET", name, f"blobs/{digest}", "pull", stream=True,
+                              session=self.blob_session)  # fmt: skip
+        with closing(response):
+            self._check(response, "GET", name, digest)
+            hasher, count = hashlib.sha256(), 0
+            try:
+                with destination.open("wb") as out:
+                    for chunk in response.raw.stream(CHUNK_BYTES, decode_content=False):
+                        count += len(chunk)
+                        if count > size:
+                            break
+                        hasher.update(chunk)
+                        out.write(chunk)
+            except (requests.RequestException, urllib3.exceptions.HTTPError, ExchangeError,
+                    OSError) as exc:  # fmt: skip
+                destination.unlink(missing_ok=True)
+                raise RegistryError(f"the registry {self.host} broke off blob {digest} of {name} "
+                                    f"({_first_line(exc)}): retry") from None  # fmt: skip
+        found = "sha256:" + hasher.hexdigest()
+        if count != size or found != digest:
+            destination.unlink(missing_ok=True)
+            got = f"more than {size} bytes" if count > size else f"{count} bytes, {found}"
+            raise RegistryError(f"the registry {self.host} sent {got} for blob {digest} of "
+                                f"{name} ({size} bytes): refused, nothing read from it; the "
+                                "registry's copy is damaged or not what its manifest "
+                                "names")  # fmt: skip
+
+    def upload_blob(self, name: str, path: Path, digest: str) -> None:
+        """Upload the file path as blob digest of name: POST for a location, then one PUT."""
+        _checked(digest)
+        started = self._send("POST", name, "blobs/uploads/", "pull,push",
+                             headers={"Content-Length": "0"})  # fmt: skip
+        self._check(started, "POST", name, "blobs/uploads/")
+        location = started.headers.get("Location", "")
+        if not location:
+            raise RegistryError(f"the registry {self.host} started an upload to {name} but gave "
+                                "no Location: check the registry")  # fmt: skip
+        url = urllib.parse.urljoin(f"{self.base_url}/v2/{name}/blobs/uploads/", location)
+        url += f"{'&' if urllib.parse.urlsplit(url).query else '?'}digest={digest}"
+        with path.open("rb") as body:
+            response = self._send("PUT", name, "", "pull,push", url=url, data=body,
+                                  headers={"Content-Type": "application/octet-stream",
+                                           "Content-Length": str(path.stat().st_size)},
+                                  session=self.blob_session)  # fmt: skip
+        self._check(response, "PUT", name, digest)
+
     # --- transport and auth ----------------------------------------------------------------
 
     def _send(
-        self, method: str, name: str, path: str, actions: str, **kwargs: Any
+        self, method: str, name: str, path: str, actions: str, *, url: str = "", **kwargs: Any
     ) -> requests.Response:
-        url = f"{self.base_url}/v2/{name}/{path}"
+        """One request to /v2/<name>/<path>, or to url (an upload's location). The credentials
+        go to this registry only: a location on another host is sent none."""
+        url = url or f"{self.base_url}/v2/{name}/{path}"
+        ours = urllib.parse.urlsplit(url).netloc == urllib.parse.urlsplit(self.base_url).netloc
         headers = {"Accept": MANIFEST_ACCEPT, **kwargs.pop("headers", {})}
         key = f"{name}:{actions}"
-        response = self._request(method, url, headers=self._with_auth(headers, key), **kwargs)
-        if response.status_code == _UNAUTHORIZED:
+        response = self._request(method, url, headers=self._with_auth(headers, key, ours),
+                                 **kwargs)  # fmt: skip
+        if response.status_code == _UNAUTHORIZED and ours:
+            response.close()
             self._auth[key] = self._authorize(response, name, actions)
             response = self._request(method, url, headers=self._with_auth(headers, key), **kwargs)
         return response
 
-    def _with_auth(self, headers: dict[str, str], key: str) -> dict[str, str]:
-        return {**headers, "Authorization": self._auth[key]} if key in self._auth else headers
+    def _with_auth(self, headers: dict[str, str], key: str, ours: bool = True) -> dict[str, str]:
+        if ours and key in self._auth:
+            return {**headers, "Authorization": self._auth[key]}
+        return headers
 
-    def _request(self, method: str, url: str, **kwargs: Any) -> requests.Response:
+    def _request(
+        self, method: str, url: str, *, session: requests.Session | None = None, **kwargs: Any
+    ) -> requests.Response:
+        body = kwargs.get("data")
         for attempt in range(self.retries + 1):
             self.requests += 1
+            if isinstance(body, io.IOBase):  # a file sent again is sent from its start
+                body.seek(0)
             try:
-                response = self.session.request(method, url, timeout=TIMEOUT_SECONDS, **kwargs)
+                response = (session or self.session).request(method, url,
+                                                             timeout=TIMEOUT_SECONDS,
+                                                             **kwargs)  # fmt: skip
             except requests.RequestException as exc:
                 raise RegistryError(
                     f"cannot reach the registry {self.host} ({_first_line(exc)}): check "
@@ -275,6 +367,7 @@ class Registry:
             wait = _retry_after(response, BACKOFF_SECONDS * 2**attempt)
             if wait > MAX_RETRY_AFTER_SECONDS or not self.budget.spend(wait):
                 return response  # the caller says what the registry answered
+            response.close()  # a streamed answer holds its connection until closed
             self.retried += 1
             self.sleep(wait)
         raise AssertionError("unreachable")  # pragma: no cover
@@ -331,6 +424,14 @@ class Registry:
             f"{response.status_code} {reason}{detail}: check the registry and the "
             "credentials' permissions"
         )
+
+
+def _checked(digest: str) -> str:
+    """digest, if it is a SHA-256 digest (the only kind this client can check)."""
+    if not SHA256_DIGEST.fullmatch(digest):
+        raise RegistryError(f"{_one_line(digest)!r} is not a sha256:<64 hex> digest: only "
+                            "SHA-256 blobs are fetched or uploaded")  # fmt: skip
+    return digest
 
 
 def _rate_limited(what: str) -> RegistryError:

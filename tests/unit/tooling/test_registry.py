@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import socket
 from collections.abc import Iterator
@@ -294,3 +295,24 @@ def test_a_registry_s_error_and_status_line_reach_the_message_escaped() -> None:
         "the credentials' permissions"
     )
     assert str(error.value).splitlines() == [str(error.value)]
+
+
+# --- blobs -------------------------------------------------------------------------------------
+
+
+def test_a_digest_other_than_sha256_is_refused(registry: OCIRegistry) -> None:
+    with pytest.raises(RegistryError, match="is not a sha256:<64 hex> digest"):
+        Registry(registry.host).blob_exists(NAME, "sha512:" + "a" * 128)
+    assert registry.log == []
+
+
+def test_an_upload_is_checked_by_the_registry(registry: OCIRegistry, tmp_path: Path) -> None:
+    blob = tmp_path / "blob"
+    blob.write_bytes(b"bytes")
+    client = Registry(registry.host)
+    digest = "sha256:" + hashlib.sha256(b"bytes").hexdigest()
+    client.upload_blob(NAME, blob, digest)
+    assert registry.blobs[digest] == b"bytes"
+    assert client.blob_exists(NAME, digest)
+    with pytest.raises(RegistryError, match="DIGEST_INVALID"):
+        client.upload_blob(NAME, blob, "sha256:" + "1" * 64)
