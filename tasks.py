@@ -2,10 +2,11 @@
 
     invoke tags  [--variant precompiled] [--driver-version V] [--flatcar-version V] [--prefix P]
     invoke build [same] [--arch amd64|arm64|all] [--registry R] [--push]
-    invoke push  [same]
+                 [--compression zstd|gzip] [--zstd-level N]
+    invoke push  [same] [--compression zstd|gzip] [--zstd-level N]
     invoke matrix  [--json | --github-output] [--registry R] [--prefix P]
     invoke publish --registry R [--arch A] [--step stage|merge|all] [--rebuild] [--dry-run]
-                   [--retry-budget SECONDS]
+                   [--retry-budget SECONDS] [--compression zstd|gzip] [--zstd-level N]
     invoke sign    --registry R [--key K] [--no-sbom] [--require-cosign] [--syft-sha256 HEX]
     invoke record-driver VERSION [--verify]   (versions.toml's entry, from NVIDIA's own files)
     invoke propose-drivers [--dry-run]        (a pull request per newer point release)
@@ -18,6 +19,7 @@ matrix, publish and sign cover every image: see tooling/gdc/matrix.py.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import os
 import sys
 import time
@@ -36,6 +38,7 @@ from invoke.exceptions import Exit  # noqa: E402
 from invoke.tasks import task  # noqa: E402
 
 from gdc import commands, images, matrix, plan, releases  # noqa: E402
+from gdc import compression as compressing  # noqa: E402
 from gdc import propose as proposing  # noqa: E402
 from gdc import publish as publishing  # noqa: E402
 from gdc import record as recording  # noqa: E402
@@ -90,6 +93,10 @@ BUILD_HELP = {
     "flatcar_keyring": "keyring that signs the mirror's Flatcar artifacts (default: Flatcar's)",
     "network": "network of build steps (default: host)",
     "docker_host": "dockerd to use (default: $DOCKER_HOST or the local socket)",
+    "compression": "layers as pushed: zstd (default; recompressed in the registry after the push: "
+    "containerd >= 1.5, CRI-O >= 1.21, Docker >= 23 pull it; a multi-arch buildx push stays "
+    "gzip) or gzip (dockerd's, for older runtimes)",
+    "zstd_level": f"zstd level, 1-22 (default {compressing.DEFAULT_LEVEL})",
 }
 
 
@@ -116,7 +123,10 @@ PUBLISH_HELP = {
     f"registry before it fails (default {publishing.RETRY_BUDGET_SECONDS:.0f})",
     **{key: BUILD_HELP[key] for key in ("base_image", "driver_base_url", "fabricmanager_base_url",
                                         "release_base_url", "flatcar_keyring", "network",
-                                        "docker_host")},
+                                        "docker_host", "zstd_level")},
+    "compression": "layers as published: zstd (default; each arch image recompressed in the "
+    "registry after its push; needs Docker Engine >= 23, which pulls the zstd build images the "
+    "precompiled ones start from) or gzip (dockerd 20.10, runtimes older than containerd 1.5)",
 }  # fmt: skip
 SIGN_HELP = {
     **{key: value for key, value in MATRIX_HELP.items() if key not in {"json", "github_output"}},
@@ -203,6 +213,19 @@ def _registry(registry: str, image: str) -> tuple[Repository, Registry]:
     return repository, Registry(repository.host, credentials=credentials)
 
 
+def _registry_for(host: str) -> Registry:
+    return Registry(host, credentials=credentials_for(host, os.environ))
+
+
+def _recompress(pushed: dict[str, str], chosen: compressing.Compression, level: int) -> dict[
+    str, str
+]:  # fmt: skip
+    """With zstd, each pushed reference recompressed in its registry; reference -> digest."""
+    if chosen is compressing.Compression.GZIP:
+        return pushed
+    return compressing.recompress_references(pushed, level, _registry_for, _print)
+
+
 def _choice(text: str, kind: type[publishing.Step | Variant], what: str) -> (
     publishing.Step | Variant
 ):  # fmt: skip
@@ -260,6 +283,8 @@ def build(  # noqa: PLR0917 - invoke maps each option to a parameter
     flatcar_keyring: str = "",
     network: str = "host",
     docker_host: str = "",
+    compression: str = "zstd",
+    zstd_level: int = compressing.DEFAULT_LEVEL,
 ) -> None:
     """Build a driver image (a precompiled build also builds its build image)."""
     upstream = plan.Upstream(base_image, driver_base_url, fabricmanager_base_url, release_base_url,
@@ -268,6 +293,8 @@ def build(  # noqa: PLR0917 - invoke maps each option to a parameter
                            _prefix(prefix, ci_prefix), releases_url, driver_sha256, network,
                            upstream, redist_sha256)  # fmt: skip
     try:
+        chosen = compressing.parse_compression(compression)
+        compressing.check_level(zstd_level)
         plan.check_options(options, push=push)
         request = _request(c, options)
         if request.multi_arch and not push:
@@ -282,14 +309,17 @@ def build(  # noqa: PLR0917 - invoke maps each option to a parameter
         built = images.build_images(request, docker, _print)
         images.report(built)
         if push:
-            images.push_images(built, docker, _print)
+            _recompress(images.push_images(built, docker, _print), chosen, zstd_level)
     except FAILURES as exc:
         raise Exit(f"invoke build: {exc}", code=1) from None
 
 
 @task(
     name="push",
-    help={**SELECTION_HELP, "docker_host": BUILD_HELP["docker_host"]},
+    help={
+        **SELECTION_HELP,
+        **{key: BUILD_HELP[key] for key in ("docker_host", "compression", "zstd_level")},
+    },
     auto_shortflags=False,
 )
 def push_(  # noqa: PLR0917 - invoke maps each option to a parameter
@@ -304,16 +334,21 @@ def push_(  # noqa: PLR0917 - invoke maps each option to a parameter
     ci_prefix: bool = False,
     releases_url: str = "",
     docker_host: str = "",
+    compression: str = "zstd",
+    zstd_level: int = compressing.DEFAULT_LEVEL,
 ) -> None:
     """Push the tags of an earlier invoke build (same options) to the registry."""
     options = plan.Options(variant, driver_version, flatcar_version, arch, registry, image,
                            _prefix(prefix, ci_prefix), releases_url)  # fmt: skip
     try:
+        chosen = compressing.parse_compression(compression)
+        compressing.check_level(zstd_level)
         request = _request(c, options)
         docker = connect_docker(docker_host, False)  # noqa: FBT003 - the seam tests replace
         built = images.local_images(request, docker)
         images.report(built)
-        for reference, digest in images.push_images(built, docker, _print).items():
+        pushed = _recompress(images.push_images(built, docker, _print), chosen, zstd_level)
+        for reference, digest in pushed.items():
             print(f"pushed {reference}@{digest}")
     except FAILURES as exc:
         raise Exit(f"invoke push: {exc}", code=1) from None
@@ -373,6 +408,8 @@ def publish(  # noqa: PLR0917 - invoke maps each option to a parameter
     network: str = "host",
     docker_host: str = "",
     retry_budget: int = int(publishing.RETRY_BUDGET_SECONDS),
+    compression: str = "zstd",
+    zstd_level: int = compressing.DEFAULT_LEVEL,
 ) -> None:
     """Build and push what the registry lacks or what changed; merge the arches; summarize."""
     started = time.monotonic()
@@ -389,18 +426,28 @@ def publish(  # noqa: PLR0917 - invoke maps each option to a parameter
             raise TagError("--registry is required, e.g. ghcr.io/<your owner>")
         if retry_budget < 0:
             raise TagError(f"--retry-budget {retry_budget} is negative: give seconds, e.g. 120")
+        chosen = compressing.parse_compression(compression)
+        compressing.check_level(zstd_level)
         versions = _versions(versions_file)
         arches = plan.parse_arches(arch, versions) if arch else versions.arches
         repository, client = _registry(registry, image)  # arguments, before any network
         covered = _matrix(versions, releases_url, lts_info_url, registry, image, tag_prefix)
         client.budget = RetryBudget(retry_budget)
         client.check(repository.name)  # once, up front: unreachable or denied stops here
-        with DockerBuilder(settings, covered, lambda multi: connect_docker(docker_host, multi),
-                           _print, dry_run=dry_run) as builder:  # fmt: skip
+
+        @functools.cache
+        def docker(multi: bool) -> Docker:  # one connection, the check's and the builds'
+            return connect_docker(docker_host, multi)
+
+        builds = not dry_run and chosen_step is not publishing.Step.MERGE
+        if builds and chosen is compressing.Compression.ZSTD:  # before any build
+            compressing.check_dockerd(docker(False).version())  # noqa: FBT003 - one arch
+        with DockerBuilder(settings, covered, docker, _print, dry_run=dry_run) as builder:
             outcomes = publishing.publish(covered, client, repository, builder, arches=arches,
                                           step=chosen_step, variant=chosen_variant,
                                           dry_run=dry_run, rebuild=rebuild,
-                                          retry_budget=retry_budget)  # fmt: skip
+                                          retry_budget=retry_budget, compression=chosen,
+                                          zstd_level=zstd_level)  # fmt: skip
     except FAILURES as exc:
         raise Exit(f"invoke publish: {exc}; nothing was built", code=1) from None
     print(publishing.summary(outcomes, covered.excluded, repository, covered.notes), end="")

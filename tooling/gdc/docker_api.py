@@ -80,6 +80,10 @@ class Docker(Protocol):
         """Every regular file under directory in the image, keyed by path relative to it."""
         ...
 
+    def version(self) -> str:
+        """dockerd's own version (``docker version``'s Server.Version), e.g. 27.3.1."""
+        ...
+
 
 def split_reference(reference: str) -> tuple[str, str]:
     """``host:5000/a/driver:tag`` -> (``host:5000/a/driver``, ``tag``)."""
@@ -164,6 +168,10 @@ class DockerSDK:
             except docker.errors.ImageNotFound:
                 return False
         return True
+
+    def version(self) -> str:
+        with dockerd_errors("asking dockerd its version"):
+            return str(self.client.version().get("Version", ""))
 
     def read_files(self, reference: str, directory: str) -> dict[str, bytes]:
         # A created, never started container: no process runs and no network is needed.
@@ -315,3 +323,6 @@ class Buildx:
 
     def read_files(self, reference: str, directory: str) -> dict[str, bytes]:
         return self.sdk.read_files(reference, directory)
+
+    def version(self) -> str:
+        return self.sdk.version()

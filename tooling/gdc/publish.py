@@ -29,6 +29,14 @@ does not point at it gets it (a manifest PUT: no blob moves), e.g. the build ima
 a new Flatcar release: **tagged**. A tag is up to date only when it is that index, so a tag
 whose index lists another platform set is written again.
 
+Compression (``--compression``, zstd by default): dockerd pushes gzip layers; with zstd each
+arch image, once pushed and read back, is recompressed in the registry (:mod:`gdc.compression`),
+so the staged digest the merge lists is the zstd manifest's. A staged image that is up to date
+but still gzip (one pushed before, or a run cut short after its push) is recompressed too. The
+config, and so the build inputs compared, is the same under either compression. A precompiled
+image builds FROM its build image's staging tag and pulls the image it replaces, so with zstd
+the dockerd must pull zstd (Docker Engine >= 23): ``invoke publish`` checks that first.
+
 Retries: each image gets :data:`RETRY_BUDGET_SECONDS` of waiting on 429 and 5xx answers
 (``--retry-budget``); past it the image fails, saying the registry rate-limits.
 
@@ -53,6 +61,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from gdc import inputs
+from gdc.compression import DEFAULT_LEVEL, Cache, Compression, has_gzip_layers, recompress
 from gdc.images import Base
 from gdc.matrix import Exclusion, Image, Matrix
 from gdc.registry import Manifest, Registry, RegistryError, Repository, RetryBudget
@@ -178,9 +187,13 @@ class Publisher:
     say: Callable[[str], None] = print
     clock: Callable[[], float] = time.monotonic  # each image's time (progress line and summary)
     retry_budget: float = RETRY_BUDGET_SECONDS
+    compression: Compression = Compression.ZSTD
+    zstd_level: int = DEFAULT_LEVEL
     staged: dict[tuple[str, str], Descriptor] = field(default_factory=dict)  # (image id, arch)
     failed_builds: dict[tuple[str, str], str] = field(default_factory=dict)  # (driver, arch)
     planned: set[tuple[str, str]] = field(default_factory=set)  # a dry run's builds
+    gzipped: set[tuple[str, str]] = field(default_factory=set)  # staged with gzip layers, read
+    layers: Cache = field(default_factory=dict)  # gzip layer -> its zstd blob
 
     # --- the registry's view of one arch ------------------------------------------------------
 
@@ -189,6 +202,10 @@ class Publisher:
         if self.registry.digest(name, tag) is None:
             return None
         manifest = self.registry.manifest(name, tag)
+        if has_gzip_layers(manifest):
+            self.gzipped.add((image.id, arch))
+        else:
+            self.gzipped.discard((image.id, arch))
         size = len(manifest.body)
         if manifest.is_index:  # a staging tag names one arch's image: _wrong says so
             return Descriptor(manifest.media_type, manifest.digest, size, {}), {}
@@ -244,7 +261,7 @@ class Publisher:
         else:
             reasons = self._problems(image, arch, found, base)
         if not reasons:
-            self.staged[(image.id, arch)] = found[0]  # type: ignore[index]
+            self.staged[(image.id, arch)] = self._up_to_date(image, arch, found[0])  # type: ignore[index]
             return Status.SKIPPED, f"{arch}: up to date"
         why = f"{arch}: {'; '.join(reasons)}"
         if self.dry_run:
@@ -256,6 +273,11 @@ class Publisher:
         reuse = image.variant is Variant.PRECOMPILED and not self.rebuild and not wrong
         previous = f"{self.repository}@{found[0].digest}" if reuse and found is not None else ""
         self.builder.build(image, arch, base, previous)
+        self.staged[(image.id, arch)] = self._pushed(image, arch, base)
+        return Status.BUILT, why
+
+    def _pushed(self, image: Image, arch: str, base: Base) -> Descriptor:
+        """The image a build just pushed, read back and checked, then (zstd) recompressed."""
         pushed = self._read(image, arch)
         if pushed is None:
             raise BuildError(f"built, but the registry has no {image.staging_tag(arch)}")
@@ -265,8 +287,32 @@ class Publisher:
                              f"is not what was built ({'; '.join(problems)}): not merged; "
                              "check the build's platform and that no other job pushes that "
                              "tag")  # fmt: skip
-        self.staged[(image.id, arch)] = pushed[0]
-        return Status.BUILT, why
+        return self._recompressed(image, arch) if self._zstd_wanted(image, arch) else pushed[0]
+
+    def _up_to_date(self, image: Image, arch: str, found: Descriptor) -> Descriptor:
+        """An up-to-date staged image; one still gzip (pushed before, or by a run cut short
+        after its push) is recompressed, unless this is a dry run."""
+        if self.dry_run or not self._zstd_wanted(image, arch):
+            return found
+        recompressed = self._recompressed(image, arch)
+        self.say(f"  {arch}: up to date; its gzip layers recompressed to zstd")
+        return recompressed
+
+    def _zstd_wanted(self, image: Image, arch: str) -> bool:
+        return self.compression is Compression.ZSTD and (image.id, arch) in self.gzipped
+
+    def _recompressed(self, image: Image, arch: str) -> Descriptor:
+        """The staged image of arch, its gzip layers recompressed to zstd in the registry."""
+        tag = image.staging_tag(arch)
+        digest = recompress(self.registry, self.repository.name, tag,
+                            level=self.zstd_level, cache=self.layers)  # fmt: skip
+        found = self._read(image, arch)
+        if found is None or found[0].digest != digest:
+            now = found[0].digest if found else "nothing"
+            raise BuildError(f"recompressed {tag} to zstd as {digest}, but the registry now has "
+                             f"{now} under it: not merged; check that no other job pushes that "
+                             "tag")  # fmt: skip
+        return found[0]
 
     # --- merge --------------------------------------------------------------------------------
 
@@ -356,10 +402,12 @@ def publish(
     say: Callable[[str], None] = print,
     clock: Callable[[], float] = time.monotonic,
     retry_budget: float = RETRY_BUDGET_SECONDS,
+    compression: Compression = Compression.ZSTD,
+    zstd_level: int = DEFAULT_LEVEL,
 ) -> list[Outcome]:
     """Plan and (unless dry_run) carry out every image of matrix; one outcome per image."""
     run = Publisher(matrix, registry, repository, builder, dry_run, rebuild, say, clock,
-                    retry_budget)  # fmt: skip
+                    retry_budget, compression, zstd_level)  # fmt: skip
     chosen = [i for i in matrix.images if variant in (None, i.variant)]
     wanted = arches or matrix.arches
     outcomes = []

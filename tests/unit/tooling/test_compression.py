@@ -25,6 +25,7 @@ from gdc.compression import (
     check_level,
     parse_compression,
     recompress,
+    recompress_references,
 )
 from gdc.registry import Registry, RegistryError
 
@@ -245,3 +246,13 @@ def test_compression_names_and_dockerd_versions() -> None:
         "dockerd 20.10.24+dfsg1 cannot pull the zstd layers the precompiled images build on: "
         "use Docker Engine >= 23, or --compression gzip"
     )
+
+
+def test_pushed_references_are_recompressed_each_in_its_registry(registry: OCIRegistry) -> None:
+    registry.add_layered_image(NAME, ["a", "b"], [BASE])
+    said: list[str] = []
+    references = [f"{registry.host}/{NAME}:a", f"{registry.host}/{NAME}:b"]
+    digests = recompress_references(references, 19, Registry, said.append)
+    assert set(digests.values()) == {registry.tags(NAME)["a"]} == {registry.tags(NAME)["b"]}
+    assert said == [f"zstd layers: {reference}@{digests[reference]}\n" for reference in references]
+    assert [m for m, _ in _writes(registry)].count("POST") == 1  # the layer, once

@@ -16,9 +16,10 @@ from flatcar_feed import feed_entry, feed_from_tsv, lts_info_text, with_markers
 from invoke.context import MockContext
 from invoke.exceptions import Exit
 from invoke.runners import Result
-from oci_registry import IMAGE, INDEX, OCIRegistry
+from oci_registry import IMAGE, INDEX, OCIRegistry, tar_layer
 
 from gdc import inputs, matrix, publish
+from gdc.compression import ZSTD_LAYER, Compression
 from gdc.coverage import LtsInfo, parse_lts_info
 from gdc.docker_api import BuildJob, DockerError, ImageInfo, Progress
 from gdc.images import Base
@@ -173,6 +174,71 @@ def test_from_empty_everything_is_built_and_a_second_run_builds_nothing(
     # A no-op run: per arch image a HEAD, the manifest and its config; a HEAD per tag.
     assert [m for m, _, _ in registry.log if m == "PUT"] == []
     assert len(registry.log) == 5 * 3 + sum(len(i.tags.tags) for i in _matrix(registry).images)
+
+
+@dataclass
+class GzipBuilder(FakeBuilder):
+    """Pushes real gzip layers, as dockerd does: a base layer every image shares, and one of
+    its own per build."""
+
+    def build(self, image: Image, arch: str, base: Base, previous: str = "") -> None:
+        super().build(image, arch, base, previous)  # records it, checks the base
+        labels = {inputs.INPUTS_LABEL: inputs.to_label(self.inputs(image, arch, base))}
+        own = tar_layer({"build": f"{image.tags.tags[0]} {len(self.built)}".encode()})
+        self.registry.add_layered_image(NAME, [image.staging_tag(arch)],
+                                        [tar_layer({"etc/os-release": b"ID=debian\n"}), own],
+                                        arch=arch, labels=labels)  # fmt: skip
+
+
+def _layer_types(registry: OCIRegistry, reference: str) -> list[str]:
+    stored = registry.manifests[NAME][reference]
+    return [layer["mediaType"] for layer in json.loads(stored.body)["layers"]]
+
+
+def test_each_staged_image_is_recompressed_to_zstd_and_merged_by_its_zstd_digest(
+    registry: OCIRegistry,
+) -> None:
+    builder = GzipBuilder(registry)
+    versions = _versions(channels=("stable",))
+    outcomes, _ = _publish(registry, builder, _matrix(registry, versions=versions))
+    assert {o.status for o in outcomes} == {Status.BUILT}
+    staging = f"{BUILD}-amd64"
+    assert _layer_types(registry, staging) == [ZSTD_LAYER] * 2
+    merged = json.loads(registry.manifests[NAME][BUILD].body)
+    assert merged["mediaType"] == INDEX
+    assert {e["digest"] for e in merged["manifests"]} == {
+        registry.tags(NAME)[f"{BUILD}-amd64"], registry.tags(NAME)[f"{BUILD}-arm64"]}  # fmt: skip
+    # The precompiled image's base layer is the build image's zstd blob, compressed once.
+    precompiled = json.loads(registry.manifests[NAME]["610.57.04-6.12.102-flatcar-amd64"].body)
+    build = json.loads(registry.manifests[NAME][staging].body)
+    assert precompiled["layers"][0] == build["layers"][0]
+    # The config is the same under zstd: the next run compares it and builds nothing.
+    builder.built.clear()
+    registry.log.clear()
+    again, _ = _publish(registry, builder, _matrix(registry, versions=versions))
+    assert builder.built == []
+    assert {o.status for o in again} == {Status.SKIPPED}
+    assert [m for m, _, _ in registry.log if m in {"PUT", "POST"}] == []
+
+
+def test_an_up_to_date_gzip_image_is_recompressed_and_gzip_is_kept_when_asked(
+    registry: OCIRegistry,
+) -> None:
+    builder = GzipBuilder(registry)
+    versions = _versions(arches=("amd64",), channels=("stable",))
+    _publish(registry, builder, _matrix(registry, versions=versions), compression=Compression.GZIP)
+    staging = f"{BUILD}-amd64"
+    assert _layer_types(registry, staging)[0].endswith("tar.gzip")
+    builder.built.clear()
+    again, said = _publish(registry, builder, _matrix(registry, versions=versions))
+    # The build image is not rebuilt, only recompressed; its digest is new, and so the base
+    # of the precompiled image: that is rebuilt, once (reusing its packages, as any rebuild).
+    assert builder.built == [f"{KERNEL_IMAGE} amd64"]
+    assert [o.status for o in again] == [Status.TAGGED, Status.BUILT]
+    assert "  amd64: up to date; its gzip layers recompressed to zstd" in said
+    assert _layer_types(registry, staging) == [ZSTD_LAYER] * 2
+    index = json.loads(registry.manifests[NAME][BUILD].body)
+    assert index["manifests"][0]["digest"] == registry.tags(NAME)[staging]
 
 
 def test_a_changed_input_rebuilds_exactly_the_images_it_reaches(registry: OCIRegistry) -> None:
@@ -548,9 +614,11 @@ def test_a_rate_limited_image_fails_within_its_retry_budget_saying_so() -> None:
 
 @dataclass
 class RegistryDocker:
-    """The Docker adapter, pushing into the loopback registry; records jobs and pushes."""
+    """The Docker adapter, pushing gzip layers into the loopback registry, as dockerd does;
+    records jobs and pushes."""
 
     registry: OCIRegistry
+    server_version: str = "27.3.1"
     jobs: list[BuildJob] = field(default_factory=list)
     local: dict[str, ImageInfo] = field(default_factory=dict)
     labels: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -571,8 +639,9 @@ class RegistryDocker:
         self.pushed.append(reference)
         tag = reference.rpartition(":")[2]
         arch = tag.rpartition("-")[2]
-        self.registry.add_image(NAME, [tag], (arch,), index=False,
-                                labels=self.labels.get(reference, {}))  # fmt: skip
+        layers = [tar_layer({"etc/os-release": b"ID=debian\n"}), tar_layer({"tag": tag.encode()})]
+        self.registry.add_layered_image(NAME, [tag], layers, arch=arch,
+                                        labels=self.labels.get(reference, {}))  # fmt: skip
         return self.registry.tags(NAME)[tag]
 
     def inspect(self, reference: str) -> ImageInfo:
@@ -580,6 +649,9 @@ class RegistryDocker:
 
     def exists(self, reference: str) -> bool:
         return reference in self.local
+
+    def version(self) -> str:
+        return self.server_version
 
     def read_files(self, reference: str, directory: str) -> dict[str, bytes]:  # noqa: ARG002
         kernel = "6.12.102-flatcar" if "6.12.102" in reference else "6.6.150-flatcar"
@@ -662,6 +734,31 @@ def test_invoke_publish_builds_each_arch_then_merges_the_tags(
     assert capsys.readouterr().out.splitlines()[-2] == "skipped 2"
 
 
+def test_invoke_publish_refuses_a_dockerd_that_cannot_pull_zstd_before_any_build(
+    c: MockContext, registry: OCIRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: Any,
+) -> None:  # fmt: skip
+    docker = RegistryDocker(registry, server_version="20.10.24+dfsg1")
+    monkeypatch.setattr(tasks, "connect_docker", lambda _host, _multi: docker)
+    versions, feed = _files(tmp_path, ("amd64",))
+    options = {"registry": f"{registry.host}/gdc", "versions_file": versions,
+               "releases_url": feed, "base_image": PINNED}  # fmt: skip
+    with pytest.raises(Exit) as error:
+        tasks.publish(c, **options)
+    assert str(error.value) == (
+        "invoke publish: dockerd 20.10.24+dfsg1 cannot pull the zstd layers the precompiled "
+        "images build on: use Docker Engine >= 23, or --compression gzip; nothing was built"
+    )
+    assert docker.jobs == []
+    # gzip needs no zstd puller; a merge and a dry run ask no dockerd.
+    tasks.publish(c, **options, compression="gzip")
+    assert len(docker.jobs) == 2
+    assert "built 2" in capsys.readouterr().out
+    tasks.publish(c, **options, step="merge")
+    tasks.publish(c, **options, dry_run=True)
+    assert capsys.readouterr().out.count("\nskipped 2\n") == 2
+
+
 def test_invoke_publish_exits_non_zero_after_a_failure(
     c: MockContext, registry: OCIRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: Any,
@@ -735,6 +832,8 @@ def test_a_current_release_without_a_kernel_is_excluded_and_the_rest_published(
         ({}, "--registry is required"),
         ({"registry": "ghcr.io/<owner>"}, "is not a valid repository"),
         ({"registry": "127.0.0.1:9/gdc", "step": "half"}, "unknown --step 'half'"),
+        ({"registry": "127.0.0.1:9/gdc", "compression": "lz4"}, "--compression 'lz4' is not "),
+        ({"registry": "127.0.0.1:9/gdc", "zstd_level": 23}, "--zstd-level 23 is out of range"),
     ],
 )
 def test_invoke_publish_checks_its_arguments_before_any_network(

@@ -98,6 +98,9 @@ class FakeDocker:
     def exists(self, reference: str) -> bool:
         return reference in self.images
 
+    def version(self) -> str:
+        return "27.3.1"
+
     def read_files(self, reference: str, directory: str) -> dict[str, bytes]:
         assert "precompiled" in self.images[reference].layers
         assert directory == "/opt/nvidia/precompiled"
@@ -199,8 +202,10 @@ def test_build_and_push_of_a_precompiled_image(
     c: MockContext, docker: FakeDocker, feed_url: str, capsys: Any
 ) -> None:
     docker.kernel = "6.12.102+test"  # what the packages say wins over the feed
+    # gzip: registry "r" is no registry to recompress in (test_compression_of_a_push does it).
     tasks.build(c, flatcar_version="4593.2.5", arch="amd64", registry="r", push=True,
-                releases_url=feed_url, driver_sha256=SUM, redist_sha256=REDIST)  # fmt: skip
+                releases_url=feed_url, driver_sha256=SUM, redist_sha256=REDIST,
+                compression="gzip")  # fmt: skip
     build_job, precompiled_job = docker.jobs
     assert precompiled_job.buildargs["BUILD_IMAGE"] == build_job.references[0]
     assert precompiled_job.buildargs["FLATCAR_VERSIONS"] == "4593.2.5"
@@ -223,7 +228,7 @@ def test_push_pushes_what_an_earlier_build_left(
 ) -> None:
     tasks.build(c, arch="amd64", releases_url=feed_url, driver_sha256=SUM, redist_sha256=REDIST)
     docker.pushed.clear()
-    tasks.push_(c, releases_url=feed_url)
+    tasks.push_(c, releases_url=feed_url, compression="gzip")  # no registry: dockerd's default
     assert f"driver:610-{KERNEL}-flatcar4593.2.5" in docker.pushed
     assert f"pushed driver:{NEWEST}-flatcar@sha256:" in capsys.readouterr().out
 
