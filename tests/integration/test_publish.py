@@ -220,6 +220,10 @@ def publisher(  # noqa: PLR0917 - pytest passes fixtures by name
             "--release-base-url", server.base_url,
             "--flatcar-keyring", str(flatcar_signing_key.public_keyring),
             "--docker-host", docker_daemon.host,
+            # gzip: the suite's dockerd is Debian 12's 20.10, which cannot pull zstd layers, and
+            # a precompiled build starts from its build image's staging tag and pulls the image
+            # it replaces (zstd layers are test_zstd_layers.py's, read by containerd).
+            "--compression", "gzip",
         ]  # fmt: skip
         git_dir = subprocess.run(
             ["git", "-C", str(ROOT), "rev-parse", "--absolute-git-dir"],
