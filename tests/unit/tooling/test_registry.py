@@ -316,3 +316,30 @@ def test_an_upload_is_checked_by_the_registry(registry: OCIRegistry, tmp_path: P
     assert client.blob_exists(NAME, digest)
     with pytest.raises(RegistryError, match="DIGEST_INVALID"):
         client.upload_blob(NAME, blob, "sha256:" + "1" * 64)
+
+
+class ElsewhereUploads(OCIRegistry):
+    """Hands out upload locations on another server (as a registry fronted by storage may)."""
+
+    elsewhere = ""
+
+    def answer(self, handler: BaseHTTPRequestHandler) -> None:
+        if handler.command == "POST" and self._authorized(handler, NAME, "POST"):
+            handler.send_response(202)
+            handler.send_header("Location", f"http://{self.elsewhere}/v2/{NAME}/blobs/uploads/1")
+            handler.send_header("Content-Length", "0")
+            handler.end_headers()
+            return
+        super().answer(handler)
+
+
+def test_an_upload_location_on_another_host_is_sent_no_credentials(tmp_path: Path) -> None:
+    blob = tmp_path / "blob"
+    blob.write_bytes(b"bytes")
+    digest = "sha256:" + hashlib.sha256(b"bytes").hexdigest()
+    with OCIRegistry() as storage, ElsewhereUploads(username="me", password=PASSWORD) as server:
+        server.elsewhere = storage.host
+        client = Registry(server.host, credentials=Credentials("me", PASSWORD))
+        client.upload_blob(NAME, blob, digest)
+        assert storage.blobs[digest] == b"bytes"
+        assert [(method, auth) for method, _, auth in storage.log] == [("PUT", "")]
