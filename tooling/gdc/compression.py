@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from gdc import commands
+from gdc.docker_api import split_reference
 from gdc.registry import Manifest, Registry, RegistryError, Repository
 from nvidia_driver.gate.registry import IMAGE_TYPES, INDEX_TYPES
 
@@ -163,12 +164,15 @@ def recompress_references(
 ) -> dict[str, str]:
     """Recompress each pushed ``host/name:tag``; reference -> the zstd manifest's digest."""
     cache: Cache = {}
+    clients: dict[str, Registry] = {}
     digests = {}
     for reference in references:
-        repository, _, tag = reference.rpartition(":")
+        repository, tag = split_reference(reference)
         parsed = Repository.parse(repository)
-        digests[reference] = recompress(registry_for(parsed.host), parsed.name, tag,
-                                        level=level, cache=cache)  # fmt: skip
+        if parsed.host not in clients:  # one client a host: its tokens are reused
+            clients[parsed.host] = registry_for(parsed.host)
+        client = clients[parsed.host]
+        digests[reference] = recompress(client, parsed.name, tag, level=level, cache=cache)
         say(f"zstd layers: {reference}@{digests[reference]}\n")
     return digests
 
