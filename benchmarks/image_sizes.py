@@ -1,0 +1,273 @@
+"""What a node pulls: the images' compressed layers as the registry stores them (needs root).
+
+For the build image and the precompiled image it prints, side by side for the layers as
+dockerd pushes them (gzip) and as ``invoke publish`` publishes them (zstd, gdc.compression):
+
+1. each layer's compressed size, read from the registry's manifest, its uncompressed size and
+   the step of the Dockerfile that made it;
+2. the total a fresh node pulls;
+3. the update pull: what a node that holds the precompiled image of release N pulls for
+   release N+1 (the layers of N+1's manifest that N's lacks);
+4. pull plus extract at LINK_BITS_PER_SECOND: the bytes over the link, plus each layer's
+   decompression measured here on one core (``gzip -dc`` / ``zstd -dc -T1``, output discarded),
+   with no overlap between the two (containerd fetches a layer, then unpacks it);
+5. the largest packages of the build image, by installed size: where the remaining bytes are.
+
+Without ``--build-image``, ``--precompiled-image`` and ``--next-image`` (references on the
+project's dockerd, unix:///run/gdc-docker.sock) the images are built first, as the integration
+tests build them (fixtures/images.py: the 535.261.03 fixture driver, the test release 9999.2.0
+and, for the update, 9999.3.0 with the same kernel), which takes a while. The images are pushed
+to a local registry (Debian's docker-registry on 127.0.0.1), then recompressed there.
+
+Usage: python benchmarks/image_sizes.py [--build-image REF --precompiled-image REF
+       --next-image REF] [--zstd-level N] [--record]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "integration"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tooling"))
+
+from fixtures.daemonset import docker
+from fixtures.docker_env import Registry, local_registry, start_dockerd, stop_dockerd
+from fixtures.images import built_images
+from gdc.compression import recompress
+from record import Report, add_record_option
+
+from gdc.registry import Registry as RegistryClient
+
+NEXT_RELEASE = "9999.3.0"
+LINK_BITS_PER_SECOND = 1e9
+MB = 1e6
+# Issue 24's goals.
+PRECOMPILED_PULL_GOAL = 650 * MB
+PULL_SECONDS_GOAL = 12.0
+UPDATE_PULL_GOAL = 60 * MB
+BUILD_IMAGE_GOAL = 1.4e9
+TOP_PACKAGES = 12
+_DECOMPRESS = {"gzip": ["gzip", "-dc"], "zstd": ["zstd", "-dc", "-T1"]}
+
+
+@dataclass(frozen=True)
+class Layer:
+    digest: str
+    size: int  # compressed, as the manifest says
+    uncompressed: int
+    decompress_seconds: float  # on one core
+    step: str  # the Dockerfile step (image history) that made it
+
+
+@dataclass(frozen=True)
+class Pushed:
+    """One image in the registry, in one compression."""
+
+    reference: str
+    layers: tuple[Layer, ...]
+
+    @property
+    def size(self) -> int:
+        return sum(layer.size for layer in self.layers)
+
+    @property
+    def uncompressed(self) -> int:
+        return sum(layer.uncompressed for layer in self.layers)
+
+    def pull_seconds(self, layers: tuple[Layer, ...] | None = None) -> float:
+        chosen = self.layers if layers is None else layers
+        return sum(layer.size * 8 / LINK_BITS_PER_SECOND + layer.decompress_seconds
+                   for layer in chosen)  # fmt: skip
+
+    def new_over(self, held: Pushed) -> tuple[Layer, ...]:
+        """The layers a node holding held pulls for this image."""
+        have = {layer.digest for layer in held.layers}
+        return tuple(layer for layer in self.layers if layer.digest not in have)
+
+
+def _blob(registry: Registry, name: str, digest: str, destination: Path) -> Path:
+    url = f"{registry.url}/v2/{name}/blobs/{digest}"
+    hasher = hashlib.sha256()
+    with urllib.request.urlopen(url, timeout=60) as answer, destination.open("wb") as out:  # noqa: S310 - loopback registry
+        while chunk := answer.read(1 << 20):
+            hasher.update(chunk)
+            out.write(chunk)
+    if f"sha256:{hasher.hexdigest()}" != digest:
+        raise RuntimeError(f"blob {digest} of {name} does not match its digest")
+    return destination
+
+
+def _decompress(kind: str, blob: Path) -> tuple[int, float]:
+    """(uncompressed bytes, seconds of one core)."""
+    command = _DECOMPRESS[kind]
+    started = time.monotonic()
+    with blob.open("rb") as source:
+        process = subprocess.Popen([*command], stdin=source, stdout=subprocess.PIPE)
+        assert process.stdout is not None
+        total = 0
+        while chunk := process.stdout.read(1 << 20):
+            total += len(chunk)
+    if process.wait() != 0:
+        raise RuntimeError(f"{' '.join(command)} failed on {blob}")
+    return total, time.monotonic() - started
+
+
+def _steps(config: dict[str, object]) -> list[str]:
+    """Each layer's Dockerfile step, shortened: the history entries that made a layer."""
+    history = config.get("history", [])
+    assert isinstance(history, list)
+    steps = []
+    for entry in history:
+        if entry.get("empty_layer"):
+            continue
+        step = " ".join(str(entry.get("created_by", "")).split())
+        step = step.removeprefix("/bin/sh -c ").removeprefix("#(nop) ")
+        steps.append(step[:60])
+    return steps
+
+
+def read_pushed(registry: Registry, name: str, tag: str, scratch: Path) -> Pushed:
+    client = RegistryClient(registry.address)
+    manifest = client.manifest(name, tag).json()
+    config = client.config(name, client.manifest(name, tag))
+    steps = _steps(config)
+    layers = []
+    for index, descriptor in enumerate(manifest["layers"]):
+        kind = "zstd" if descriptor["mediaType"].endswith("zstd") else "gzip"
+        blob = _blob(registry, name, descriptor["digest"], scratch / "blob")
+        uncompressed, seconds = _decompress(kind, blob)
+        blob.unlink()
+        step = steps[index] if index < len(steps) else "?"
+        layers.append(Layer(descriptor["digest"], int(descriptor["size"]), uncompressed,
+                            seconds, step))  # fmt: skip
+    return Pushed(f"{registry.address}/{name}:{tag}", tuple(layers))
+
+
+def top_packages(reference: str) -> list[tuple[int, str]]:
+    listed = docker("run", "--rm", "--network", "none", "--entrypoint", "dpkg-query", reference,
+                    "-W", "-f", "${Installed-Size}\t${Package}\n").stdout  # fmt: skip
+    sizes = []
+    for line in listed.splitlines():
+        kib, _, package = line.partition("\t")
+        sizes.append((int(kib or 0) * 1024, package))
+    return sorted(sizes, reverse=True)[:TOP_PACKAGES]
+
+
+@contextmanager
+def images(args: argparse.Namespace) -> Iterator[tuple[str, str, str, Registry]]:
+    """The three images (build, precompiled N, precompiled N+1) and a registry to push to."""
+    with ExitStack() as stack:
+        scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gdc-sizes-")))
+        if args.build_image:
+            stack.callback(stop_dockerd, start_dockerd())
+            (scratch / "registry").mkdir()
+            registry = stack.enter_context(local_registry(scratch / "registry"))
+            yield args.build_image, args.precompiled_image, args.next_image, registry
+            return
+        print("building the build image and two precompiled images (this takes a while)...",
+              flush=True)  # fmt: skip
+        built = stack.enter_context(built_images(scratch, next_release=NEXT_RELEASE))
+        assert built.next_precompiled is not None
+        yield built.build, built.precompiled, built.next_precompiled, built.registry
+
+
+def push(reference: str, registry: Registry, name: str, tag: str) -> None:
+    target = f"{registry.address}/{name}:{tag}"
+    if target != reference:
+        docker("tag", reference, target)
+    docker("push", target, timeout=1800)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--build-image", help="the build image (a reference on the project's "
+                        "dockerd, unix:///run/gdc-docker.sock)")  # fmt: skip
+    parser.add_argument("--precompiled-image", help="the precompiled image built on it")
+    parser.add_argument("--next-image", help="the precompiled image of the next release")
+    parser.add_argument("--zstd-level", type=int, default=19, help="zstd level (publish's)")
+    add_record_option(parser)
+    args = parser.parse_args()
+    given = [bool(args.build_image), bool(args.precompiled_image), bool(args.next_image)]
+    if any(given) and not all(given):
+        parser.error("give --build-image, --precompiled-image and --next-image, or none")
+    name = "gdc/sizes"
+    tags = {"build": "build", "precompiled": "precompiled", "next": "next"}
+    pushed: dict[tuple[str, str], Pushed] = {}
+    with ExitStack() as stack:
+        build, precompiled, following, registry = stack.enter_context(images(args))
+        scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gdc-blobs-")))
+        client = RegistryClient(registry.address)
+        for key, reference in zip(tags, (build, precompiled, following), strict=True):
+            push(reference, registry, name, tags[key])
+            pushed[(key, "gzip")] = read_pushed(registry, name, tags[key], scratch)
+            recompress(client, name, tags[key], level=args.zstd_level, tag=f"{tags[key]}-zstd")
+            pushed[(key, "zstd")] = read_pushed(registry, name, f"{tags[key]}-zstd", scratch)
+        packages = top_packages(build)
+    with Report("image_sizes", record=args.record):
+        met = print_figures(pushed, packages, args.zstd_level)
+        print(f"goals: {'met' if met else 'missed'}")
+    return 0 if met else 1
+
+
+def _mb(count: float) -> str:
+    return f"{count / MB:8.1f} MB"
+
+
+def print_figures(pushed: dict[tuple[str, str], Pushed], packages: list[tuple[int, str]],
+                  level: int) -> bool:  # fmt: skip
+    print(f"layers as dockerd pushes them (gzip) and as invoke publish does (zstd -{level}):")
+    for key in ("build", "precompiled"):
+        gzip, zstd = pushed[(key, "gzip")], pushed[(key, "zstd")]
+        print(f"{key} image: {gzip.uncompressed / MB:.1f} MB uncompressed")
+        print(f"  {'gzip':>11} {'zstd':>11} {'unpacked':>11}  step")
+        for g, z in zip(gzip.layers, zstd.layers, strict=True):
+            print(f"  {_mb(g.size)} {_mb(z.size)} {_mb(g.uncompressed)}  {g.step}")
+        print(f"  {_mb(gzip.size)} {_mb(zstd.size)}  a fresh node's pull; zstd / gzip "
+              f"{zstd.size / gzip.size:.3f}")  # fmt: skip
+    rate = LINK_BITS_PER_SECOND / 1e9
+    print(f"pull + extract at {rate:g} Gbit/s (bytes over the link, then decompression on one "
+          "core, measured here):")  # fmt: skip
+    for key in ("build", "precompiled"):
+        gzip, zstd = pushed[(key, "gzip")], pushed[(key, "zstd")]
+        print(f"  {key:>11}: gzip {gzip.pull_seconds():6.1f} s, zstd {zstd.pull_seconds():6.1f} s"
+              f"; zstd / gzip {zstd.pull_seconds() / gzip.pull_seconds():.3f}")  # fmt: skip
+    print("update: a node holding release N's precompiled image pulls for N+1 (same kernel):")
+    updates = {}
+    for kind in ("gzip", "zstd"):
+        new = pushed[("next", kind)].new_over(pushed[("precompiled", kind)])
+        updates[kind] = sum(layer.size for layer in new)
+        print(f"  {kind}: {len(new)} layer(s), {_mb(updates[kind])}, "
+              f"{pushed[('next', kind)].pull_seconds(new):.1f} s")  # fmt: skip
+    print(f"largest packages of the build image (installed size, top {len(packages)}):")
+    for size, package in packages:
+        print(f"  {_mb(size)}  {package}")
+    zstd = pushed[("precompiled", "zstd")]
+    build = pushed[("build", "gzip")]
+    checks = [
+        ("precompiled fresh pull (zstd)", zstd.size, PRECOMPILED_PULL_GOAL, _mb),
+        ("precompiled pull + extract (zstd)", zstd.pull_seconds(), PULL_SECONDS_GOAL,
+         lambda s: f"{s:.1f} s"),
+        ("update pull (zstd)", updates["zstd"], UPDATE_PULL_GOAL, _mb),
+        ("build image uncompressed", build.uncompressed, BUILD_IMAGE_GOAL, _mb),
+    ]  # fmt: skip
+    met = True
+    for what, value, goal, shown in checks:
+        ok = value <= goal
+        met = met and ok
+        print(f"goal {what}: {shown(value).strip()} <= {shown(goal).strip()}: "
+              f"{'meets' if ok else 'misses'} (ratio {value / goal:.2f})")  # fmt: skip
+    return met
+
+
+if __name__ == "__main__":
+    sys.exit(main())
