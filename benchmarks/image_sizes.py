@@ -43,9 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tooling"))
 from fixtures.daemonset import docker
 from fixtures.docker_env import Registry, local_registry, start_dockerd, stop_dockerd
 from fixtures.images import built_images
-from gdc.compression import recompress
 from record import Report, add_record_option
 
+from gdc.compression import recompress
 from gdc.registry import Registry as RegistryClient
 
 NEXT_RELEASE = "9999.3.0"
