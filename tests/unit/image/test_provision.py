@@ -67,6 +67,7 @@ def test_the_driver_is_verified_then_handed_to_the_userspace_installer(tmp_path:
     assert argv[1:4] == ["-m", "nvidia_driver.image.userspace", "install"]
     assert argv[argv.index("--sha256") + 1] == _sha256(body)
     assert argv[argv.index("--arch") + 1] == "amd64"
+    assert "--no-man-pages" in argv  # the image has no man pages
     assert not Path(argv[argv.index("--run") + 1]).exists()  # never left for a layer
 
 

@@ -10,8 +10,8 @@ images/build/Dockerfile runs these, and only these::
 
 ``driver`` downloads ``<base>/<V>/NVIDIA-Linux-<x86_64|aarch64>-<V>.run``, checks its SHA-256
 (one digest, or ``amd64=HEX,arm64=HEX`` so that one multi-arch build passes both) and hands it
-to ``python3 -m nvidia_driver.image.userspace install``; the .run is deleted in the same step,
-so it never lands in an image layer.
+to ``python3 -m nvidia_driver.image.userspace install`` (without man pages); the .run is
+deleted in the same step, so it never lands in an image layer.
 
 ``redist`` reads ``<base>/redistrib_<V>.json``, NVIDIA's manifest of redistributable archives,
 and installs the fabric manager, NSCQ, NVLSM, IMEX and NVSDM archives it lists (sources/redist.py),
@@ -169,9 +169,12 @@ def install_driver(
         say(f"Downloading {url}")
         download(url, runfile, expected)
         say(f"Verified {runfile.name} (sha256 {expected})")
+        # No man pages: the image has none (images/build/dpkg/gdc-slim), and the container
+        # toolkit injects programs and libraries only.
         runner(
             [sys.executable, "-m", "nvidia_driver.image.userspace", "install",
-             "--run", str(runfile), "--sha256", expected, "--root", str(root), "--arch", arch]
+             "--run", str(runfile), "--sha256", expected, "--root", str(root), "--arch", arch,
+             "--no-man-pages"]
         )  # fmt: skip
 
 
