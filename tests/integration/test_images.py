@@ -85,6 +85,50 @@ def test_the_build_image_carries_driver_fabric_manager_and_entrypoint(
     assert listing.split()[-2:] == ["0", "0"]  # no apt lists, no .run left behind
 
 
+# What the build image must not carry (images/build/Dockerfile): Mesa and LLVM, which only
+# libglx0's and libegl1's dependencies would bring (gdc-no-mesa stands in for them), and systemd,
+# which libibverbs1's would (systemd-standalone-sysusers stands in).
+UNWANTED_PREFIXES = ("libllvm", "mesa-")
+UNWANTED_PACKAGES = ("libgl1-mesa-dri", "libglx-mesa0", "libegl-mesa0", "libgbm1", "systemd")
+# The files dpkg's gdc-slim rules keep under /usr/share/doc are licences; NVIDIA's redist
+# archives put theirs under /usr/share/doc/<component>/ (sources/redist.py).
+LICENCE_NAMES = ("copyright", "LICENSE", "third-party-notices.txt")
+OUR_DOCS = "/usr/share/doc/gpu-driver-container/"
+# Each gcc's include directory (kbuild: -isystem $(CC -print-file-name=include)) and libgcc.a,
+# then libasan.a, which gcc prints back as given when it has none.
+COMPILER_FILES = "for f in include/stddef.h libgcc.a libasan.a; do gcc-$0 -print-file-name=$f; done"
+
+
+def test_the_build_image_has_no_mesa_llvm_systemd_or_documentation(
+    invoke: Invoke, build_image: subprocess.CompletedProcess[str]
+) -> None:
+    reference = invoke.build_reference
+    listing = _in_image(reference, "dpkg-query -W -f '${Status} ${Package}\\n'")
+    installed = [line.rsplit(" ", 1)[1] for line in listing.splitlines()
+                 if line.startswith("install ok installed ")]  # fmt: skip
+    for name in ("gdc-no-mesa", "libgl1", "libegl1", "systemd-standalone-sysusers"):
+        assert name in installed, name
+    unwanted = [name for name in installed
+                if name.startswith(UNWANTED_PREFIXES) or name in UNWANTED_PACKAGES]  # fmt: skip
+    assert not unwanted, unwanted
+    files = _in_image(reference, "find /usr/share/doc /usr/share/man /usr/share/info "
+                      "/usr/share/locale ! -type d 2>/dev/null; true").splitlines()  # fmt: skip
+    others = [path for path in files if not path.startswith(OUR_DOCS)
+              and Path(path).name not in LICENCE_NAMES]  # fmt: skip
+    assert not others, others
+    assert f"{OUR_DOCS}LICENSE" in files
+    assert any(path.endswith("/copyright") for path in files)
+
+
+def test_the_compilers_keep_their_headers_and_libgcc_but_no_sanitizers(
+    invoke: Invoke, build_image: subprocess.CompletedProcess[str]
+) -> None:
+    for major in (13, 14, 15):
+        printed = _in_image(invoke.build_reference, f"sh -c '{COMPILER_FILES}' {major}").split()
+        directory = f"/usr/lib/gcc/x86_64-linux-gnu/{major}"
+        assert printed == [f"{directory}/include/stddef.h", f"{directory}/libgcc.a", "libasan.a"]
+
+
 def test_the_precompiled_image_is_one_layer_on_the_build_image(
     invoke: Invoke, precompiled_image: subprocess.CompletedProcess[str]
 ) -> None:
