@@ -94,9 +94,12 @@ UNWANTED_PACKAGES = ("libgl1-mesa-dri", "libglx-mesa0", "libegl-mesa0", "libgbm1
 # archives put theirs under /usr/share/doc/<component>/ (sources/redist.py).
 LICENCE_NAMES = ("copyright", "LICENSE", "third-party-notices.txt")
 OUR_DOCS = "/usr/share/doc/gpu-driver-container/"
-# Each gcc's include directory (kbuild: -isystem $(CC -print-file-name=include)) and libgcc.a,
-# then libasan.a, which gcc prints back as given when it has none.
-COMPILER_FILES = "for f in include/stddef.h libgcc.a libasan.a; do gcc-$0 -print-file-name=$f; done"
+# Each gcc's include directory (kbuild: -isystem $(CC -print-file-name=include)), libgcc.a and
+# cc1, then libasan.a and lto1, which gcc prints back as given when it has none.
+COMPILER_FILES = (
+    "for f in include/stddef.h libgcc.a; do gcc-$0 -print-file-name=$f; done; "
+    "gcc-$0 -print-prog-name=cc1; gcc-$0 -print-file-name=libasan.a; gcc-$0 -print-prog-name=lto1"
+)
 
 
 def test_the_build_image_has_no_mesa_llvm_systemd_or_documentation(
@@ -120,13 +123,15 @@ def test_the_build_image_has_no_mesa_llvm_systemd_or_documentation(
     assert any(path.endswith("/copyright") for path in files)
 
 
-def test_the_compilers_keep_their_headers_and_libgcc_but_no_sanitizers(
+def test_the_compilers_keep_their_headers_and_libgcc_but_no_sanitizers_or_lto(
     invoke: Invoke, build_image: subprocess.CompletedProcess[str]
 ) -> None:
     for major in (13, 14, 15):
         printed = _in_image(invoke.build_reference, f"sh -c '{COMPILER_FILES}' {major}").split()
         directory = f"/usr/lib/gcc/x86_64-linux-gnu/{major}"
-        assert printed == [f"{directory}/include/stddef.h", f"{directory}/libgcc.a", "libasan.a"]
+        assert printed == [f"{directory}/include/stddef.h", f"{directory}/libgcc.a",
+                           f"/usr/libexec/gcc/x86_64-linux-gnu/{major}/cc1", "libasan.a",
+                           "lto1"]  # fmt: skip
 
 
 def test_the_precompiled_image_is_one_layer_on_the_build_image(
