@@ -19,8 +19,9 @@ tests build them (fixtures/images.py: the 535.261.03 fixture driver, the test re
 and, for the update, 9999.3.0 with the same kernel), which takes a while. The images are pushed
 to a local registry (Debian's docker-registry on 127.0.0.1), then recompressed there.
 
-Usage: python benchmarks/image_sizes.py [--build-image REF --precompiled-image REF
-       --next-image REF] [--zstd-level N] [--record]
+Usage (root; the venv of ``nox -s integration``, which has requests and invoke):
+  .nox/integration/bin/python benchmarks/image_sizes.py [--build-image REF
+      --precompiled-image REF --next-image REF] [--zstd-level N] [--record]
 """
 
 from __future__ import annotations
@@ -37,8 +38,12 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "integration"))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tooling"))
+# From a fresh checkout, in the venv `nox -s integration` made (requests, invoke): the fixtures,
+# what they share with the unit tests, the tooling and this checkout's entrypoint.
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent / "entrypoint" / "src"))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent / "tooling"))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent / "tests" / "shared"))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent / "tests" / "integration"))
 
 from fixtures.daemonset import docker
 from fixtures.docker_env import Registry, local_registry, start_dockerd, stop_dockerd
