@@ -16,7 +16,7 @@ dockerd pushes them (gzip) and as ``invoke publish`` publishes them (zstd, gdc.c
 Without ``--build-image``, ``--precompiled-image`` and ``--next-image`` (references on the
 project's dockerd, unix:///run/gdc-docker.sock) the images are built first, as the integration
 tests build them (fixtures/images.py: the 535.261.03 fixture driver, the test release 9999.2.0
-and, for the update, 9999.3.0 with the same kernel), which takes a while. The images are pushed
+and, for the update, 9999.2.1 with the same kernel), which takes a while. The images are pushed
 to a local registry (Debian's docker-registry on 127.0.0.1), then recompressed there.
 
 Usage (root; the venv of ``nox -s integration``, which has requests and invoke):
@@ -53,7 +53,7 @@ from record import Report, add_record_option
 from gdc.compression import recompress
 from gdc.registry import Registry as RegistryClient
 
-NEXT_RELEASE = "9999.3.0"
+NEXT_RELEASE = "9999.2.1"  # a stable point release with the same kernel (as test_publish.py)
 LINK_BITS_PER_SECOND = 1e9
 MB = 1e6
 # Issue 24's goals.
