@@ -7,21 +7,25 @@ dockerd pushes them (gzip) and as ``invoke publish`` publishes them (zstd, gdc.c
    the step of the Dockerfile that made it;
 2. the total a fresh node pulls;
 3. the update pull: what a node that holds the precompiled image of release N pulls for
-   release N+1 (the layers of N+1's manifest that N's lacks);
+   release N+1. Both are their build image's layers plus one packages layer of their own
+   (test_images.py; the build image is one per driver, not per release), so a node pulls the
+   layers of the precompiled image that its build image lacks, compared by digest: for zstd
+   this also proves that recompressing the build image and the precompiled image apart gives
+   the shared layers the same digests (a node would otherwise pull them again);
 4. pull plus extract at LINK_BITS_PER_SECOND: the bytes over the link, plus each layer's
    decompression measured here on one core (``gzip -dc`` / ``zstd -dc -T1``, output discarded),
    with no overlap between the two (containerd fetches a layer, then unpacks it);
 5. the largest packages of the build image, by installed size: where the remaining bytes are.
 
-Without ``--build-image``, ``--precompiled-image`` and ``--next-image`` (references on the
-project's dockerd, unix:///run/gdc-docker.sock) the images are built first, as the integration
-tests build them (fixtures/images.py: the 535.261.03 fixture driver, the test release 9999.2.0
-and, for the update, 9999.2.1 with the same kernel), which takes a while. The images are pushed
+Without ``--build-image`` and ``--precompiled-image`` (references on the project's dockerd,
+unix:///run/gdc-docker.sock) the images are built first, as the integration tests build them
+(fixtures/images.py: the 535.261.03 fixture driver, the test release 9999.2.0), which takes a
+while. The images are pushed
 to a local registry (Debian's docker-registry on 127.0.0.1), then recompressed there.
 
 Usage (root; the venv of ``nox -s integration``, which has requests and invoke):
   .nox/integration/bin/python benchmarks/image_sizes.py [--build-image REF
-      --precompiled-image REF --next-image REF] [--zstd-level N] [--record]
+      --precompiled-image REF] [--zstd-level N] [--record]
 """
 
 from __future__ import annotations
@@ -53,7 +57,6 @@ from record import Report, add_record_option
 from gdc.compression import recompress
 from gdc.registry import Registry as RegistryClient
 
-NEXT_RELEASE = "9999.2.1"  # a stable point release with the same kernel (as test_publish.py)
 LINK_BITS_PER_SECOND = 1e9
 MB = 1e6
 # Issue 24's goals.
@@ -169,21 +172,19 @@ def top_packages(reference: str) -> list[tuple[int, str]]:
 
 
 @contextmanager
-def images(args: argparse.Namespace) -> Iterator[tuple[str, str, str, Registry]]:
-    """The three images (build, precompiled N, precompiled N+1) and a registry to push to."""
+def images(args: argparse.Namespace) -> Iterator[tuple[str, str, Registry]]:
+    """The two images (build, precompiled) and a registry to push to."""
     with ExitStack() as stack:
         scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gdc-sizes-")))
         if args.build_image:
             stack.callback(stop_dockerd, start_dockerd())
             (scratch / "registry").mkdir()
             registry = stack.enter_context(local_registry(scratch / "registry"))
-            yield args.build_image, args.precompiled_image, args.next_image, registry
+            yield args.build_image, args.precompiled_image, registry
             return
-        print("building the build image and two precompiled images (this takes a while)...",
-              flush=True)  # fmt: skip
-        built = stack.enter_context(built_images(scratch, next_release=NEXT_RELEASE))
-        assert built.next_precompiled is not None
-        yield built.build, built.precompiled, built.next_precompiled, built.registry
+        print("building the build and precompiled images (this takes a while)...", flush=True)
+        built = stack.enter_context(built_images(scratch))
+        yield built.build, built.precompiled, built.registry
 
 
 def push(reference: str, registry: Registry, name: str, tag: str) -> None:
@@ -198,21 +199,19 @@ def main() -> int:
     parser.add_argument("--build-image", help="the build image (a reference on the project's "
                         "dockerd, unix:///run/gdc-docker.sock)")  # fmt: skip
     parser.add_argument("--precompiled-image", help="the precompiled image built on it")
-    parser.add_argument("--next-image", help="the precompiled image of the next release")
     parser.add_argument("--zstd-level", type=int, default=19, help="zstd level (publish's)")
     add_record_option(parser)
     args = parser.parse_args()
-    given = [bool(args.build_image), bool(args.precompiled_image), bool(args.next_image)]
-    if any(given) and not all(given):
-        parser.error("give --build-image, --precompiled-image and --next-image, or none")
+    if bool(args.build_image) != bool(args.precompiled_image):
+        parser.error("give both --build-image and --precompiled-image, or neither")
     name = "gdc/sizes"
-    tags = {"build": "build", "precompiled": "precompiled", "next": "next"}
+    tags = {"build": "build", "precompiled": "precompiled"}
     pushed: dict[tuple[str, str], Pushed] = {}
     with ExitStack() as stack:
-        build, precompiled, following, registry = stack.enter_context(images(args))
+        build, precompiled, registry = stack.enter_context(images(args))
         scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gdc-blobs-")))
         client = RegistryClient(registry.address)
-        for key, reference in zip(tags, (build, precompiled, following), strict=True):
+        for key, reference in zip(tags, (build, precompiled), strict=True):
             push(reference, registry, name, tags[key])
             pushed[(key, "gzip")] = read_pushed(registry, name, tags[key], scratch)
             recompress(client, name, tags[key], level=args.zstd_level, tag=f"{tags[key]}-zstd")
@@ -246,13 +245,17 @@ def print_figures(pushed: dict[tuple[str, str], Pushed], packages: list[tuple[in
         gzip, zstd = pushed[(key, "gzip")], pushed[(key, "zstd")]
         print(f"  {key:>11}: gzip {gzip.pull_seconds():6.1f} s, zstd {zstd.pull_seconds():6.1f} s"
               f"; zstd / gzip {zstd.pull_seconds() / gzip.pull_seconds():.3f}")  # fmt: skip
-    print("update: a node holding release N's precompiled image pulls for N+1 (same kernel):")
+    print("update: a node holding release N's precompiled image pulls for N+1 the layers its "
+          "build image lacks:")  # fmt: skip
     updates = {}
     for kind in ("gzip", "zstd"):
-        new = pushed[("next", kind)].new_over(pushed[("precompiled", kind)])
+        image = pushed[("precompiled", kind)]
+        new = image.new_over(pushed[("build", kind)])
         updates[kind] = sum(layer.size for layer in new)
-        print(f"  {kind}: {len(new)} layer(s), {_mb(updates[kind])}, "
-              f"{pushed[('next', kind)].pull_seconds(new):.1f} s")  # fmt: skip
+        shared = len(image.layers) - len(new)
+        print(f"  {kind}: {len(new)} layer(s) of {len(image.layers)}, {_mb(updates[kind]).strip()},"
+              f" {image.pull_seconds(new):.1f} s; {shared} shared with the build image by "
+              "digest")  # fmt: skip
     print(f"largest packages of the build image (installed size, top {len(packages)}):")
     for size, package in packages:
         print(f"  {_mb(size)}  {package}")
