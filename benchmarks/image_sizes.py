@@ -31,12 +31,10 @@ Usage (root; the venv of ``nox -s integration``, which has requests and invoke):
 from __future__ import annotations
 
 import argparse
-import hashlib
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -103,18 +101,6 @@ class Pushed:
         return tuple(layer for layer in self.layers if layer.digest not in have)
 
 
-def _blob(registry: Registry, name: str, digest: str, destination: Path) -> Path:
-    url = f"{registry.url}/v2/{name}/blobs/{digest}"
-    hasher = hashlib.sha256()
-    with urllib.request.urlopen(url, timeout=60) as answer, destination.open("wb") as out:  # noqa: S310 - loopback registry
-        while chunk := answer.read(1 << 20):
-            hasher.update(chunk)
-            out.write(chunk)
-    if f"sha256:{hasher.hexdigest()}" != digest:
-        raise RuntimeError(f"blob {digest} of {name} does not match its digest")
-    return destination
-
-
 def _decompress(kind: str, blob: Path) -> tuple[int, float]:
     """(uncompressed bytes, seconds of one core)."""
     command = _DECOMPRESS[kind]
@@ -146,13 +132,13 @@ def _steps(config: dict[str, object]) -> list[str]:
 
 def read_pushed(registry: Registry, name: str, tag: str, scratch: Path) -> Pushed:
     client = RegistryClient(registry.address)
-    manifest = client.manifest(name, tag).json()
-    config = client.config(name, client.manifest(name, tag))
-    steps = _steps(config)
+    manifest = client.manifest(name, tag)
+    steps = _steps(client.config(name, manifest))
     layers = []
-    for index, descriptor in enumerate(manifest["layers"]):
+    for index, descriptor in enumerate(manifest.json()["layers"]):
         kind = "zstd" if descriptor["mediaType"].endswith("zstd") else "gzip"
-        blob = _blob(registry, name, descriptor["digest"], scratch / "blob")
+        blob = scratch / "blob"
+        client.fetch_blob(name, descriptor["digest"], int(descriptor["size"]), blob)
         uncompressed, seconds = _decompress(kind, blob)
         blob.unlink()
         step = steps[index] if index < len(steps) else "?"
