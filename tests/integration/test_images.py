@@ -86,10 +86,20 @@ def test_the_build_image_carries_driver_fabric_manager_and_entrypoint(
 
 
 # What the build image must not carry (images/build/Dockerfile): Mesa and LLVM, which only
-# libglx0's and libegl1's dependencies would bring (gdc-no-mesa stands in for them), and systemd,
-# which libibverbs1's would (systemd-standalone-sysusers stands in).
-UNWANTED_PREFIXES = ("libllvm", "mesa-")
-UNWANTED_PACKAGES = ("libgl1-mesa-dri", "libglx-mesa0", "libegl-mesa0", "libgbm1", "systemd")
+# libglx0's and libegl1's dependencies would bring (gdc-no-mesa stands in for them), systemd,
+# which libibverbs1's would (systemd-standalone-sysusers stands in), and Perl's standard library,
+# which infiniband-diags' would (gdc-no-perl stands in; perl-base stays, as it is essential).
+UNWANTED_PREFIXES = ("libllvm", "mesa-", "perl-modules-", "libperl")
+UNWANTED_PACKAGES = ("libgl1-mesa-dri", "libglx-mesa0", "libegl-mesa0", "libgbm1", "systemd",
+                     "perl")  # fmt: skip
+# Every Perl script left in the image compiles (its `use`s resolve) with perl-base alone, and
+# infiniband-diags' compiled tools resolve every library they link.
+PERL_SCRIPTS_COMPILE = (
+    "for f in $(grep -l '^#!/usr/bin/perl' /usr/bin/* /usr/sbin/* 2>/dev/null); do "
+    "perl -c $f 2>&1 || echo \"perl-fails $f\"; done; "
+    "for t in ibstat sminfo perfquery; do ldd /usr/sbin/$t | grep 'not found'; done; "
+    "ls /usr/sbin/ibstat /usr/sbin/ibstatus; true"
+)
 # The files dpkg's gdc-slim rules keep under /usr/share/doc are licences; NVIDIA's redist
 # archives put theirs under /usr/share/doc/<component>/ (sources/redist.py).
 LICENCE_NAMES = ("copyright", "LICENSE", "third-party-notices.txt")
@@ -106,18 +116,22 @@ COMPILER_FILES = (
 )
 
 
-def test_the_build_image_has_no_mesa_llvm_systemd_or_documentation(
+def test_the_build_image_has_no_mesa_llvm_systemd_perl_or_documentation(
     invoke: Invoke, build_image: subprocess.CompletedProcess[str]
 ) -> None:
     reference = invoke.build_reference
     listing = _in_image(reference, "dpkg-query -W -f '${Status} ${Package}\\n'")
     installed = [line.rsplit(" ", 1)[1] for line in listing.splitlines()
                  if line.startswith("install ok installed ")]  # fmt: skip
-    for name in ("gdc-no-mesa", "libgl1", "libegl1", "systemd-standalone-sysusers"):
+    for name in ("gdc-no-mesa", "gdc-no-perl", "libgl1", "libegl1", "systemd-standalone-sysusers",
+                 "infiniband-diags", "perl-base"):  # fmt: skip
         assert name in installed, name
     unwanted = [name for name in installed
                 if name.startswith(UNWANTED_PREFIXES) or name in UNWANTED_PACKAGES]  # fmt: skip
     assert not unwanted, unwanted
+    perl = _in_image(reference, PERL_SCRIPTS_COMPILE)
+    assert "perl-fails" not in perl and "not found" not in perl, perl
+    assert "/usr/sbin/ibstat" in perl and "/usr/sbin/ibstatus" in perl, perl
     # dpkg keeps the directories and symlinks below an include pattern's fixed part
     # (/usr/share/doc/), so /usr/share/doc/cpp-14 -> gcc-14-base stays: regular files count.
     files = _in_image(reference, FIND_DOCS).splitlines()
