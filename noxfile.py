@@ -88,14 +88,15 @@ def _integration(session: nox.Session, markers: str) -> None:
 @nox.session(default=False)
 def integration(session: nox.Session) -> None:
     """Run the integration tests (root, Docker and Debian's package registry needed)."""
-    _integration(session, "integration and not arm64_cross")
+    _integration(session, "integration and not arm64")
 
 
 @nox.session(default=False)
 def integration_arm64(session: nox.Session) -> None:
-    """The arm64 cross build and its load into arm64 Linux under qemu-system-aarch64 (root; a
-    compile of many minutes with the cross gcc, kept out of the main session's budget)."""
-    _integration(session, "integration and arm64_cross")
+    """The arm64 driver (root): the cross build and its load into arm64 Linux under
+    qemu-system-aarch64 (a compile of many minutes with the cross gcc), and the aarch64 .run's
+    userspace under qemu-user. Kept out of the main session's budget: .ci/run runs it beside it."""
+    _integration(session, "integration and arm64")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from fixtures.qemu_aarch64 import ARM64_KERNEL, arm64_kernel, boot_and_insmod_aa
 from nvidia_driver.formats.vmlinuz import kernel_banner_from_file
 from nvidia_driver.kbuild.packages import Package, load_package
 
-pytestmark = [pytest.mark.integration, pytest.mark.arm64_cross]
+pytestmark = [pytest.mark.integration, pytest.mark.arm64]
 
 DRIVER = ARM64_DRIVER
 NO_GPU = "NVRM: No NVIDIA GPU found"

@@ -38,7 +38,7 @@ from fixtures.runfile_arm64 import build_arm64_run_fixture
 from nvidia_driver.formats.elf import read_elf
 from nvidia_driver.image.provision import install_redist
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.arm64]
 
 VERSION = "550.163.01"
 LIBDIR = "usr/lib/aarch64-linux-gnu"
@@ -81,7 +81,7 @@ def _files(root: Path) -> set[Path]:
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
+def arm64_installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
     runfile = build_arm64_run_fixture(VERSION)
     root = tmp_path_factory.mktemp("arm64-userspace") / "root"
     root.mkdir()
@@ -126,18 +126,18 @@ def _install_sbsa_redist(root: Path, downloads: Path) -> dict[str, str]:
     return {archive.component.key: archive.relative_path for archive in installed}
 
 
-def test_the_redist_archives_are_nvidias_sbsa_ones(installed: Installed) -> None:
+def test_the_redist_archives_are_nvidias_sbsa_ones(arm64_installed: Installed) -> None:
     fabricmanager = f"fabricmanager/{SBSA}/fabricmanager-{SBSA}-{VERSION}-archive.tar.xz"
-    assert installed.redist["fabricmanager"] == fabricmanager
-    for component, relative in installed.redist.items():
+    assert arm64_installed.redist["fabricmanager"] == fabricmanager
+    for component, relative in arm64_installed.redist.items():
         assert relative.startswith(f"{component}/{SBSA}/{component}-{SBSA}-"), relative
     for program in (
         "usr/bin/nv-fabricmanager",
         "usr/bin/nvidia-imex",
         "opt/nvidia/nvlsm/sbin/nvlsm",
     ):
-        assert (installed.root / program).is_file(), program
-    assert (installed.root / LIBDIR / f"libnvidia-nscq.so.{VERSION}").is_file()
+        assert (arm64_installed.root / program).is_file(), program
+    assert (arm64_installed.root / LIBDIR / f"libnvidia-nscq.so.{VERSION}").is_file()
 
 
 def _elves(paths: list[Path]) -> dict[Path, int]:
@@ -150,18 +150,18 @@ def _elves(paths: list[Path]) -> dict[Path, int]:
     return found
 
 
-def test_the_aarch64_run_is_installed_from_its_manifest(installed: Installed) -> None:
-    lines = installed.output.splitlines()
+def test_the_aarch64_run_is_installed_from_its_manifest(arm64_installed: Installed) -> None:
+    lines = arm64_installed.output.splitlines()
     assert lines[0] == f"Unpacking NVIDIA-Linux-aarch64-{VERSION}.run..."
     for group in ("NVML and tools", "CUDA", "CUDA MPS", "OpenCL", "GSP firmware"):
         assert any(line.startswith(f"Installed {group}: ") for line in lines), group
-    nvml = installed.root / LIBDIR / "libnvidia-ml.so.1"
+    nvml = arm64_installed.root / LIBDIR / "libnvidia-ml.so.1"
     assert nvml.readlink() == Path(f"libnvidia-ml.so.{VERSION}")
-    assert (installed.root / f"usr/src/nvidia-{VERSION}/kernel-open/Kbuild").is_file()
+    assert (arm64_installed.root / f"usr/src/nvidia-{VERSION}/kernel-open/Kbuild").is_file()
 
 
-def test_every_installed_elf_is_aarch64(installed: Installed) -> None:
-    elves = _elves([path for path in installed.written if "usr/src" not in path.as_posix()])
+def test_every_installed_elf_is_aarch64(arm64_installed: Installed) -> None:
+    elves = _elves([path for path in arm64_installed.written if "usr/src" not in path.as_posix()])
     names = {path.name for path in elves}
     assert {"nvidia-smi", "nvidia-persistenced", f"libcuda.so.{VERSION}",
             f"libnvidia-ml.so.{VERSION}", "nv-fabricmanager", "nvlsm"} <= names  # fmt: skip
@@ -172,7 +172,9 @@ def test_every_installed_elf_is_aarch64(installed: Installed) -> None:
     assert not wrong
     # The closed cores of the module sources are NVIDIA's aarch64 objects too.
     for flavour in ("kernel", "kernel-open"):
-        core = installed.root / f"usr/src/nvidia-{VERSION}/{flavour}/nvidia/nv-kernel.o_binary"
+        core = (
+            arm64_installed.root / f"usr/src/nvidia-{VERSION}/{flavour}/nvidia/nv-kernel.o_binary"
+        )
         assert _elves([core]) == {core: EM_AARCH64}
 
 
@@ -195,11 +197,11 @@ def _find(root: Path, name: str) -> Path | None:
     return None
 
 
-def test_every_needed_library_and_loader_is_in_the_root(installed: Installed) -> None:
+def test_every_needed_library_and_loader_is_in_the_root(arm64_installed: Installed) -> None:
     """DT_NEEDED of every installed program and library, read by the project's ELF reader."""
     missing: dict[str, list[str]] = {}
     checked = 0
-    for path in installed.written:
+    for path in arm64_installed.written:
         if "usr/src" in path.as_posix() or "/firmware/" in path.as_posix():
             continue
         info = read_elf(path)
@@ -207,21 +209,21 @@ def test_every_needed_library_and_loader_is_in_the_root(installed: Installed) ->
             continue
         checked += 1
         if info.interpreter is not None:
-            loader = installed.root / info.interpreter.lstrip("/")
+            loader = arm64_installed.root / info.interpreter.lstrip("/")
             if not loader.exists():
                 missing.setdefault(info.interpreter, []).append(path.name)
         for name in info.needed:
-            if _find(installed.root, name) is None:
+            if _find(arm64_installed.root, name) is None:
                 missing.setdefault(name, []).append(path.name)
     assert checked >= 30
     assert not missing
 
 
-def test_nvidia_smi_loads_the_installed_nvml_under_qemu_user(installed: Installed) -> None:
+def test_nvidia_smi_loads_the_installed_nvml_under_qemu_user(arm64_installed: Installed) -> None:
     ensure_packages(["qemu-user-static"])
     result = subprocess.run(
-        ["qemu-aarch64-static", "-L", str(installed.root),
-         "-E", f"LD_LIBRARY_PATH=/{LIBDIR}", str(installed.root / "usr/bin/nvidia-smi")],
+        ["qemu-aarch64-static", "-L", str(arm64_installed.root),
+         "-E", f"LD_LIBRARY_PATH=/{LIBDIR}", str(arm64_installed.root / "usr/bin/nvidia-smi")],
         capture_output=True, text=True, check=False, timeout=300,
     )  # fmt: skip
     output = result.stdout + result.stderr
