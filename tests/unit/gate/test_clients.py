@@ -178,6 +178,22 @@ def test_a_name_from_the_environment_with_a_line_break_is_refused(name: str, val
     assert str(raised.value).endswith(": set it to the Kubernetes name deploy/reboot-gate gives it")
 
 
+@pytest.mark.parametrize(
+    ("name", "value", "accepted"),
+    [("NODE_NAME", "../pods/x", "a Kubernetes object name"),
+     ("POD_NAME", "gate?watch=1", "a Kubernetes object name"),
+     ("POD_NAMESPACE", "kube-system/pods", "a Kubernetes namespace")],
+)  # fmt: skip
+def test_a_name_from_the_environment_outside_kubernetes_names_is_refused(
+    name: str, value: str, accepted: str
+) -> None:
+    """They are segments of request paths (the node, the pod, the namespace's events)."""
+    env = {"NODE_NAME": "gpu-1", "POD_NAMESPACE": "gate", "POD_NAME": "pod", name: value}
+    with pytest.raises(DriverError) as raised:
+        Settings.from_env(env, Manager.KURED, 60)
+    assert str(raised.value).startswith(f"{name} {value!r}, which is not {accepted} (")
+
+
 def test_the_fake_refuses_patch_types_it_does_not_implement() -> None:
     """A client sending another patch type would fail here, not pass on missing semantics."""
     with FakeAPIServer() as server:

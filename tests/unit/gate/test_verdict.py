@@ -197,6 +197,23 @@ def test_the_operators_pull_secret_opens_a_private_registry(cluster: Cluster) ->
     assert cluster.registry.tokens_issued == ["repository:o/driver:pull"]
 
 
+def test_a_pull_secret_name_that_is_no_kubernetes_name_holds_without_a_request(
+    cluster: Cluster,
+) -> None:
+    """The name is a segment of the request's path: '..' would make it another request."""
+    cluster.add_node("gpu-1")
+    cluster.cluster_policy("610.57.04", secrets=("../../../nodes/gpu-1",))
+    cluster.publish(f"610.57.04-flatcar{B}")
+    verdict = _judge(cluster)
+    assert not verdict.allowed
+    assert verdict.line.endswith(
+        "pull secret '../../../nodes/gpu-1', which is not a Kubernetes object name (lower-case "
+        "letters, digits, '-' and '.', at most 253): correct imagePullSecrets in ClusterPolicy "
+        "cluster-policy"
+    )
+    assert not [path for _, path, _ in cluster.api.log if "/secrets/" in path or ".." in path]
+
+
 def test_a_registry_that_wants_credentials_the_gate_lacks_holds(cluster: Cluster) -> None:
     cluster.registry.username, cluster.registry.password = "robot", "s3cret"
     cluster.add_node("gpu-1")

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from nvidia_driver.errors import DriverError
-from nvidia_driver.gate.kubeapi import ConflictError, KubeAPI
+from nvidia_driver.gate.kubeapi import ConflictError, KubeAPI, namespace, object_name
 from nvidia_driver.gate.managers import (
     APPROVAL,
     APPROVAL_ENV,
@@ -83,9 +83,12 @@ class Settings:
                 "(deploy/reboot-gate); set them when running it by hand"
             )
         # They reach request paths, annotations, events and log lines.
-        needed[APPROVAL_ENV] = settings.approval
-        for name, value in needed.items():
-            check(value, name, "set it to the Kubernetes name deploy/reboot-gate gives it")
+        fix = "set it to the Kubernetes name deploy/reboot-gate gives it"
+        check(settings.approval, APPROVAL_ENV, fix)
+        namespace(settings.namespace, "POD_NAMESPACE", fix)
+        object_name(settings.node_name, "NODE_NAME", fix)
+        if manager is Manager.KURED:
+            object_name(settings.pod_name, "POD_NAME", fix)
         return settings
 
 

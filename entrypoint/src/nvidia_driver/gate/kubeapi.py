@@ -14,6 +14,7 @@ The token is read from its file at every request: the kubelet rotates projected 
 from __future__ import annotations
 
 import json
+import re
 import ssl
 import time
 import urllib.parse
@@ -30,7 +31,7 @@ from nvidia_driver.gate.http import (
     UnreachableError,
     send_retried,
 )
-from nvidia_driver.safetext import ANNOTATION_SHOWN, shown
+from nvidia_driver.safetext import ANNOTATION_SHOWN, check_name, shown
 from nvidia_driver.sources.download import Backoff
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -43,6 +44,24 @@ _TOKEN_LIMIT = 64 * 1024
 _LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
 _CONFLICT, _NOT_FOUND = 409, 404
 _OK = range(200, 300)
+# What the API server accepts as the name of a node, a pod or a secret (apimachinery's
+# IsDNS1123Subdomain) and of a namespace (IsDNS1123Label). A name is a segment of a request's
+# path: a name outside these ("..", "a/b", "a?b") would make the request another one.
+_DNS1123_LABEL = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
+OBJECT_NAME = re.compile(rf"(?=.{{1,253}}\Z){_DNS1123_LABEL}(?:\.{_DNS1123_LABEL})*")
+NAMESPACE = re.compile(rf"(?=.{{1,63}}\Z){_DNS1123_LABEL}")
+
+
+def object_name(text: str, what: str, fix: str) -> str:
+    """``text``, when it can name a node, a pod or a secret in a request's path."""
+    return check_name(text, OBJECT_NAME, what, "a Kubernetes object name (lower-case letters, "
+                      "digits, '-' and '.', at most 253)", fix)  # fmt: skip
+
+
+def namespace(text: str, what: str, fix: str) -> str:
+    """``text``, when it can name a namespace in a request's path."""
+    return check_name(text, NAMESPACE, what, "a Kubernetes namespace (lower-case letters, digits "
+                      "and '-', at most 63)", fix)  # fmt: skip
 
 
 class ConflictError(DriverError):

@@ -20,7 +20,7 @@ from types import FrameType
 from nvidia_driver.commands import Commands
 from nvidia_driver.gate.buildcheck import BuildImage
 from nvidia_driver.gate.gate import Gate, Settings
-from nvidia_driver.gate.kubeapi import KubeAPI
+from nvidia_driver.gate.kubeapi import KubeAPI, namespace
 from nvidia_driver.gate.managers import Manager
 from nvidia_driver.gate.verdict import Checker, Releases
 from nvidia_driver.kbuild.cachedirs import cache_dir, work_dir
@@ -47,7 +47,11 @@ def make_gate(env: Mapping[str, str], manager: Manager, interval: float) -> Gate
         api,
         Releases(releases_url_from_env(env), feed),
         BuildImage(env.get("DRIVER_VERSION", "").strip(), commands, releases),
-        operator_namespace=env.get("GPU_OPERATOR_NAMESPACE", "").strip() or OPERATOR_NAMESPACE,
+        operator_namespace=namespace(
+            env.get("GPU_OPERATOR_NAMESPACE", "").strip() or OPERATOR_NAMESPACE,
+            "GPU_OPERATOR_NAMESPACE",
+            "set it to the namespace the GPU Operator runs in",
+        ),
     )
     return Gate(settings, api, checker)
 

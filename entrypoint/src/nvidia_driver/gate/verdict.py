@@ -26,7 +26,7 @@ from typing import Any
 
 from nvidia_driver.errors import DriverError
 from nvidia_driver.gate.buildcheck import BuildImage, Outcome
-from nvidia_driver.gate.kubeapi import KubeAPI
+from nvidia_driver.gate.kubeapi import KubeAPI, object_name
 from nvidia_driver.gate.operator import DriverSpec as Spec
 from nvidia_driver.gate.operator import GPUNode, Kind, Wanted, driver_spec, gpu_nodes, wanted_images
 from nvidia_driver.gate.registry import (
@@ -167,6 +167,7 @@ class Checker:
         """The registries' credentials in the Operator's pull secrets (docker config JSON)."""
         found: dict[str, Credentials] = {}
         for name in spec.pull_secrets:
+            object_name(name, "pull secret", f"correct imagePullSecrets in {spec.source}")
             path = f"/api/v1/namespaces/{self.operator_namespace}/secrets/{name}"
             data = self.api.get(path).get("data", {})
             encoded = data.get(".dockerconfigjson") or data.get(".dockercfg") or ""
