@@ -52,6 +52,7 @@ from nvidia_driver.gate.registry import (
     Credentials,
     credentials_from_docker_config,
     parse_challenge,
+    plain_http,
 )
 from nvidia_driver.safetext import shown
 from nvidia_driver.sources.exchange import ExchangeError
@@ -61,11 +62,9 @@ RETRIES = 4  # after the first attempt: 1 + 2 + 4 + 8 s of backoff at most, Retr
 BACKOFF_SECONDS = 1.0
 MAX_RETRY_AFTER_SECONDS = 60.0
 RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})
-PLAIN_HTTP_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]"})
 BLOB_DEADLINE_SECONDS = 3600.0  # one blob, down or up: a precompiled image's layer is ~1 GB
 CHUNK_BYTES = 1 << 20
 SHA256_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
-_PORT = re.compile(r":[0-9]+$")
 _HOST = re.compile(r"[^/]*[.:][^/]*|localhost")
 _NOT_FOUND = 404
 _UNAUTHORIZED = 401
@@ -129,10 +128,6 @@ class Manifest:
     def json(self) -> dict[str, Any]:
         document = json.loads(self.body)
         return document if isinstance(document, dict) else {}
-
-
-def plain_http(host: str) -> bool:
-    return _PORT.sub("", host) in PLAIN_HTTP_HOSTS
 
 
 def docker_config_path(env: Mapping[str, str]) -> Path:

@@ -36,9 +36,10 @@ from pathlib import Path
 from gdc import commands
 from gdc.commands import Runner
 from gdc.matrix import Matrix
-from gdc.registry import Registry, RegistryError, Repository, plain_http
+from gdc.registry import Registry, RegistryError, Repository
 from gdc.table import format_table
 from nvidia_driver.digests import SHA256_HEX
+from nvidia_driver.gate.registry import plain_http
 
 NO_COSIGN = (
     "cosign is not on PATH: nothing signed; install it "

@@ -21,8 +21,8 @@ from gdc.registry import (
     RegistryError,
     Repository,
     credentials_for,
-    plain_http,
 )
+from nvidia_driver.gate.registry import plain_http
 from nvidia_driver.safetext import unsafe
 
 NAME = "gdc/driver"
@@ -140,7 +140,8 @@ def test_an_unreachable_registry_says_so_in_one_line() -> None:
 @pytest.mark.parametrize(
     ("host", "plain"),
     [("127.0.0.1:5000", True), ("localhost:5000", True), ("localhost", True),
-     ("ghcr.io", False), ("registry.example:443", False)],
+     ("[::1]:5000", True), ("ghcr.io", False), ("registry.example:443", False),
+     ("127.0.0.1.nip.io:5000", False), ("127.0.0.1@ghcr.io", False)],
 )  # fmt: skip
 def test_plain_http_only_on_the_loopback(host: str, plain: bool) -> None:
     assert plain_http(host) is plain

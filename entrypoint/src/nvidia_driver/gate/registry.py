@@ -117,6 +117,9 @@ def _split_reference(text: str) -> tuple[str, str]:
 
 
 def plain_http(host: str) -> bool:
+    """Whether a registry host (``127.0.0.1:5000``, ``[::1]:5000``) is spoken to in plain
+    http: only on the loopback, so that credentials and layers never cross a network in clear.
+    The tooling's client (gdc.registry) decides with it too."""
     return (urllib.parse.urlsplit(f"//{host}").hostname or "") in _PLAIN_HTTP
 
 
