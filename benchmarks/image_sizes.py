@@ -15,7 +15,8 @@ dockerd pushes them (gzip) and as ``invoke publish`` publishes them (zstd, gdc.c
 4. pull plus extract at LINK_BITS_PER_SECOND: the bytes over the link, plus each layer's
    decompression measured here on one core (``gzip -dc`` / ``zstd -dc -T1``, output discarded),
    with no overlap between the two (containerd fetches a layer, then unpacks it);
-5. the largest packages of the build image, by installed size: where the remaining bytes are.
+5. the largest packages of the build image, by the bytes of their files in it (beside dpkg's
+   declared Installed-Size): where the remaining bytes are.
 
 Without ``--build-image`` and ``--precompiled-image`` (references on the project's dockerd,
 unix:///run/gdc-docker.sock) the images are built first, as the integration tests build them
@@ -147,13 +148,42 @@ def read_pushed(registry: Registry, name: str, tag: str, scratch: Path) -> Pushe
     return Pushed(f"{registry.address}/{name}:{tag}", tuple(layers))
 
 
-def top_packages(reference: str) -> list[tuple[int, str]]:
+# Run in the image: each package's bytes as the image holds them, from the files dpkg lists for
+# it (regular files, each inode once: /lib is /usr/lib). dpkg's Installed-Size is what the
+# package declares, before the image's path-excludes (images/build/dpkg/gdc-slim) took lto1,
+# the sanitizers' runtimes, docs and translations out of it.
+_ON_DISK = """
+import glob, os, stat
+seen = set()
+for listing in sorted(glob.glob("/var/lib/dpkg/info/*.list")):
+    total = 0
+    with open(listing) as paths:
+        for path in paths.read().splitlines():
+            try:
+                info = os.lstat(path)
+            except OSError:
+                continue
+            if stat.S_ISREG(info.st_mode) and (info.st_dev, info.st_ino) not in seen:
+                seen.add((info.st_dev, info.st_ino))
+                total += info.st_size
+    print(f"{total}\t{os.path.basename(listing)[:-5].split(':')[0]}")
+"""
+
+
+def top_packages(reference: str) -> list[tuple[int, int, str]]:
+    """The largest packages of the image: (bytes on disk, dpkg's Installed-Size, name)."""
+    declared: dict[str, int] = {}
     listed = docker("run", "--rm", "--network", "none", "--entrypoint", "dpkg-query", reference,
                     "-W", "-f", "${Installed-Size}\t${Package}\n").stdout  # fmt: skip
-    sizes = []
     for line in listed.splitlines():
         kib, _, package = line.partition("\t")
-        sizes.append((int(kib or 0) * 1024, package))
+        declared[package] = int(kib or 0) * 1024
+    on_disk = docker("run", "--rm", "--network", "none", "--entrypoint", "python3", reference,
+                     "-c", _ON_DISK).stdout  # fmt: skip
+    sizes = []
+    for line in on_disk.splitlines():
+        size, _, package = line.partition("\t")
+        sizes.append((int(size), declared.get(package, 0), package))
     return sorted(sizes, reverse=True)[:TOP_PACKAGES]
 
 
@@ -213,7 +243,7 @@ def _mb(count: float) -> str:
     return f"{count / MB:8.1f} MB"
 
 
-def print_figures(pushed: dict[tuple[str, str], Pushed], packages: list[tuple[int, str]],
+def print_figures(pushed: dict[tuple[str, str], Pushed], packages: list[tuple[int, int, str]],
                   level: int) -> bool:  # fmt: skip
     print(f"layers as dockerd pushes them (gzip) and as invoke publish does (zstd -{level}):")
     for key in ("build", "precompiled"):
@@ -242,9 +272,10 @@ def print_figures(pushed: dict[tuple[str, str], Pushed], packages: list[tuple[in
         print(f"  {kind}: {len(new)} layer(s) of {len(image.layers)}, {_mb(updates[kind]).strip()},"
               f" {image.pull_seconds(new):.1f} s; {shared} shared with the build image by "
               "digest")  # fmt: skip
-    print(f"largest packages of the build image (installed size, top {len(packages)}):")
-    for size, package in packages:
-        print(f"  {_mb(size)}  {package}")
+    print(f"largest packages of the build image (top {len(packages)}: on disk, and as dpkg's "
+          "Installed-Size declares before the image's path-excludes):")  # fmt: skip
+    for size, declared, package in packages:
+        print(f"  {_mb(size)} {_mb(declared)}  {package}")
     zstd = pushed[("precompiled", "zstd")]
     build = pushed[("build", "gzip")]
     checks = [
