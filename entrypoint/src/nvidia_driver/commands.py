@@ -20,6 +20,11 @@ from typing import IO
 from nvidia_driver.errors import DriverError
 
 FILTER_EXIT_GRACE_SECONDS = 1.0
+# What a filter may still write once its reader has what it wanted, drained so that the filter
+# ends of itself and reports a broken stream: a tar archive's padding to its record size, a
+# kernel image's trailing bytes. Past it the input is not what the reader expects (a bomb's
+# tail), and the filter is stopped.
+DRAIN_LIMIT = 16 * 1024 * 1024
 
 
 def _first_line(text: str) -> str:
@@ -133,8 +138,9 @@ class Commands:
     ) -> Iterator[IO[bytes]]:
         """Run a byte filter (a decompressor) reading ``source`` from its current offset.
 
-        The caller reads the binary output. Whatever it leaves unread is drained afterwards, so
-        that a filter is never killed by a closed pipe; a failed exit raises with its own reason.
+        The caller reads the binary output. Whatever it leaves unread is drained afterwards, up
+        to :data:`DRAIN_LIMIT` bytes, so that a filter is never killed by a closed pipe; a failed
+        exit raises with its own reason, and more output than the limit with that.
         """
         argv = [self.require(name), *(os.fspath(arg) for arg in args)]
         # stderr goes to a file: a pipe nobody reads while stdout is read could fill and block.
@@ -146,8 +152,7 @@ class Commands:
             assert output is not None  # stdout=PIPE
             try:
                 yield output
-                while output.read(1 << 16):
-                    pass
+                _drain(output, name)
             except Exception as exc:
                 # Output cut short by the filter's own failure: its reason says more. A filter
                 # that failed is exiting; one still writing is given up on after a moment.
@@ -164,6 +169,17 @@ class Commands:
                 returncode = process.wait()
             if returncode != 0:
                 raise _filter_failure(name, returncode, errors)
+
+
+def _drain(output: IO[bytes], name: str) -> None:
+    drained = 0
+    while chunk := output.read(1 << 16):
+        drained += len(chunk)
+        if drained > DRAIN_LIMIT:
+            raise DriverError(
+                f"{name} wrote over {DRAIN_LIMIT // (1024 * 1024)} MiB past the end of what was "
+                "read from it: the input holds more than it should; delete it and fetch it again"
+            )
 
 
 def _filter_failure(name: str, returncode: int, errors: IO[bytes]) -> DriverError:
