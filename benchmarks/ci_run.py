@@ -71,13 +71,15 @@ def main() -> int:
         with LOCK.open("a") as lock:
             print(f"waiting for {LOCK}...", file=sys.stderr, flush=True)
             fcntl.flock(lock, fcntl.LOCK_EX)
+            # Dated, and the load taken, as the run starts; its commit is the clone's.
+            report = Report("ci_run", record=args.record, measured=head)
             status, seconds, summary = run_ci(clone, cache, log)
     finally:
         if not args.keep:
             shutil.rmtree(clone, ignore_errors=True)
             if args.cold:
                 shutil.rmtree(cache, ignore_errors=True)
-    with Report("ci_run", record=args.record):
+    with report:
         kind = "cold (empty cache, Docker's data root included)" if args.cold else "warm cache"
         print(f"bash .ci/run on a fresh clone of {head}, CI=true, {kind}:")
         print(f"  exit {status}, wall clock {seconds / 60:.1f} min ({seconds:.0f} s)")

@@ -89,8 +89,16 @@ class Report:
     """What one benchmark prints, and with record=True its section of docs/benchmarks.md."""
 
     def __init__(
-        self, name: str, *, record: bool, argv: list[str] | None = None, docs: Path = DOCS
+        self,
+        name: str,
+        *,
+        record: bool,
+        argv: list[str] | None = None,
+        docs: Path = DOCS,
+        measured: str | None = None,
     ) -> None:
+        """The date, the machine's load and the commit are taken now, as the run starts;
+        ``measured`` is the commit the figures are of when it is not this checkout's HEAD."""
         if not _NAME.fullmatch(name):
             raise ValueError(f"benchmark name {name!r} is not [a-z][a-z0-9_]*")
         self.name = name
@@ -102,6 +110,7 @@ class Report:
         self.command = shlex.join(["python", str(shown), *argv[1:]])
         self.started = dt.datetime.now(dt.UTC)
         self.machine = machine()  # the load before the benchmark's own work
+        self.commit = measured or commit()
         self._tee: _Tee | None = None
 
     def __enter__(self) -> Self:
@@ -127,7 +136,7 @@ class Report:
             "",
             f"- command: `{self.command}`",
             f"- date: {self.started:%Y-%m-%d %H:%M} UTC",
-            f"- commit: {commit()}",
+            f"- commit: {self.commit}",
             f"- machine: {self.machine}",
             "",
             "```",

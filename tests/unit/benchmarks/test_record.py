@@ -66,3 +66,13 @@ def test_a_failed_run_records_nothing(tmp_path: Path) -> None:
 def test_a_name_that_would_break_the_markers_is_refused() -> None:
     with pytest.raises(ValueError, match="not"):
         Report("x -->", record=True, argv=["x.py"])
+
+
+def test_a_run_of_an_earlier_clone_records_the_clones_commit(tmp_path: Path) -> None:
+    """ci_run.py measures a clone made before the run: commits made meanwhile are not in it."""
+    docs = tmp_path / "benchmarks.md"
+    report = Report("ci_run", record=True, argv=["benchmarks/ci_run.py"], docs=docs,
+                    measured="79be56e2436e")  # fmt: skip
+    with report:
+        print("exit 0")
+    assert "- commit: 79be56e2436e\n" in docs.read_text()
