@@ -97,8 +97,9 @@ class Report:
         docs: Path = DOCS,
         measured: str | None = None,
     ) -> None:
-        """The date, the machine's load and the commit are taken now, as the run starts;
-        ``measured`` is the commit the figures are of when it is not this checkout's HEAD."""
+        """The date, the machine's load and the commit are taken when the report is made (made
+        before a long run, they are the run's start: ci_run.py); ``measured`` is the commit the
+        figures are of when it is not this checkout's HEAD (a clone made earlier)."""
         if not _NAME.fullmatch(name):
             raise ValueError(f"benchmark name {name!r} is not [a-z][a-z0-9_]*")
         self.name = name
@@ -109,7 +110,7 @@ class Report:
         shown = script.relative_to(REPOSITORY) if script.is_relative_to(REPOSITORY) else script
         self.command = shlex.join(["python", str(shown), *argv[1:]])
         self.started = dt.datetime.now(dt.UTC)
-        self.machine = machine()  # the load before the benchmark's own work
+        self.machine = machine()
         self.commit = measured or commit()
         self._tee: _Tee | None = None
 
