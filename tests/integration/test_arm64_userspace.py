@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from fixtures.cross_build import ARM64_DRIVER
 from fixtures.debian import ensure_packages
 from fixtures.debian_arm64 import download_arm64, versions, with_dependencies
 from fixtures.driver_server import COMPONENTS, compile_stand_ins, redist_archive, redistrib_manifest
@@ -40,7 +41,7 @@ from nvidia_driver.image.provision import install_redist
 
 pytestmark = [pytest.mark.integration, pytest.mark.arm64]
 
-VERSION = "550.163.01"
+VERSION = ARM64_DRIVER  # the version the arm64 session warms up (fixtures/warmup.py)
 LIBDIR = "usr/lib/aarch64-linux-gnu"
 EM_AARCH64 = 183
 EM_RISCV = 243  # the GSP firmware runs on the GPU's RISC-V core
