@@ -99,5 +99,16 @@ def integration_arm64(session: nox.Session) -> None:
     _integration(session, "integration and arm64")
 
 
+@nox.session(default=False)
+def cluster(session: nox.Session) -> None:
+    """The real systems in the loop (root, Go 1.26): etcd, kube-apiserver, the GPU Operator, FLUO
+    and kured, built from the Go modules tests/integration/cluster/peers.toml pins, and the
+    scenarios that run our images and the reboot gate against them."""
+    _install(session, "integration", entrypoint=True)
+    named = any(arg.startswith("tests/") for arg in session.posargs)
+    session.run("pytest", *([] if named else ["tests/integration/cluster"]), "-m", "cluster",
+                "--durations=15", *session.posargs)  # fmt: skip
+
+
 if __name__ == "__main__":
     nox.main()
