@@ -19,6 +19,8 @@ Control and Consistency"; RFC 7386):
   with rules (the RBAC rules of the deploy/reboot-gate manifests) may do only what they grant
   (403): verb (get, list, create, update, patch, delete), API group, resource, resourceNames,
   and the namespace of a Role;
+* a resource in ``not_installed`` (a CRD the cluster lacks) answers 404 to every request, as the
+  real server answers for a path it does not serve;
 * ``faults`` answers the next requests that match with an injected status (a 5xx, a 429), and
   ``before_write`` runs before each write, to change an object under a client (a conflict).
 
@@ -51,6 +53,7 @@ KINDS = {
     "secrets": "Secret",
     "clusterpolicies": "ClusterPolicy",
     "nvidiadrivers": "NVIDIADriver",
+    "gpuclusters": "GPUCluster",
 }
 VERBS = {"GET": "get", "PUT": "update", "PATCH": "patch", "POST": "create", "DELETE": "delete"}
 
@@ -130,6 +133,7 @@ class FakeAPIServer(LocalServer):
     # Bearer token -> that user's RBAC PolicyRules (with "namespace" for a Role's); None: all.
     users: dict[str, list[dict[str, Any]] | None] = field(default_factory=dict)
     faults: list[Fault] = field(default_factory=list)
+    not_installed: set[str] = field(default_factory=set)  # resources (plural) without a CRD
     before_write: Callable[[str, str], None] | None = None  # (method, path), under no lock
     log: list[tuple[str, str, str]] = field(default_factory=list)  # method, path, content type
     objects: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = field(default_factory=dict)
@@ -218,7 +222,7 @@ class FakeAPIServer(LocalServer):
         if self.users and token not in self.users:
             return 401, _status(401, "Unauthorized", "Unauthorized")
         where = Where.parse(path)
-        if where is None:
+        if where is None or where.resource in self.not_installed:
             return 404, _status(404, "NotFound", f"the server could not find {path}")
         verb = "list" if method == "GET" and not where.name else VERBS.get(method, "")
         if not self._allowed(self.users.get(token), verb, where):

@@ -81,10 +81,9 @@ def test_the_rbac_grants_what_the_gate_uses_and_nothing_else() -> None:
         ("", "", "nodes", "get"),
         ("", "", "nodes", "list"),
         ("", "", "nodes", "patch"),
-        ("", "nvidia.com", "clusterpolicies", "get"),
         ("", "nvidia.com", "clusterpolicies", "list"),
-        ("", "nvidia.com", "nvidiadrivers", "get"),
         ("", "nvidia.com", "nvidiadrivers", "list"),
+        ("", "nvidia.com", "gpuclusters", "list"),
         ("nvidia-reboot-gate", "", "events", "create"),
         ("nvidia-reboot-gate", "", "pods", "patch"),  # kured only
         ("gpu-operator", "", "secrets", "get"),  # pull-secrets only, by name
