@@ -12,6 +12,9 @@ Control and Consistency"; RFC 7386):
   server knows (strategic merge, JSON patch, apply) answer 415 here, unimplemented, so a client
   that sent one would fail loudly rather than pass on semantics this server lacks;
 * POST creates (409 AlreadyExists for a taken name; ``generateName`` honoured), GET reads,
+  and a core/v1 Event without ``eventTime`` must live in its involved object's namespace, one
+  about a cluster-scoped object (no namespace) in ``default`` (422 otherwise: k8s
+  ``pkg/apis/core/validation/events.go`` ``legacyValidateEvent``);
   DELETE removes; 404 NotFound with a Status for a missing object;
 * lists take a label selector (``k=v``, ``k==v``, ``k!=v``, ``k``, ``!k``, ANDed by commas)
   and page with ``limit`` and ``continue``;
@@ -277,6 +280,9 @@ class FakeAPIServer(LocalServer):
             return 200, self._list(store, query)
         if method == "POST":
             document = json.loads(body)
+            invalid = _invalid_event(where, document)
+            if invalid:
+                return 422, _status(422, "Invalid", invalid)
             metadata = document.setdefault("metadata", {})
             name = (
                 metadata.get("name") or f"{metadata.get('generateName', '')}{self._version + 1:05x}"
@@ -338,6 +344,20 @@ class FakeAPIServer(LocalServer):
         if start + limit < len(matching):
             metadata["continue"] = str(start + limit)
         return {"kind": "List", "apiVersion": "v1", "metadata": metadata, "items": page}
+
+
+def _invalid_event(where: Where, document: dict[str, Any]) -> str:
+    """legacyValidateEvent's namespace rule for an Event without eventTime; "" when it holds."""
+    if (where.group, where.resource) != ("", "events") or document.get("eventTime"):
+        return ""
+    involved = document.get("involvedObject", {}).get("namespace", "")
+    if where.namespace == (involved or "default") or (not involved and not where.namespace):
+        return ""
+    name = document.get("metadata", {}).get("name", "")
+    return (
+        f'Event "{name}" is invalid: involvedObject.namespace: Invalid value: "{involved}": '
+        "does not match event.namespace"
+    )
 
 
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:

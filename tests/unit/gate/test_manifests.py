@@ -84,7 +84,7 @@ def test_the_rbac_grants_what_the_gate_uses_and_nothing_else() -> None:
         ("", "nvidia.com", "clusterpolicies", "list"),
         ("", "nvidia.com", "nvidiadrivers", "list"),
         ("", "nvidia.com", "gpuclusters", "list"),
-        ("nvidia-reboot-gate", "", "events", "create"),
+        ("default", "", "events", "create"),  # node events live there
         ("nvidia-reboot-gate", "", "pods", "patch"),  # kured only
         ("gpu-operator", "", "secrets", "get"),  # pull-secrets only, by name
     }
