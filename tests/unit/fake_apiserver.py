@@ -279,23 +279,7 @@ class FakeAPIServer(LocalServer):
         if method == "GET" and not where.name:
             return 200, self._list(store, query)
         if method == "POST":
-            document = json.loads(body)
-            invalid = _invalid_event(where, document)
-            if invalid:
-                return 422, _status(422, "Invalid", invalid)
-            metadata = document.setdefault("metadata", {})
-            name = (
-                metadata.get("name") or f"{metadata.get('generateName', '')}{self._version + 1:05x}"
-            )
-            if name in store:
-                return 409, _status(
-                    409, "AlreadyExists", f'{where.resource} "{name}" already exists'
-                )
-            created = self._stamp(
-                Where(where.group, where.version, where.namespace, where.resource, name), document
-            )
-            store[name] = created
-            return 201, copy.deepcopy(created)
+            return self._create(store, where, body)
         current = store.get(where.name)
         if current is None:
             return 404, _status(404, "NotFound", f'{where.resource} "{where.name}" not found')
@@ -329,6 +313,23 @@ class FakeAPIServer(LocalServer):
             return 409, _status(409, "Conflict", message)
         store[where.name] = self._stamp(where, document)
         return 200, copy.deepcopy(store[where.name])
+
+    def _create(
+        self, store: dict[str, dict[str, Any]], where: Where, body: bytes
+    ) -> tuple[int, dict[str, Any]]:
+        document = json.loads(body)
+        invalid = _invalid_event(where, document)
+        if invalid:
+            return 422, _status(422, "Invalid", invalid)
+        metadata = document.setdefault("metadata", {})
+        name = metadata.get("name") or f"{metadata.get('generateName', '')}{self._version + 1:05x}"
+        if name in store:
+            return 409, _status(409, "AlreadyExists", f'{where.resource} "{name}" already exists')
+        created = self._stamp(
+            Where(where.group, where.version, where.namespace, where.resource, name), document
+        )
+        store[name] = created
+        return 201, copy.deepcopy(created)
 
     def _list(self, store: dict[str, dict[str, Any]], query: dict[str, str]) -> dict[str, Any]:
         selector = query.get("labelSelector", "")
