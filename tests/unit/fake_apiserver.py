@@ -24,6 +24,8 @@ Control and Consistency"; RFC 7386):
   and the namespace of a Role;
 * a resource in ``not_installed`` (a CRD the cluster lacks) answers 404 to every request, as the
   real server answers for a path it does not serve;
+* ``raw`` answers a GET of a path with the bytes given (200, JSON): what no API server would
+  send (a body nested 1,000 deep, a 16 MiB page);
 * ``faults`` answers the next requests that match with an injected status (a 5xx, a 429), and
   ``before_write`` runs before each write, to change an object under a client (a conflict).
 
@@ -137,6 +139,7 @@ class FakeAPIServer(LocalServer):
     users: dict[str, list[dict[str, Any]] | None] = field(default_factory=dict)
     faults: list[Fault] = field(default_factory=list)
     not_installed: set[str] = field(default_factory=set)  # resources (plural) without a CRD
+    raw: dict[str, bytes] = field(default_factory=dict)  # path -> the body a GET answers
     before_write: Callable[[str, str], None] | None = None  # (method, path), under no lock
     log: list[tuple[str, str, str]] = field(default_factory=list)  # method, path, content type
     objects: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = field(default_factory=dict)
@@ -206,6 +209,10 @@ class FakeAPIServer(LocalServer):
         content_type = handler.headers.get("Content-Type", "")
         with self._lock:
             self.log.append((method, url.path, content_type))
+            raw = self.raw.get(url.path) if method == "GET" else None
+        if raw is not None:
+            _send_bytes(handler, 200, raw)
+            return
         status, document = self._respond(handler, method, url.path, query, body, content_type)
         _send(handler, status, document)
 
@@ -374,7 +381,10 @@ def _status(code: int, reason: str, message: str) -> dict[str, Any]:
 
 
 def _send(handler: BaseHTTPRequestHandler, status: int, document: dict[str, Any]) -> None:
-    body = json.dumps(document).encode()
+    _send_bytes(handler, status, json.dumps(document).encode())
+
+
+def _send_bytes(handler: BaseHTTPRequestHandler, status: int, body: bytes) -> None:
     handler.send_response(status)
     handler.send_header("Content-Type", "application/json")
     handler.send_header("Content-Length", str(len(body)))

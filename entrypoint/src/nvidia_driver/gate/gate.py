@@ -45,7 +45,7 @@ from nvidia_driver.gate.managers import (
 )
 from nvidia_driver.gate.operator import GPU_PRESENT
 from nvidia_driver.gate.updateengine import SYSTEM_BUS, read_status
-from nvidia_driver.gate.verdict import Checker, Verdict, allowed, held
+from nvidia_driver.gate.verdict import Checker, Verdict, allowed, failure, held
 from nvidia_driver.log import say, warn
 from nvidia_driver.safetext import ANNOTATION_SHOWN, check, shown
 
@@ -115,16 +115,27 @@ class Gate:
         return self._kured()
 
     def run(self, stop: threading.Event) -> None:
-        """Step every interval until ``stop`` is set; a failed step holds, and is said."""
+        """Look every interval until ``stop`` is set."""
         say(f"Reboot gate on node {self.settings.node_name} ({self.settings.manager})")
         if self.settings.manager is Manager.KURED:
             self._pod_label(HELD)  # a restarted gate holds until it has looked again
         while not stop.is_set():
-            try:
-                self.step()
-            except DriverError as exc:
-                warn(f"reboot gate: {shown(str(exc), ANNOTATION_SHOWN)}; the reboot stays held")
+            self.look()
             stop.wait(self.settings.interval)
+
+    def look(self) -> Verdict | None:
+        """:meth:`step`, where a step that fails holds the reboot and says why in one line."""
+        try:
+            return self.step()
+        except Exception as exc:  # noqa: BLE001 - whatever failed, the reboot stays held
+            line = failure(exc)
+        warn(f"reboot gate: {line}; the reboot stays held")
+        if self.settings.manager is Manager.KURED:
+            try:
+                self._pod_label(HELD)  # a failed step never leaves an earlier "open"
+            except DriverError as exc:
+                warn(f"reboot gate: cannot label its pod held: {failure(exc)}")
+        return held(line)
 
     # --- FLUO ------------------------------------------------------------------------------
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import re
 import time
 import urllib.parse
@@ -29,6 +28,7 @@ from enum import Enum
 from typing import Any
 
 from nvidia_driver.errors import DriverError
+from nvidia_driver.formats import jsontext
 from nvidia_driver.gate.http import Client, Limits, Response, UnreachableError
 from nvidia_driver.gate.http import send_retried as _send_retried
 from nvidia_driver.limits import MiB
@@ -183,22 +183,22 @@ class Registry:
         media_type = response.header("Content-Type").split(";")[0].strip()
         media_type = media_type or str(manifest.get("mediaType", ""))
         if media_type in INDEX_TYPES or "manifests" in manifest:
-            platforms = [
-                entry.get("platform", {})
-                for entry in manifest.get("manifests", [])
-                if isinstance(entry, Mapping)
-            ]
+            entries = manifest.get("manifests")
+            if not isinstance(entries, list):
+                raise DriverError(f"{image}: the registry's index lists no manifests")
+            platforms = [entry.get("platform") for entry in entries if isinstance(entry, Mapping)]
             wanted = {"os": "linux", "architecture": arch}
             listed = any(
                 isinstance(p, Mapping) and all(p.get(k) == v for k, v in wanted.items())
                 for p in platforms
             )
             return Presence.PUBLISHED if listed else Presence.NO_ARCH
-        digest = manifest.get("config", {}).get("digest", "")
+        config = manifest.get("config")
+        digest = config.get("digest", "") if isinstance(config, Mapping) else ""
         if not isinstance(digest, str) or not DIGEST.fullmatch(digest):  # it goes into a URL
             raise DriverError(f"{image}: the manifest names no config blob")
-        config = _json(self._get(image, f"blobs/{digest}", "*/*"), image)
-        return Presence.PUBLISHED if config.get("architecture") == arch else Presence.NO_ARCH
+        blob = _json(self._get(image, f"blobs/{digest}", "*/*"), image)
+        return Presence.PUBLISHED if blob.get("architecture") == arch else Presence.NO_ARCH
 
     # --- the exchange, with the token dance ------------------------------------------------
 
@@ -267,10 +267,7 @@ _SET_PULL_SECRETS = (
 
 
 def _json(response: Response, image: ImageRef) -> dict[str, Any]:
-    try:
-        document = json.loads(response.body)
-    except ValueError:
-        raise DriverError(f"{image}: the registry answered no JSON") from None
+    document = jsontext.parse(response.body, f"{image}: the registry's answer")
     if not isinstance(document, dict):
         raise DriverError(f"{image}: the registry answered no JSON object")
     return document
@@ -279,9 +276,12 @@ def _json(response: Response, image: ImageRef) -> dict[str, Any]:
 def _errors(response: Response) -> str:
     """``: <code> <message>`` of the first error an OCI error body lists, or ""."""
     try:
-        errors = json.loads(response.body).get("errors", [])
-        first = errors[0] if isinstance(errors, list) and errors else {}
-        text = f"{first.get('code', '')} {first.get('message', '')}".strip()
-    except (ValueError, AttributeError):
+        document = jsontext.parse(response.body, "the error body")
+    except DriverError:
         return ""
+    errors = document.get("errors") if isinstance(document, dict) else None
+    first = errors[0] if isinstance(errors, list) and errors else None
+    if not isinstance(first, dict):
+        return ""
+    text = f"{first.get('code', '')} {first.get('message', '')}".strip()
     return f": {shown(text, 120)}" if text else ""

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from nvidia_driver.errors import DriverError
+from nvidia_driver.formats import jsontext
 from nvidia_driver.gate.buildcheck import BuildImage, Outcome
 from nvidia_driver.gate.kubeapi import KubeAPI, object_name
 from nvidia_driver.gate.operator import DriverSpec as Spec
@@ -75,7 +75,8 @@ class Releases:
     def find(self, version: FlatcarVersion) -> Release | None:
         if version not in self._known:
             text = self.downloader.get_small(self.url, FEED_LIMIT, "Flatcar's releases feed")
-            self._known = {release.version: release for release in parse_releases(text.decode())}
+            feed = jsontext.parse(text, "Flatcar's releases feed")
+            self._known = {release.version: release for release in parse_releases(feed)}
         return self._known.get(version)
 
 
@@ -96,9 +97,8 @@ class Checker:
         prefix = f"flatcar {version}"
         try:
             return self._verdict(node, version, prefix)
-        except DriverError as exc:
-            return held(f"{prefix}: cannot check its driver image: "
-                        f"{shown(str(exc), ANNOTATION_SHOWN)}")  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - whatever the answers were, the gate holds
+            return held(f"{prefix}: cannot check its driver image: {failure(exc)}")
 
     def _verdict(self, node: Mapping[str, Any], version: FlatcarVersion, prefix: str) -> Verdict:
         spec = driver_spec(self.api, node)
@@ -172,14 +172,22 @@ class Checker:
             data = self.api.get(path).get("data", {})
             encoded = data.get(".dockerconfigjson") or data.get(".dockercfg") or ""
             try:
-                document = json.loads(base64.b64decode(encoded))
+                decoded = base64.b64decode(encoded)
             except (binascii.Error, ValueError):
-                raise DriverError(
-                    f"pull secret {shown(name, 60)} holds no docker config JSON"
-                ) from None
+                raise DriverError(f"pull secret {shown(name, 60)} holds no base64") from None
+            document = jsontext.parse(decoded, f"pull secret {shown(name, 60)}")
             if isinstance(document, dict):
                 found.update(credentials_from_docker_config(document))
         return found
+
+
+def failure(exc: Exception) -> str:
+    """What a failed check says: a DriverError's line, or the shape of an answer nobody
+    expected (a list where an object was, a field of the wrong type), never a traceback."""
+    if isinstance(exc, DriverError):
+        return shown(str(exc), ANNOTATION_SHOWN)
+    why = shown(f"{type(exc).__name__}: {exc}", 200)
+    return f"an answer of a shape the gate does not read ({why})"
 
 
 def _counted(phrases: list[str]) -> list[str]:
