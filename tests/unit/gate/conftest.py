@@ -171,6 +171,7 @@ class Cluster:
             build or BuildImage("610.57.04", commands, releases),
             operator_namespace="gpu-operator",
             registry=registry,
+            prefs=self.tmp / "prefs",
         )
 
     def gate(

@@ -10,7 +10,7 @@ from conftest import DEPLOY, rbac_rules
 
 from nvidia_driver.gate.main import CACHE
 from nvidia_driver.gate.managers import APPROVAL, APPROVAL_ENV, HELD, POD_LABEL
-from nvidia_driver.gate.updateengine import SYSTEM_BUS
+from nvidia_driver.gate.updateengine import PREFS, SYSTEM_BUS
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "gpu-operator.md"
 
@@ -66,6 +66,9 @@ def test_the_kured_variant_blocks_from_its_start_and_reaches_update_engine() -> 
     volumes = {v["name"]: v for v in template["spec"]["volumes"]}
     assert mounts["host-dbus"] == str(SYSTEM_BUS.parent)
     assert volumes["host-dbus"]["hostPath"]["path"] == str(SYSTEM_BUS.parent)
+    # where a staged release reported as 0.0.0 is read (update_engine's saved answer)
+    assert mounts["update-engine-prefs"] == str(PREFS)
+    assert volumes["update-engine-prefs"]["hostPath"]["path"] == str(PREFS)
     assert _container("kured")["securityContext"]["runAsUser"] == 0  # the bus policy's root
 
 

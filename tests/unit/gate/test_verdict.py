@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 from typing import Any
 
 import pytest
@@ -333,4 +334,43 @@ def test_a_policy_that_names_no_pullable_image_holds_in_one_line(cluster: Cluste
     assert (
         "/driver:610.57.04\\nRebootAllowed-flatcar4593.2.5' is not an image reference the "
         "Operator could pull" in verdict.line
+    )
+
+
+# What update_engine saves of Omaha's answer (omaha_request_action.cc kPrefsFullResponse);
+# the staged release is the manifest's version (/response/app/updatecheck/manifest).
+OMAHA_RESPONSE = (
+    '<?xml version="1.0" encoding="UTF-8"?><response protocol="3.0" server="update.release.'
+    'flatcar-linux.net"><daystart elapsed_seconds="0"></daystart><app appid="{e96281a6-d1af-4bde-'
+    '9a0a-97b76e56dc57}" status="ok"><updatecheck status="ok"><urls><url codebase="https://update'
+    f'.release.flatcar-linux.net/amd64-usr/{B}/"></url></urls><manifest version="{B}"><packages>'
+    '<package name="flatcar_production_update.gz" hash="x" size="1" required="false"></package>'
+    "</packages></manifest></updatecheck></app></response>"
+)
+
+
+def test_a_staged_release_of_0_0_0_is_read_from_update_engines_saved_answer(
+    cluster: Cluster,
+) -> None:
+    """update_engine restarted while an update waits reports NEED_REBOOT with 0.0.0
+    (update_attempter.cc): no such release is ever looked up in the feed."""
+    cluster.add_node("gpu-1")
+    cluster.cluster_policy("610.57.04")
+    cluster.publish(f"610.57.04-flatcar{B}")
+    prefs = cluster.tmp / "prefs"
+    cluster.feed_file.unlink()  # a release that cannot be real is never looked up in the feed
+    verdict = _judge(cluster, staged="0.0.0")
+    assert not verdict.allowed
+    assert verdict.line.startswith(
+        "flatcar 0.0.0: update_engine reports no staged release (0.0.0: it was restarted since "
+        f"it staged one), and its saved answer {prefs}/full-response cannot be read: "
+    )
+    prefs.mkdir()
+    (prefs / "full-response").write_text(OMAHA_RESPONSE)
+    (prefs / "previous-version").write_text("4593.2.4")  # written after: an older answer
+    assert "is older than the update" in _judge(cluster, staged="0.0.0").line
+    os.utime(prefs / "previous-version", (0, 0))
+    cluster.write_feed()
+    assert _judge(cluster, staged="0.0.0") == allowed(
+        f"flatcar {B}: {cluster.repository}/driver:610.57.04-flatcar{B} published"
     )

@@ -17,6 +17,7 @@ which every connection must send first, then the call. Every read is bounded in 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import time
 from dataclasses import dataclass
@@ -27,6 +28,17 @@ from nvidia_driver.formats import dbus
 from nvidia_driver.safetext import shown
 
 SYSTEM_BUS = Path("/run/dbus/system_bus_socket")
+# update_engine's preferences (system_state.cc kPrefsDirectory); the kured variant mounts them
+# from the host, read only, at the same path.
+PREFS = Path("/var/lib/update_engine/prefs")
+# What update_engine reports as NewVersion when it was restarted while an update waited for the
+# reboot: it knows that one waits (its marker file), not which (update_attempter.cc).
+VERSION_ZERO = "0.0.0"
+_FULL_RESPONSE = "full-response"  # kPrefsFullResponse: Omaha's last answer, saved
+_PREVIOUS_VERSION = "previous-version"  # kPrefsPreviousVersion: set when an update is applied
+_RESPONSE_LIMIT = 256 * 1024  # Omaha's answer: ~2 KB
+# /response/app/updatecheck/manifest's version (omaha_request_action.cc kManifestNodeXPath).
+_MANIFEST_VERSION = re.compile(r'<manifest\s+version="([0-9][0-9.]{0,40})"')
 SERVICE = "com.coreos.update1"
 OBJECT = "/com/coreos/update1"
 INTERFACE = "com.coreos.update1.Manager"
@@ -133,3 +145,25 @@ def read_status(bus: Path = SYSTEM_BUS, timeout: float = 10.0) -> Status:
     if len(body) != 5 or not isinstance(body[2], str) or not isinstance(body[3], str):  # noqa: PLR2004 - xdssx
         raise _failure("GetStatus answered no (xdssx) status")
     return Status(body[2], body[3])
+
+
+def staged_from_prefs(prefs: Path = PREFS) -> str:
+    """The staged release, from the answer update_engine saved when it staged it (the version of
+    its manifest), for when its status says :data:`VERSION_ZERO`. The answer counts only if it
+    is not older than ``previous-version``, which update_engine writes once the update is
+    applied, as Flatcar's postinst checks (flatcar/update_engine ``flatcar-postinst``)."""
+    response, previous = prefs / _FULL_RESPONSE, prefs / _PREVIOUS_VERSION
+    try:
+        with response.open("rb") as file:
+            text = file.read(_RESPONSE_LIMIT + 1)
+        answered, applied = response.stat().st_mtime, previous.stat().st_mtime
+    except OSError as exc:
+        raise DriverError(
+            f"its saved answer {response} cannot be read: {shown(str(exc.strerror or exc), 80)}"
+        ) from None
+    if answered < applied:
+        raise DriverError(f"its saved answer {response} is older than the update it applied")
+    found = _MANIFEST_VERSION.search(text[:_RESPONSE_LIMIT].decode(errors="replace"))
+    if len(text) > _RESPONSE_LIMIT or found is None:
+        raise DriverError(f"its saved answer {response} names no release (no manifest version)")
+    return found.group(1)

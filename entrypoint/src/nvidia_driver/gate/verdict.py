@@ -21,6 +21,7 @@ import base64
 import binascii
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from nvidia_driver.errors import DriverError
@@ -36,6 +37,7 @@ from nvidia_driver.gate.registry import (
     Registry,
     credentials_from_docker_config,
 )
+from nvidia_driver.gate.updateengine import PREFS, VERSION_ZERO, staged_from_prefs
 from nvidia_driver.limits import MiB
 from nvidia_driver.safetext import ANNOTATION_SHOWN, shown
 from nvidia_driver.sources.download import Downloader
@@ -87,8 +89,19 @@ class Checker:
     build: BuildImage
     operator_namespace: str
     registry: Callable[[Mapping[str, Credentials]], Registry] = Registry
+    prefs: Path = PREFS  # update_engine's, where a staged release of 0.0.0 is looked up
 
     def verdict(self, node: Mapping[str, Any], staged: str) -> Verdict:
+        if staged == VERSION_ZERO:  # a release that cannot be real: never looked up in the feed
+            try:
+                staged = staged_from_prefs(self.prefs)
+            except DriverError as exc:
+                return held(
+                    f"flatcar {VERSION_ZERO}: update_engine reports no staged release "
+                    f"({VERSION_ZERO}: it was restarted since it staged one), and {exc}: the "
+                    "gate cannot tell which release waits; the kured variant reads it from the "
+                    f"host's {PREFS}"
+                )
         try:
             version = FlatcarVersion.parse(staged)
         except DriverError:
