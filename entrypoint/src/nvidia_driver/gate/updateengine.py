@@ -11,7 +11,10 @@ progress, current operation, new version and new size, ``xdssx``). Its bus polic
 
 The exchange (D-Bus Specification, "Authentication Protocol" and "Message Bus Specification"):
 a NUL byte, ``AUTH EXTERNAL <uid in hex>``, ``OK <guid>``, ``BEGIN``; then ``Hello`` to the bus,
-which every connection must send first, then the call. Every read is bounded in time and bytes.
+which every connection must send first, ``GetNameOwner`` for update_engine's unique name, then
+the call. Only a method return (or error) to the call's serial whose sender the bus stamped
+with that unique name is update_engine's answer: any other client may send a message with the
+same reply serial. Every read is bounded in time and bytes.
 """
 
 from __future__ import annotations
@@ -101,13 +104,23 @@ class _Connection:
         answer, _, self.buffer = self.buffer.partition(b"\r\n")
         return answer.decode(errors="replace")
 
-    def call(self, destination: str, path: str, interface: str, member: str) -> dbus.Message:
+    def call(
+        self, sender: str, destination: str, path: str, interface: str, member: str, *args: str
+    ) -> dbus.Message:
+        """The reply to the call: only a method return or error to its serial, from ``sender``
+        (the bus, or the unique name that owns update_engine's), counts."""
         self.serial += 1
-        self.sock.sendall(dbus.method_call(self.serial, destination, path, interface, member))
+        self.sock.sendall(
+            dbus.method_call(self.serial, destination, path, interface, member, *args)
+        )
         for _ in range(_MESSAGES_LIMIT):
             message = self._message()
-            if message.reply_serial != self.serial:
-                continue  # a signal (NameAcquired) or another reply
+            if (
+                message.reply_serial != self.serial
+                or message.kind not in {dbus.METHOD_RETURN, dbus.ERROR}
+                or message.sender != sender
+            ):
+                continue  # a signal (NameAcquired), another reply, or not the callee's
             if message.kind == dbus.ERROR:
                 raise _failure(f"{member} failed: {shown(message.error_name, 120)}")
             return message
@@ -135,8 +148,11 @@ def read_status(bus: Path = SYSTEM_BUS, timeout: float = 10.0) -> Status:
         if not answer.startswith("OK "):
             raise _failure(f"the bus refused EXTERNAL authentication ({shown(answer, 80)})")
         connection.sock.sendall(b"BEGIN\r\n")
-        connection.call(_BUS[0], _BUS[1], _BUS[2], "Hello")
-        reply = connection.call(SERVICE, OBJECT, INTERFACE, "GetStatus")
+        connection.call(_BUS[0], *_BUS, "Hello")
+        owner = connection.call(_BUS[0], *_BUS, "GetNameOwner", SERVICE).body
+        if len(owner) != 1 or not isinstance(owner[0], str) or not owner[0].startswith(":"):
+            raise _failure(f"GetNameOwner named no unique name for {SERVICE}")
+        reply = connection.call(owner[0], SERVICE, OBJECT, INTERFACE, "GetStatus")
     except OSError as exc:
         raise _failure(shown(str(exc), 160)) from None
     finally:
