@@ -1,8 +1,9 @@
 """Whether a registry serves an image for an arch: the OCI distribution API, read only.
 
 ``GET /v2/<name>/manifests/<reference>``: 404 means not published; an index must list a
-``linux/<arch>`` manifest, a single image manifest's config must name the arch. On a 401 the
-client follows the ``WWW-Authenticate`` challenge (distribution's token authentication, as
+``linux/<arch>`` manifest, a single image manifest's config must name the arch (the config
+blob followed where the registry redirects it, to https only, and checked against its
+digest). On a 401 the client follows the ``WWW-Authenticate`` challenge (distribution's token authentication, as
 ghcr.io, Docker Hub and registry:2 speak it): a ``Bearer`` challenge sends it to the realm for a
 token of the challenge's scope, with the pull secret's credentials if there are any (anonymous
 otherwise, which public images need), a ``Basic`` one sends the credentials themselves.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import re
 import time
 import urllib.parse
@@ -52,6 +54,8 @@ _DOCKER_HUB_KEYS = ("https://index.docker.io/v1/", "index.docker.io", "docker.io
 _PLAIN_HTTP = frozenset({"127.0.0.1", "localhost", "::1"})
 _CHALLENGE_PARAM = re.compile(r'(\w+)="([^"]*)"')
 _NOT_FOUND, _UNAUTHORIZED = 404, 401
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+MAX_REDIRECTS = 3  # a blob's: registry -> storage (-> a signed URL)
 _OK = range(200, 300)
 
 
@@ -197,12 +201,33 @@ class Registry:
         digest = config.get("digest", "") if isinstance(config, Mapping) else ""
         if not isinstance(digest, str) or not DIGEST.fullmatch(digest):  # it goes into a URL
             raise DriverError(f"{image}: the manifest names no config blob")
-        blob = _json(self._get(image, f"blobs/{digest}", "*/*"), image)
+        blob = _json(self._blob(image, digest), image)
         return Presence.PUBLISHED if blob.get("architecture") == arch else Presence.NO_ARCH
+
+    def _blob(self, image: ImageRef, digest: str) -> Response:
+        """A blob, wherever the registry sends it: ghcr.io and Docker Hub answer 307 to their
+        storage host. Followed to https only, with no credentials (they are the registry's),
+        and what arrives must be the digest asked for."""
+        response = self._get(image, f"blobs/{digest}", "*/*", redirected=True)
+        for _ in range(MAX_REDIRECTS):
+            if response.status not in _REDIRECTS:
+                break
+            location = response.header("Location")
+            if urllib.parse.urlsplit(location).scheme != "https":
+                where = shown(location, ANNOTATION_SHOWN)
+                raise DriverError(f"{image}: refusing the blob's redirect to {where}: not https")
+            response = self._send(location, "*/*", "")
+        if response.status not in _OK:
+            raise DriverError(f"{image}: the blob {digest} answered {response.status}")
+        if f"sha256:{hashlib.sha256(response.body).hexdigest()}" != digest:
+            raise DriverError(f"{image}: the blob {digest} does not match its digest")
+        return response
 
     # --- the exchange, with the token dance ------------------------------------------------
 
-    def _get(self, image: ImageRef, path: str, accept: str) -> Response:
+    def _get(
+        self, image: ImageRef, path: str, accept: str, *, redirected: bool = False
+    ) -> Response:
         scheme = "http" if plain_http(image.api_host) else "https"
         url = f"{scheme}://{image.api_host}/v2/{image.name}/{path}"
         response = self._send(url, accept, self._tokens.get((image.host, image.name), ""))
@@ -211,6 +236,8 @@ class Registry:
             self._tokens[image.host, image.name] = authorization
             response = self._send(url, accept, authorization)
         if response.status in _OK or response.status == _NOT_FOUND:
+            return response
+        if redirected and response.status in _REDIRECTS:
             return response
         raise DriverError(f"{image}: the registry answered {response.status}{_errors(response)}")
 
