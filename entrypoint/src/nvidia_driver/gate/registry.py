@@ -3,10 +3,11 @@
 ``GET /v2/<name>/manifests/<reference>``: 404 means not published; an index must list a
 ``linux/<arch>`` manifest, a single image manifest's config must name the arch (the config
 blob followed where the registry redirects it, to https only, and checked against its
-digest). On a 401 the client follows the ``WWW-Authenticate`` challenge (distribution's token authentication, as
-ghcr.io, Docker Hub and registry:2 speak it): a ``Bearer`` challenge sends it to the realm for a
-token of the challenge's scope, with the pull secret's credentials if there are any (anonymous
-otherwise, which public images need), a ``Basic`` one sends the credentials themselves.
+digest). On a 401 the client follows the ``WWW-Authenticate`` challenge (distribution's token
+authentication, as ghcr.io, Docker Hub and registry:2 speak it): a ``Bearer`` challenge sends it
+to the realm for a token of the challenge's scope, with the pull secret's credentials if there
+are any (anonymous otherwise, which public images need), a ``Basic`` one sends the credentials
+themselves.
 
 Registries on 127.0.0.1, ::1 or localhost are spoken to over plain http, all others over https,
 as gdc.registry does. Credentials come from the GPU Operator's pull secrets (docker config
