@@ -46,7 +46,9 @@ def test_both_variants_run_the_gate_from_the_build_image_on_gpu_nodes() -> None:
         assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
         assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
         assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
-        assert {m["mountPath"] for m in container["volumeMounts"]} >= {str(CACHE.parent)}
+        # readOnlyRootFilesystem: tempfile (gpg's home, a decompressor's stderr) needs /tmp.
+        assert {m["mountPath"] for m in container["volumeMounts"]} >= {str(CACHE.parent), "/tmp"}
+        assert container["securityContext"]["readOnlyRootFilesystem"]
         assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
         assert "privileged" not in container["securityContext"]
 
