@@ -105,7 +105,7 @@ def test_update_engine_not_on_the_bus_is_one_line(bus: FakeSystemBus, tmp_path: 
     assert str(caught.value) == (
         "cannot ask update_engine what it staged: GetNameOwner failed: "
         "org.freedesktop.DBus.Error.NameHasNoOwner; the gate's pod needs the host's "
-        "/run/dbus/system_bus_socket mounted and uid 0 (deploy/reboot-gate/kured)"
+        "/run/dbus/system_bus_socket mounted and uid 500, core's (deploy/reboot-gate/kured)"
     )
     with pytest.raises(DriverError, match=r"^cannot ask update_engine what it staged: .*No such"):
         read_status(tmp_path / "absent")

@@ -10,7 +10,7 @@ from conftest import DEPLOY, rbac_rules
 
 from nvidia_driver.gate.main import CACHE
 from nvidia_driver.gate.managers import APPROVAL, APPROVAL_ENV, HELD, POD_LABEL
-from nvidia_driver.gate.updateengine import PREFS, SYSTEM_BUS
+from nvidia_driver.gate.updateengine import CORE_UID, PREFS, SYSTEM_BUS
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "gpu-operator.md"
 
@@ -71,7 +71,14 @@ def test_the_kured_variant_blocks_from_its_start_and_reaches_update_engine() -> 
     # where a staged release reported as 0.0.0 is read (update_engine's saved answer)
     assert mounts["update-engine-prefs"] == str(PREFS)
     assert volumes["update-engine-prefs"]["hostPath"]["path"] == str(PREFS)
-    assert _container("kured")["securityContext"]["runAsUser"] == 0  # the bus policy's root
+    # core's uid on Flatcar, whom update_engine's bus policy lets call GetStatus: not root,
+    # which the host's systemd and every other service on the bus would obey.
+    context = _container("kured")["securityContext"]
+    assert (context["runAsUser"], context["runAsGroup"]) == (CORE_UID, CORE_UID)
+    assert context["runAsNonRoot"]
+    assert context["readOnlyRootFilesystem"]
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["capabilities"] == {"drop": ["ALL"]}
 
 
 def test_the_rbac_grants_what_the_gate_uses_and_nothing_else() -> None:

@@ -5,9 +5,9 @@ asks update_engine itself: ``GetStatus`` of ``com.coreos.update1.Manager`` at
 ``/com/coreos/update1`` on the bus name ``com.coreos.update1`` (flatcar/update_engine
 ``src/update_engine/dbus_constants.h``, ``dbus_service.cc``: it returns last checked time,
 progress, current operation, new version and new size, ``xdssx``). Its bus policy
-(``com.coreos.update1.conf``) lets root call it, so the pod needs the host's
-``/run/dbus/system_bus_socket`` and uid 0, not privilege: FLUO's agent mounts the same
-(``examples/deploy/update-agent.yaml``).
+(``com.coreos.update1.conf``) lets root and user ``core`` call it, so the pod needs the host's
+``/run/dbus/system_bus_socket`` and core's uid (:data:`CORE_UID`), not root nor privilege:
+FLUO's agent mounts the same (``examples/deploy/update-agent.yaml``).
 
 The exchange (D-Bus Specification, "Authentication Protocol" and "Message Bus Specification"):
 a NUL byte, ``AUTH EXTERNAL <uid in hex>``, ``OK <guid>``, ``BEGIN``; then ``Hello`` to the bus,
@@ -31,6 +31,7 @@ from nvidia_driver.formats import dbus
 from nvidia_driver.safetext import shown
 
 SYSTEM_BUS = Path("/run/dbus/system_bus_socket")
+CORE_UID = 500  # Flatcar's user core (baselayout's /etc/passwd), whom the bus policy lets ask
 # update_engine's preferences (system_state.cc kPrefsDirectory); the kured variant mounts them
 # from the host, read only, at the same path.
 PREFS = Path("/var/lib/update_engine/prefs")
@@ -65,7 +66,7 @@ class Status:
 def _failure(why: str) -> DriverError:
     return DriverError(
         f"cannot ask update_engine what it staged: {why}; the gate's pod needs the host's "
-        f"{SYSTEM_BUS} mounted and uid 0 (deploy/reboot-gate/kured)"
+        f"{SYSTEM_BUS} mounted and uid {CORE_UID}, core's (deploy/reboot-gate/kured)"
     )
 
 
