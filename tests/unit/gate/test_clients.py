@@ -132,7 +132,7 @@ def test_a_missing_object_and_a_refused_one_say_so(cluster: Cluster) -> None:
     with pytest.raises(NotFoundError, match=r'answered 404: nodes "nope" not found$'):
         api.get("/api/v1/nodes/nope")
     with pytest.raises(DriverError) as caught:
-        api._exchange("DELETE", "/api/v1/nodes/nope")
+        api._answer("DELETE", "/api/v1/nodes/nope")
     assert str(caught.value).endswith(
         'cannot delete resource "nodes" in API group "" at the cluster scope; check the gate\'s '
         "service account and RBAC (deploy/reboot-gate)"
@@ -200,7 +200,7 @@ def test_the_fake_refuses_patch_types_it_does_not_implement() -> None:
         server.put("/api/v1/nodes/n", {"metadata": {}})
         api = KubeAPI(server.url, backoff=Backoff(attempts=1))
         with pytest.raises(DriverError, match="answered 415"):
-            api._exchange(
+            api._answer(
                 "PATCH",
                 "/api/v1/nodes/n",
                 body={},

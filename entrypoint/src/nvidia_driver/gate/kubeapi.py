@@ -136,7 +136,7 @@ class KubeAPI:
     # --- the verbs the gate uses -----------------------------------------------------------
 
     def get(self, path: str, query: Mapping[str, str] | None = None) -> dict[str, Any]:
-        return self._exchange("GET", path, query)
+        return _document(self._answer("GET", path, query), "GET", path)
 
     def list(self, path: str, label_selector: str = "") -> list[dict[str, Any]]:
         """Every item of a list, page by page."""
@@ -172,22 +172,14 @@ class KubeAPI:
 
     def merge_patch(self, path: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         """Apply an RFC 7386 merge patch; :class:`ConflictError` if its resourceVersion is stale."""
-        return self._exchange("PATCH", path, body=patch, content_type=MERGE_PATCH)
+        answer = self._answer("PATCH", path, body=patch, content_type=MERGE_PATCH)
+        return _document(answer, "PATCH", path)
 
     def create(self, path: str, document: Mapping[str, Any]) -> dict[str, Any]:
-        return self._exchange("POST", path, body=document, content_type="application/json")
+        answer = self._answer("POST", path, body=document, content_type="application/json")
+        return _document(answer, "POST", path)
 
     # --- one exchange, retried -------------------------------------------------------------
-
-    def _exchange(
-        self,
-        method: str,
-        path: str,
-        query: Mapping[str, str] | None = None,
-        body: Mapping[str, Any] | None = None,
-        content_type: str = "",
-    ) -> dict[str, Any]:
-        return _document(self._answer(method, path, query, body, content_type), method, path)
 
     def _answer(
         self,
