@@ -187,7 +187,7 @@ def test_a_name_from_the_environment_with_a_line_break_is_refused(name: str, val
 def test_a_name_from_the_environment_outside_kubernetes_names_is_refused(
     name: str, value: str, accepted: str
 ) -> None:
-    """They are segments of request paths (the node, the pod, the namespace's events)."""
+    """They are segments of request paths (the node, the pod and its namespace)."""
     env = {"NODE_NAME": "gpu-1", "POD_NAMESPACE": "gate", "POD_NAME": "pod", name: value}
     with pytest.raises(DriverError) as raised:
         Settings.from_env(env, Manager.KURED, 60)
