@@ -12,6 +12,9 @@ Control and Consistency"; RFC 7386):
   server knows (strategic merge, JSON patch, apply) answer 415 here, unimplemented, so a client
   that sent one would fail loudly rather than pass on semantics this server lacks;
 * POST creates (409 AlreadyExists for a taken name; ``generateName`` honoured), GET reads,
+  and a core/v1 Event without ``eventTime`` must live in its involved object's namespace, one
+  about a cluster-scoped object (no namespace) in ``default`` (422 otherwise: k8s
+  ``pkg/apis/core/validation/events.go`` ``legacyValidateEvent``);
   DELETE removes; 404 NotFound with a Status for a missing object;
 * lists take a label selector (``k=v``, ``k==v``, ``k!=v``, ``k``, ``!k``, ANDed by commas)
   and page with ``limit`` and ``continue``;
@@ -19,6 +22,10 @@ Control and Consistency"; RFC 7386):
   with rules (the RBAC rules of the deploy/reboot-gate manifests) may do only what they grant
   (403): verb (get, list, create, update, patch, delete), API group, resource, resourceNames,
   and the namespace of a Role;
+* a resource in ``not_installed`` (a CRD the cluster lacks) answers 404 to every request, as the
+  real server answers for a path it does not serve;
+* ``raw`` answers a GET of a path with the bytes given (200, JSON): what no API server would
+  send (a body nested 1,000 deep, a 16 MiB page);
 * ``faults`` answers the next requests that match with an injected status (a 5xx, a 429), and
   ``before_write`` runs before each write, to change an object under a client (a conflict).
 
@@ -51,6 +58,7 @@ KINDS = {
     "secrets": "Secret",
     "clusterpolicies": "ClusterPolicy",
     "nvidiadrivers": "NVIDIADriver",
+    "gpuclusters": "GPUCluster",
 }
 VERBS = {"GET": "get", "PUT": "update", "PATCH": "patch", "POST": "create", "DELETE": "delete"}
 
@@ -130,6 +138,8 @@ class FakeAPIServer(LocalServer):
     # Bearer token -> that user's RBAC PolicyRules (with "namespace" for a Role's); None: all.
     users: dict[str, list[dict[str, Any]] | None] = field(default_factory=dict)
     faults: list[Fault] = field(default_factory=list)
+    not_installed: set[str] = field(default_factory=set)  # resources (plural) without a CRD
+    raw: dict[str, bytes] = field(default_factory=dict)  # path -> the body a GET answers
     before_write: Callable[[str, str], None] | None = None  # (method, path), under no lock
     log: list[tuple[str, str, str]] = field(default_factory=list)  # method, path, content type
     objects: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = field(default_factory=dict)
@@ -199,6 +209,10 @@ class FakeAPIServer(LocalServer):
         content_type = handler.headers.get("Content-Type", "")
         with self._lock:
             self.log.append((method, url.path, content_type))
+            raw = self.raw.get(url.path) if method == "GET" else None
+        if raw is not None:
+            _send_bytes(handler, 200, raw)
+            return
         status, document = self._respond(handler, method, url.path, query, body, content_type)
         _send(handler, status, document)
 
@@ -218,7 +232,7 @@ class FakeAPIServer(LocalServer):
         if self.users and token not in self.users:
             return 401, _status(401, "Unauthorized", "Unauthorized")
         where = Where.parse(path)
-        if where is None:
+        if where is None or where.resource in self.not_installed:
             return 404, _status(404, "NotFound", f"the server could not find {path}")
         verb = "list" if method == "GET" and not where.name else VERBS.get(method, "")
         if not self._allowed(self.users.get(token), verb, where):
@@ -272,20 +286,7 @@ class FakeAPIServer(LocalServer):
         if method == "GET" and not where.name:
             return 200, self._list(store, query)
         if method == "POST":
-            document = json.loads(body)
-            metadata = document.setdefault("metadata", {})
-            name = (
-                metadata.get("name") or f"{metadata.get('generateName', '')}{self._version + 1:05x}"
-            )
-            if name in store:
-                return 409, _status(
-                    409, "AlreadyExists", f'{where.resource} "{name}" already exists'
-                )
-            created = self._stamp(
-                Where(where.group, where.version, where.namespace, where.resource, name), document
-            )
-            store[name] = created
-            return 201, copy.deepcopy(created)
+            return self._create(store, where, body)
         current = store.get(where.name)
         if current is None:
             return 404, _status(404, "NotFound", f'{where.resource} "{where.name}" not found')
@@ -320,6 +321,23 @@ class FakeAPIServer(LocalServer):
         store[where.name] = self._stamp(where, document)
         return 200, copy.deepcopy(store[where.name])
 
+    def _create(
+        self, store: dict[str, dict[str, Any]], where: Where, body: bytes
+    ) -> tuple[int, dict[str, Any]]:
+        document = json.loads(body)
+        invalid = _invalid_event(where, document)
+        if invalid:
+            return 422, _status(422, "Invalid", invalid)
+        metadata = document.setdefault("metadata", {})
+        name = metadata.get("name") or f"{metadata.get('generateName', '')}{self._version + 1:05x}"
+        if name in store:
+            return 409, _status(409, "AlreadyExists", f'{where.resource} "{name}" already exists')
+        created = self._stamp(
+            Where(where.group, where.version, where.namespace, where.resource, name), document
+        )
+        store[name] = created
+        return 201, copy.deepcopy(created)
+
     def _list(self, store: dict[str, dict[str, Any]], query: dict[str, str]) -> dict[str, Any]:
         selector = query.get("labelSelector", "")
         matching = [
@@ -336,6 +354,20 @@ class FakeAPIServer(LocalServer):
         return {"kind": "List", "apiVersion": "v1", "metadata": metadata, "items": page}
 
 
+def _invalid_event(where: Where, document: dict[str, Any]) -> str:
+    """legacyValidateEvent's namespace rule for an Event without eventTime; "" when it holds."""
+    if (where.group, where.resource) != ("", "events") or document.get("eventTime"):
+        return ""
+    involved = document.get("involvedObject", {}).get("namespace", "")
+    if where.namespace == (involved or "default") or (not involved and not where.namespace):
+        return ""
+    name = document.get("metadata", {}).get("name", "")
+    return (
+        f'Event "{name}" is invalid: involvedObject.namespace: Invalid value: "{involved}": '
+        "does not match event.namespace"
+    )
+
+
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:
     return {
         "kind": "Status",
@@ -349,7 +381,10 @@ def _status(code: int, reason: str, message: str) -> dict[str, Any]:
 
 
 def _send(handler: BaseHTTPRequestHandler, status: int, document: dict[str, Any]) -> None:
-    body = json.dumps(document).encode()
+    _send_bytes(handler, status, json.dumps(document).encode())
+
+
+def _send_bytes(handler: BaseHTTPRequestHandler, status: int, body: bytes) -> None:
     handler.send_response(status)
     handler.send_header("Content-Type", "application/json")
     handler.send_header("Content-Length", str(len(body)))

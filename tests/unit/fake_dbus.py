@@ -7,7 +7,9 @@ what dbus-daemon does to a client: the AUTH EXTERNAL exchange (the uid, hex-enco
 to ``Hello`` with a unique name and a ``NameAcquired`` signal, then routes
 ``com.coreos.update1.Manager.GetStatus`` to update_engine's answer, ``(xdssx)``
 (flatcar/update_engine ``dbus_service.cc``), or answers ``ServiceUnknown`` when update_engine
-is not on the bus.
+is not on the bus. ``GetNameOwner`` names update_engine's unique name, which is the sender of
+its replies; with ``forge`` another client's reply to the same serial comes first (which
+dbus-daemon's policy blocks, and another bus may not).
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from typing import BinaryIO
 from local_server import Threaded
 
 UNIQUE_NAME = ":1.42"
+UPDATE_ENGINE_NAME = ":1.7"  # update_engine's unique name, the owner of com.coreos.update1
+FORGER_NAME = ":1.66"
+FORGED_VERSION = "4628.1.1"
 
 
 def _pad(data: bytearray, size: int) -> None:
@@ -81,23 +86,36 @@ class Call:
     interface: str
     member: str
     destination: str
+    argument: str = ""  # the one string argument of a call with signature "s"
 
 
 def _decode_call(data: bytes) -> Call:
     assert data[:1] == b"l" and data[1] == 1, "a little-endian method call"  # noqa: PT018
-    serial, fields_length = struct.unpack_from("<II", data, 8)
+    body_length, serial, fields_length = struct.unpack_from("<III", data, 4)
     at, end, values = 16, 16 + fields_length, {}
     while at < end:
         at += -at % 8
         code, sig_length = data[at], data[at + 1]
         signature = data[at + 2 : at + 2 + sig_length].decode()
         at += 3 + sig_length
+        if signature == "g":
+            length = data[at]
+            values[code] = data[at + 1 : at + 1 + length].decode()
+            at += 2 + length
+            continue
         at += -at % 4
         (length,) = struct.unpack_from("<I", data, at)
         values[code] = data[at + 4 : at + 4 + length].decode()
         at += 5 + length
         assert signature in {"s", "o"}, signature
-    return Call(serial, values.get(1, ""), values.get(2, ""), values.get(3, ""), values.get(6, ""))
+    argument = ""
+    if values.get(8) == "s":
+        start = len(data) - body_length
+        (length,) = struct.unpack_from("<I", data, start)
+        argument = data[start + 4 : start + 4 + length].decode()
+    call = Call(serial, values.get(1, ""), values.get(2, ""), values.get(3, ""), values.get(6, ""))
+    call.argument = argument
+    return call
 
 
 @dataclass
@@ -108,6 +126,7 @@ class FakeSystemBus(Threaded):
     operation: str = "UPDATE_STATUS_IDLE"
     new_version: str = "0.0.0"
     update_engine: bool = True  # on the bus at all
+    forge: bool = False  # another client answers GetStatus first, with FORGED_VERSION staged
     uids: list[str] = field(default_factory=list)  # the uids clients authenticated as
     calls: list[Call] = field(default_factory=list)
 
@@ -184,10 +203,24 @@ class FakeSystemBus(Threaded):
                 bytes(body),
             )
             return encode(2, self._serial, reply, "s", bytes(body)) + signal
+        if call.member == "GetNameOwner" and self.update_engine:
+            body = bytearray()
+            _string(body, UPDATE_ENGINE_NAME)
+            return encode(2, self._serial, reply, "s", bytes(body))
         if call.member == "GetStatus" and self.update_engine:
             body = status_body(1786000000, 0.0, self.operation, self.new_version, 0)
-            return encode(2, self._serial, reply, "xdssx", body)
-        error = [(4, "s", "org.freedesktop.DBus.Error.ServiceUnknown"), *reply]
+            own = [(5, "u", call.serial), (6, "s", UNIQUE_NAME), (7, "s", UPDATE_ENGINE_NAME)]
+            answer = encode(2, self._serial, own, "xdssx", body)
+            if not self.forge:
+                return answer
+            forged = [(5, "u", call.serial), (6, "s", UNIQUE_NAME), (7, "s", FORGER_NAME)]
+            staged = status_body(0, 0.0, "UPDATE_STATUS_UPDATED_NEED_REBOOT", FORGED_VERSION, 0)
+            return encode(2, self._serial + 500, forged, "xdssx", staged) + answer
         message = bytearray()
+        if call.member == "GetNameOwner":
+            error = [(4, "s", "org.freedesktop.DBus.Error.NameHasNoOwner"), *reply]
+            _string(message, f"Could not get owner of name '{call.argument}': no such name")
+            return encode(3, self._serial, error, "s", bytes(message))
+        error = [(4, "s", "org.freedesktop.DBus.Error.ServiceUnknown"), *reply]
         _string(message, f"The name {call.destination} was not provided by any .service files")
         return encode(3, self._serial, error, "s", bytes(message))

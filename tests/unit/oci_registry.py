@@ -6,7 +6,9 @@ refused (400 DIGEST_INVALID) when the bytes are not that digest's.
 
 Optional ghcr.io-style token auth: a 401 with a Bearer challenge, a token endpoint that checks
 basic credentials and hands out a token for the scope asked. ``status`` answers every /v2
-request with that HTTP status instead (a broken registry).
+request with that HTTP status instead (a broken registry). With ``blob_storage`` a blob GET is
+answered 307 to that URL (``?digest=`` appended), as ghcr.io and Docker Hub send blobs to their
+storage hosts.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class OCIRegistry(LocalServer):
     username: str = ""  # token auth when set
     password: str = ""
     status: int = 0  # answer every /v2 request with this status when set
+    blob_storage: str = ""  # blob GETs are redirected (307) here when set
     burst: list[tuple[int, str]] = field(default_factory=list)  # (status, Retry-After) next
     manifests: dict[str, dict[str, Stored]] = field(default_factory=dict)  # name -> ref -> ...
     blobs: dict[str, bytes] = field(default_factory=dict)
@@ -176,6 +179,9 @@ class OCIRegistry(LocalServer):
             _send(handler, HTTPStatus.UNAUTHORIZED, b"{}", headers, head=head)
         elif kind == "blobs" and reference.startswith("uploads/"):
             self._upload(handler, name, url, body)
+        elif kind == "blobs" and self.blob_storage and method == "GET":
+            location = f"{self.blob_storage}?digest={reference}"
+            _send(handler, HTTPStatus.TEMPORARY_REDIRECT, b"", {"Location": location})
         elif kind == "blobs":
             blob = self.blobs.get(reference)
             status = HTTPStatus.OK if blob else HTTPStatus.NOT_FOUND

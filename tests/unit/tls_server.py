@@ -8,7 +8,7 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ import pytest
 class TLSServer:
     url: str  # of the one file it serves
     certificate: Path  # PEM: what a client must trust to reach it
+    headers: list[dict[str, str]] = field(default_factory=list)  # of each request, in order
 
 
 @contextmanager
@@ -36,11 +37,13 @@ def tls_server(directory: Path, body: bytes) -> Iterator[TLSServer]:
     )  # fmt: skip
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(certificate, key)
+    headers: list[dict[str, str]] = []
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
         def do_GET(self) -> None:
+            headers.append(dict(self.headers.items()))
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -54,7 +57,8 @@ def tls_server(directory: Path, body: bytes) -> Iterator[TLSServer]:
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01})
     thread.start()
     try:
-        yield TLSServer(f"https://127.0.0.1:{server.server_address[1]}/file", certificate)
+        url = f"https://127.0.0.1:{server.server_address[1]}/file"
+        yield TLSServer(url, certificate, headers)
     finally:
         server.shutdown()
         server.server_close()

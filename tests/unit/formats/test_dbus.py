@@ -28,12 +28,22 @@ def test_a_method_call_is_laid_out_as_the_bus_reads_it() -> None:
     )
 
 
+def test_a_method_call_carries_its_string_argument() -> None:
+    data = dbus.method_call(
+        8, "org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus",
+        "GetNameOwner", "com.coreos.update1",
+    )  # fmt: skip
+    assert dbus.message_length(data[:16]) == len(data)
+    call = _decode_call(data)
+    assert (call.member, call.argument) == ("GetNameOwner", "com.coreos.update1")
+
+
 def test_a_reply_of_basic_types_is_read() -> None:
     body = status_body(1786000000, 0.5, "UPDATE_STATUS_UPDATED_NEED_REBOOT", "4593.2.5", 1 << 30)
     data = encode(2, 9, [(5, "u", 7), (7, "s", ":1.3")], "xdssx", body)
     message = dbus.parse_message(data)
     assert message.kind == dbus.METHOD_RETURN
-    assert message.reply_serial == 7
+    assert (message.reply_serial, message.sender) == (7, ":1.3")
     assert message.body == (
         1786000000,
         0.5,

@@ -171,6 +171,7 @@ class Cluster:
             build or BuildImage("610.57.04", commands, releases),
             operator_namespace="gpu-operator",
             registry=registry,
+            prefs=self.tmp / "prefs",
         )
 
     def gate(
@@ -193,7 +194,8 @@ class Cluster:
         return self.api.get(f"/api/v1/nodes/{name}")
 
     def events(self) -> list[dict[str, Any]]:
-        found = self.api.items(f"/api/v1/namespaces/{NAMESPACE}/events")
+        """The node events: in default, where the API server keeps cluster-scoped objects'."""
+        found = self.api.items("/api/v1/namespaces/default/events")
         return sorted(found, key=lambda event: event["metadata"]["resourceVersion"].zfill(8))
 
 

@@ -14,7 +14,7 @@ from fake_apiserver import FakeAPIServer, Fault
 from nvidia_driver.errors import DriverError
 from nvidia_driver.gate.gate import Settings
 from nvidia_driver.gate.http import Client, Limits, Response, UnreachableError, send_retried
-from nvidia_driver.gate.kubeapi import ConflictError, KubeAPI, NotFoundError
+from nvidia_driver.gate.kubeapi import PAGE_SIZE, ConflictError, KubeAPI, NotFoundError
 from nvidia_driver.gate.managers import APPROVAL_ENV, Manager
 from nvidia_driver.gate.verdict import allowed, held
 from nvidia_driver.sources.download import Backoff
@@ -124,7 +124,7 @@ def test_lists_are_read_page_by_page(cluster: Cluster) -> None:
     nodes = cluster.api_client().list("/api/v1/nodes", "gpu=yes")
     assert len(nodes) == 260
     pages = [entry for entry in cluster.api.log if entry[:2] == ("GET", "/api/v1/nodes")]
-    assert len(pages) == 2
+    assert len(pages) == -(-260 // PAGE_SIZE)
 
 
 def test_a_missing_object_and_a_refused_one_say_so(cluster: Cluster) -> None:
@@ -132,7 +132,7 @@ def test_a_missing_object_and_a_refused_one_say_so(cluster: Cluster) -> None:
     with pytest.raises(NotFoundError, match=r'answered 404: nodes "nope" not found$'):
         api.get("/api/v1/nodes/nope")
     with pytest.raises(DriverError) as caught:
-        api._exchange("DELETE", "/api/v1/nodes/nope")
+        api._answer("DELETE", "/api/v1/nodes/nope")
     assert str(caught.value).endswith(
         'cannot delete resource "nodes" in API group "" at the cluster scope; check the gate\'s '
         "service account and RBAC (deploy/reboot-gate)"
@@ -187,7 +187,7 @@ def test_a_name_from_the_environment_with_a_line_break_is_refused(name: str, val
 def test_a_name_from_the_environment_outside_kubernetes_names_is_refused(
     name: str, value: str, accepted: str
 ) -> None:
-    """They are segments of request paths (the node, the pod, the namespace's events)."""
+    """They are segments of request paths (the node, the pod and its namespace)."""
     env = {"NODE_NAME": "gpu-1", "POD_NAMESPACE": "gate", "POD_NAME": "pod", name: value}
     with pytest.raises(DriverError) as raised:
         Settings.from_env(env, Manager.KURED, 60)
@@ -200,7 +200,7 @@ def test_the_fake_refuses_patch_types_it_does_not_implement() -> None:
         server.put("/api/v1/nodes/n", {"metadata": {}})
         api = KubeAPI(server.url, backoff=Backoff(attempts=1))
         with pytest.raises(DriverError, match="answered 415"):
-            api._exchange(
+            api._answer(
                 "PATCH",
                 "/api/v1/nodes/n",
                 body={},

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import base64
 import json
+import ssl
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from oci_registry import IMAGE as IMAGE_MANIFEST
 from oci_registry import OCIRegistry
+from tls_server import tls_server
 
 from nvidia_driver.errors import DriverError
+from nvidia_driver.gate.http import Client
 from nvidia_driver.gate.registry import (
+    LIMITS,
     Credentials,
     ImageRef,
     Presence,
@@ -135,3 +140,49 @@ def test_docker_config_json_in_every_form_kubectl_and_docker_write() -> None:
         assert credentials_from_docker_config({"auths": auths}) == {
             "ghcr.io": Credentials("u", "p")
         }
+
+
+def _trusting(certificate: Path) -> Registry:
+    """A client that trusts the storage host's throw-away certificate."""
+    context = ssl.create_default_context(cafile=str(certificate))
+    return Registry(
+        {}, client=Client(LIMITS, context), backoff=Backoff(attempts=1), sleep=lambda _: None
+    )
+
+
+def test_a_blob_redirected_to_an_https_storage_host_is_followed_without_credentials(
+    registry: OCIRegistry, tmp_path: Path
+) -> None:
+    """ghcr.io and Docker Hub answer a blob GET with 307 to their storage: a single-arch
+    image's config is read there, with no token sent, and checked against its digest."""
+    registry.username, registry.password = "robot", "s3cret"
+    registry.add_image("o/driver", [TAG], ("amd64",), index=False)
+    [config] = [blob for blob in registry.blobs.values() if b'"architecture"' in blob]
+    image = ImageRef.parse(f"{registry.host}/o/driver:{TAG}")
+    with tls_server(tmp_path, config) as storage:
+        registry.blob_storage = storage.url
+        client = _trusting(storage.certificate)
+        client.credentials = {registry.host: Credentials("robot", "s3cret")}
+        assert client.presence(image, "amd64") is Presence.PUBLISHED
+        assert client.presence(image, "arm64") is Presence.NO_ARCH
+        assert storage.headers
+        assert not any("Authorization" in headers for headers in storage.headers)
+
+
+def test_a_redirected_blob_that_is_not_its_digest_is_refused(
+    registry: OCIRegistry, tmp_path: Path
+) -> None:
+    registry.add_image("o/driver", [TAG], ("amd64",), index=False)
+    image = ImageRef.parse(f"{registry.host}/o/driver:{TAG}")
+    with tls_server(tmp_path, b'{"architecture": "amd64", "os": "linux"}') as storage:
+        registry.blob_storage = storage.url
+        with pytest.raises(DriverError, match="does not match its digest"):
+            _trusting(storage.certificate).presence(image, "amd64")
+
+
+def test_a_blob_redirect_to_plain_http_is_refused(registry: OCIRegistry) -> None:
+    registry.add_image("o/driver", [TAG], ("amd64",), index=False)
+    registry.blob_storage = "http://storage.example/blob"
+    image = ImageRef.parse(f"{registry.host}/o/driver:{TAG}")
+    with pytest.raises(DriverError, match="not https"):
+        _client().presence(image, "amd64")

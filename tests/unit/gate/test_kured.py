@@ -80,7 +80,7 @@ def test_kured_is_blocked_until_the_staged_release_has_its_image(
     assert not kured_blocked(cluster, "gpu-1")
     assert [event["reason"] for event in cluster.events()] == ["RebootHeld", "RebootAllowed"]
     assert bus.uids == [str(os.getuid())] * 3
-    assert [call.member for call in bus.calls] == ["Hello", "GetStatus"] * 3
+    assert [call.member for call in bus.calls] == ["Hello", "GetNameOwner", "GetStatus"] * 3
 
 
 def test_a_restarted_gate_blocks_before_it_looks_again(
@@ -103,9 +103,9 @@ def test_update_engine_not_on_the_bus_is_one_line(bus: FakeSystemBus, tmp_path: 
     with pytest.raises(DriverError) as caught:
         read_status(bus.path)
     assert str(caught.value) == (
-        "cannot ask update_engine what it staged: GetStatus failed: "
-        "org.freedesktop.DBus.Error.ServiceUnknown; the gate's pod needs the host's "
-        "/run/dbus/system_bus_socket mounted and uid 0 (deploy/reboot-gate/kured)"
+        "cannot ask update_engine what it staged: GetNameOwner failed: "
+        "org.freedesktop.DBus.Error.NameHasNoOwner; the gate's pod needs the host's "
+        "/run/dbus/system_bus_socket mounted and uid 500, core's (deploy/reboot-gate/kured)"
     )
     with pytest.raises(DriverError, match=r"^cannot ask update_engine what it staged: .*No such"):
         read_status(tmp_path / "absent")
@@ -119,3 +119,13 @@ def test_update_engine_s_status_says_what_waits_for_a_reboot(bus: FakeSystemBus)
         "UPDATE_STATUS_UPDATED_NEED_REBOOT",
         "4593.2.5",
     )
+
+
+def test_only_update_engines_own_reply_is_its_answer(bus: FakeSystemBus) -> None:
+    """A reply to the same serial from another client is not update_engine's status: only the
+    owner of com.coreos.update1 (GetNameOwner) is believed."""
+    bus.stage("4593.2.5")
+    bus.forge = True
+    assert read_status(bus.path).staged == "4593.2.5"
+    assert [call.member for call in bus.calls] == ["Hello", "GetNameOwner", "GetStatus"]
+    assert bus.calls[1].argument == "com.coreos.update1"

@@ -10,7 +10,7 @@ from conftest import DEPLOY, rbac_rules
 
 from nvidia_driver.gate.main import CACHE
 from nvidia_driver.gate.managers import APPROVAL, APPROVAL_ENV, HELD, POD_LABEL
-from nvidia_driver.gate.updateengine import SYSTEM_BUS
+from nvidia_driver.gate.updateengine import CORE_UID, PREFS, SYSTEM_BUS
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "gpu-operator.md"
 
@@ -46,7 +46,9 @@ def test_both_variants_run_the_gate_from_the_build_image_on_gpu_nodes() -> None:
         assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
         assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
         assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
-        assert {m["mountPath"] for m in container["volumeMounts"]} >= {str(CACHE.parent)}
+        # readOnlyRootFilesystem: tempfile (gpg's home, a decompressor's stderr) needs /tmp.
+        assert {m["mountPath"] for m in container["volumeMounts"]} >= {str(CACHE.parent), "/tmp"}
+        assert container["securityContext"]["readOnlyRootFilesystem"]
         assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
         assert "privileged" not in container["securityContext"]
 
@@ -66,7 +68,17 @@ def test_the_kured_variant_blocks_from_its_start_and_reaches_update_engine() -> 
     volumes = {v["name"]: v for v in template["spec"]["volumes"]}
     assert mounts["host-dbus"] == str(SYSTEM_BUS.parent)
     assert volumes["host-dbus"]["hostPath"]["path"] == str(SYSTEM_BUS.parent)
-    assert _container("kured")["securityContext"]["runAsUser"] == 0  # the bus policy's root
+    # where a staged release reported as 0.0.0 is read (update_engine's saved answer)
+    assert mounts["update-engine-prefs"] == str(PREFS)
+    assert volumes["update-engine-prefs"]["hostPath"]["path"] == str(PREFS)
+    # core's uid on Flatcar, whom update_engine's bus policy lets call GetStatus: not root,
+    # which the host's systemd and every other service on the bus would obey.
+    context = _container("kured")["securityContext"]
+    assert (context["runAsUser"], context["runAsGroup"]) == (CORE_UID, CORE_UID)
+    assert context["runAsNonRoot"]
+    assert context["readOnlyRootFilesystem"]
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["capabilities"] == {"drop": ["ALL"]}
 
 
 def test_the_rbac_grants_what_the_gate_uses_and_nothing_else() -> None:
@@ -81,11 +93,10 @@ def test_the_rbac_grants_what_the_gate_uses_and_nothing_else() -> None:
         ("", "", "nodes", "get"),
         ("", "", "nodes", "list"),
         ("", "", "nodes", "patch"),
-        ("", "nvidia.com", "clusterpolicies", "get"),
         ("", "nvidia.com", "clusterpolicies", "list"),
-        ("", "nvidia.com", "nvidiadrivers", "get"),
         ("", "nvidia.com", "nvidiadrivers", "list"),
-        ("nvidia-reboot-gate", "", "events", "create"),
+        ("", "nvidia.com", "gpuclusters", "list"),
+        ("default", "", "events", "create"),  # node events live there
         ("nvidia-reboot-gate", "", "pods", "patch"),  # kured only
         ("gpu-operator", "", "secrets", "get"),  # pull-secrets only, by name
     }

@@ -9,10 +9,14 @@ but not 4593.2.5's yet. FLUO's operator is configured with the gate's annotation
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 from conftest import STAGED, Cluster
+from fake_apiserver import Fault
 from fluo_sim import BEFORE_REBOOT, REBOOT_OK, Agent, Client, Operator
 
-from nvidia_driver.gate.managers import APPROVAL, VERDICT
+from nvidia_driver.gate.managers import APPROVAL, NEW_VERSION, VERDICT
 
 MISSING = "610.57.04-flatcar4593.2.5"
 
@@ -38,7 +42,7 @@ def test_a_reboot_waits_for_its_image_and_goes_once_it_is_published(cluster: Clu
     annotations = cluster.node("gpu-1")["metadata"]["annotations"]
     assert annotations[VERDICT] == f"held: {line}"
     assert APPROVAL not in annotations
-    [event] = cluster.events()
+    [event] = cluster.events()  # accepted by the API server's Event validation, in default
     assert (event["reason"], event["type"], event["message"]) == ("RebootHeld", "Warning", line)
     assert event["involvedObject"] == {
         "apiVersion": "v1",
@@ -66,3 +70,24 @@ def test_a_reboot_waits_for_its_image_and_goes_once_it_is_published(cluster: Clu
     assert after["annotations"][REBOOT_OK] == "true"
     assert [e["reason"] for e in cluster.events()] == ["RebootHeld", "RebootAllowed"]
     assert gate.step() is None  # FLUO no longer asks
+
+
+def test_an_event_the_api_server_refuses_is_said_in_one_line(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The annotation carries the verdict still; the lost event is not lost silently."""
+    cluster.add_node("gpu-1")
+    cluster.cluster_policy("610.57.04")
+    cluster.api.edit("/api/v1/nodes/gpu-1", _asked)
+    cluster.api.faults.append(Fault("POST", "/api/v1/namespaces/default/events", 403))
+    verdict = cluster.gate("gpu-1").step()
+    assert verdict is not None
+    assert not verdict.allowed
+    [line] = [line for line in capsys.readouterr().out.splitlines() if "event" in line]
+    assert line.startswith("WARNING: reboot gate: cannot record the event: Kubernetes API: POST ")
+
+
+def _asked(node: dict[str, Any]) -> None:
+    """FLUO's operator asking: before-reboot=true, and the agent's new-version."""
+    node["metadata"]["labels"][BEFORE_REBOOT] = "true"
+    node["metadata"]["annotations"][NEW_VERSION] = STAGED

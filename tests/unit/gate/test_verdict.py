@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 from typing import Any
 
 import pytest
 from conftest import STAGED, Cluster, rbac_rules
+from fake_apiserver import Fault
 
 from nvidia_driver.gate.operator import DriverSpec, GPUNode, Kind, wanted_images
 from nvidia_driver.gate.verdict import Verdict, allowed, held
@@ -127,7 +129,7 @@ def test_an_nvidiadriver_is_found_by_its_node_selector_without_the_owner_label(
                 "driver"
             ),
         ),
-        (None, "no ClusterPolicy: the GPU Operator installs no driver"),
+        (None, "no ClusterPolicy and no NVIDIADriver: the GPU Operator installs no driver"),
     ],
 )
 def test_a_cluster_whose_operator_installs_no_driver_reboots_freely(
@@ -139,6 +141,73 @@ def test_a_cluster_whose_operator_installs_no_driver_reboots_freely(
             "/apis/nvidia.com/v1/clusterpolicies/cluster-policy", {"spec": {"driver": policy}}
         )
     assert _judge(cluster) == allowed(f"flatcar {B}: {line}")
+
+
+def _gpu_cluster(cluster: Cluster) -> None:
+    """v26.7's GPUCluster: its CRD pins the one name (controllers/active_config.go)."""
+    cluster.api.put(
+        "/apis/nvidia.com/v1alpha1/gpuclusters/gpu-cluster",
+        {"apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster", "spec": {"draDriver": {}}},
+    )
+
+
+@pytest.mark.parametrize("gpu_cluster", [True, False])
+def test_nvidiadrivers_without_a_clusterpolicy_are_checked(
+    cluster: Cluster, gpu_cluster: bool
+) -> None:
+    """v26.7 reconciles NVIDIADrivers when no ClusterPolicy exists (GPUCluster mode,
+    controllers/nvidiadriver_controller.go): 'no ClusterPolicy' is no longer 'no driver'."""
+    cluster.add_node("gpu-1", labels={"nvidia.com/gpu-operator.driver.owner": "flatcar"})
+    if gpu_cluster:
+        _gpu_cluster(cluster)
+    _nvidia_driver(cluster, "flatcar", "610.57.04")
+    assert _judge(cluster) == held(
+        f"flatcar {B}: {cluster.repository}/driver:610.57.04-flatcar{B} not published yet"
+    )
+    cluster.publish(f"610.57.04-flatcar{B}")
+    assert _judge(cluster).allowed
+
+
+def test_a_clusterpolicy_beside_a_gpucluster_holds(cluster: Cluster) -> None:
+    """The ClusterPolicy controller refuses to reconcile while a GPUCluster exists."""
+    cluster.add_node("gpu-1")
+    cluster.cluster_policy("610.57.04")
+    cluster.publish(f"610.57.04-flatcar{B}")
+    _gpu_cluster(cluster)
+    verdict = _judge(cluster)
+    assert not verdict.allowed
+    assert "ClusterPolicy cluster-policy and GPUCluster gpu-cluster both exist" in verdict.line
+
+
+@pytest.mark.parametrize(
+    ("not_installed", "fault", "line"),
+    [
+        (
+            {"clusterpolicies", "nvidiadrivers", "gpuclusters"},
+            "",
+            "the GPU Operator is not installed (no ClusterPolicy or NVIDIADriver CRD)",
+        ),
+        ({"nvidiadrivers"}, "", "GPUCluster gpu-cluster exists"),
+        (set(), "/apis/nvidia.com/v1alpha1/gpuclusters", "gpuclusters answered 500"),
+        (set(), "/apis/nvidia.com/v1alpha1/nvidiadrivers", "nvidiadrivers answered 500"),
+        (set(), "/apis/nvidia.com/v1/clusterpolicies", "clusterpolicies answered 500"),
+    ],
+)
+def test_what_the_gate_cannot_read_of_the_operators_config_holds(
+    cluster: Cluster, not_installed: set[str], fault: str, line: str
+) -> None:
+    """A CRD's 404 means 'not installed'; the Operator is absent only when neither the
+    ClusterPolicy nor the NVIDIADriver path exists. Any other failure holds."""
+    cluster.add_node("gpu-1")
+    if "gpuclusters" not in not_installed:
+        _gpu_cluster(cluster)
+    cluster.api.not_installed |= not_installed
+    if fault:
+        cluster.api.faults.append(Fault("GET", fault, 500, times=10))
+    verdict = _judge(cluster)
+    assert line in verdict.line
+    assert verdict.allowed == (not fault and "nvidiadrivers" in not_installed
+                               and "clusterpolicies" in not_installed)  # fmt: skip
 
 
 def test_a_digest_asks_for_no_tag_and_the_build_is_checked(cluster: Cluster) -> None:
@@ -265,4 +334,43 @@ def test_a_policy_that_names_no_pullable_image_holds_in_one_line(cluster: Cluste
     assert (
         "/driver:610.57.04\\nRebootAllowed-flatcar4593.2.5' is not an image reference the "
         "Operator could pull" in verdict.line
+    )
+
+
+# What update_engine saves of Omaha's answer (omaha_request_action.cc kPrefsFullResponse);
+# the staged release is the manifest's version (/response/app/updatecheck/manifest).
+OMAHA_RESPONSE = (
+    '<?xml version="1.0" encoding="UTF-8"?><response protocol="3.0" server="update.release.'
+    'flatcar-linux.net"><daystart elapsed_seconds="0"></daystart><app appid="{e96281a6-d1af-4bde-'
+    '9a0a-97b76e56dc57}" status="ok"><updatecheck status="ok"><urls><url codebase="https://update'
+    f'.release.flatcar-linux.net/amd64-usr/{B}/"></url></urls><manifest version="{B}"><packages>'
+    '<package name="flatcar_production_update.gz" hash="x" size="1" required="false"></package>'
+    "</packages></manifest></updatecheck></app></response>"
+)
+
+
+def test_a_staged_release_of_0_0_0_is_read_from_update_engines_saved_answer(
+    cluster: Cluster,
+) -> None:
+    """update_engine restarted while an update waits reports NEED_REBOOT with 0.0.0
+    (update_attempter.cc): no such release is ever looked up in the feed."""
+    cluster.add_node("gpu-1")
+    cluster.cluster_policy("610.57.04")
+    cluster.publish(f"610.57.04-flatcar{B}")
+    prefs = cluster.tmp / "prefs"
+    cluster.feed_file.unlink()  # a release that cannot be real is never looked up in the feed
+    verdict = _judge(cluster, staged="0.0.0")
+    assert not verdict.allowed
+    assert verdict.line.startswith(
+        "flatcar 0.0.0: update_engine reports no staged release (0.0.0: it was restarted since "
+        f"it staged one), and its saved answer {prefs}/full-response cannot be read: "
+    )
+    prefs.mkdir()
+    (prefs / "full-response").write_text(OMAHA_RESPONSE)
+    (prefs / "previous-version").write_text("4593.2.4")  # written after: an older answer
+    assert "is older than the update" in _judge(cluster, staged="0.0.0").line
+    os.utime(prefs / "previous-version", (0, 0))
+    cluster.write_feed()
+    assert _judge(cluster, staged="0.0.0") == allowed(
+        f"flatcar {B}: {cluster.repository}/driver:610.57.04-flatcar{B} published"
     )

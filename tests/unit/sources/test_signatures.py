@@ -276,6 +276,26 @@ def test_the_refresh_works_in_a_deep_cache_directory(
     assert (cache / REFRESHED_KEY).is_file()
 
 
+def test_a_refresh_without_a_writable_temporary_directory_fails_in_one_line(
+    server: ReleaseServer,
+    flatcar: Flatcar,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """readOnlyRootFilesystem without /tmp mounted: a DriverError (a held verdict in the reboot
+    gate), never the FileNotFoundError of tempfile that crash-looped it."""
+    shipped, new = rotated(flatcar, tmp_path)
+    publish(server, ARTIFACT, flatcar.signer, new)
+    publish_key(server, flatcar.signer)
+    fetch = fetcher(tmp_path / "cache", shipped, flatcar.primary, server.url(KEY_PATH))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-tmp"))
+
+    with pytest.raises(DriverError, match="signed by a key that is not in the keyring"):
+        fetch.fetch(server.url(ARTIFACT))
+    assert "no writable temporary directory for gpg" in capsys.readouterr().out
+
+
 def test_a_published_key_with_another_primary_is_refused(
     server: ReleaseServer,
     flatcar: Flatcar,

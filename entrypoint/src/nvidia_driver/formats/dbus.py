@@ -1,6 +1,7 @@
 """D-Bus messages, written and read within bounds (the D-Bus Specification, "Message Protocol").
 
-Just what a client needs to call a method without arguments and read a reply of basic types:
+Just what a client needs to call a method with string arguments and read a reply of basic
+types:
 
 * a message is a 16-byte fixed header (endianness ``l``/``B``, type, flags, version 1, body
   length, serial), an array of header fields ``a(yv)``, padding to 8, then the body;
@@ -51,6 +52,11 @@ class Message:
     def error_name(self) -> str:
         return str(self.fields.get(ERROR_NAME, ""))
 
+    @property
+    def sender(self) -> str:
+        """The unique name of the connection that sent it, as the bus daemon stamps it."""
+        return str(self.fields.get(SENDER, ""))
+
 
 def _invalid(why: str) -> DriverError:
     return DriverError(f"malformed D-Bus message: {why}")
@@ -77,22 +83,29 @@ class _Writer:
         self.data += encoded + b"\0"
 
 
-def method_call(serial: int, destination: str, path: str, interface: str, member: str) -> bytes:
-    """A METHOD_CALL without arguments, little-endian."""
+def method_call(
+    serial: int, destination: str, path: str, interface: str, member: str, *arguments: str
+) -> bytes:
+    """A METHOD_CALL with string arguments (or none), little-endian."""
+    body = _Writer()
+    for argument in arguments:
+        body.string("s", argument)
     fields = _Writer()
     fields.data += bytes(FIXED_HEADER)  # alignment counts from the start of the message
-    for code, value in ((PATH, path), (INTERFACE, interface), (MEMBER, member),
-                        (DESTINATION, destination)):  # fmt: skip
+    values = [(PATH, path), (INTERFACE, interface), (MEMBER, member), (DESTINATION, destination)]
+    if arguments:
+        values.append((SIGNATURE, "s" * len(arguments)))
+    for code, value in values:
         fields.align(8)
         fields.data += bytes([code])
         kind = _FIELD_TYPES[code]
         fields.string("g", kind)
         fields.string(kind, value)
     array = bytes(fields.data[FIXED_HEADER:])
-    header = struct.pack("<cBBBIII", b"l", METHOD_CALL, 0, 1, 0, serial, len(array))
+    header = struct.pack("<cBBBIII", b"l", METHOD_CALL, 0, 1, len(body.data), serial, len(array))
     message = bytearray(header + array)
     message += bytes(-len(message) % 8)
-    return bytes(message)
+    return bytes(message + body.data)
 
 
 def message_length(fixed: bytes) -> int:

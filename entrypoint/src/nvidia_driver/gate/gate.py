@@ -12,7 +12,8 @@ Every :attr:`Settings.interval` seconds, :meth:`Gate.step`:
   for a release its image serves, ``open``.
 
 The verdict goes on the node as the :data:`~.managers.VERDICT` annotation and, when it changes,
-as an event (``RebootHeld`` or ``RebootAllowed``) and a log line. Node writes are merge patches
+as an event (``RebootHeld`` or ``RebootAllowed``, in ``default``, as the kubelet's node events)
+and a log line. Node writes are merge patches
 that carry the resourceVersion of the node they were decided on: on a 409 the node is read
 again and the decision remade, so a gate never approves a node that changed under it (FLUO
 deleting its annotations, a new release staged).
@@ -44,11 +45,12 @@ from nvidia_driver.gate.managers import (
 )
 from nvidia_driver.gate.operator import GPU_PRESENT
 from nvidia_driver.gate.updateengine import SYSTEM_BUS, read_status
-from nvidia_driver.gate.verdict import Checker, Verdict, allowed, held
+from nvidia_driver.gate.verdict import Checker, Verdict, allowed, failure, held
 from nvidia_driver.log import say, warn
 from nvidia_driver.safetext import ANNOTATION_SHOWN, check, shown
 
 COMPONENT = "nvidia-reboot-gate"
+EVENTS_NAMESPACE = "default"  # where the API server keeps events about cluster-scoped objects
 DEFAULT_INTERVAL = 60.0
 CONFLICT_RETRIES = 5
 
@@ -57,7 +59,7 @@ CONFLICT_RETRIES = 5
 class Settings:
     node_name: str
     manager: Manager
-    namespace: str  # the gate pod's: its events, and (kured) the pod itself
+    namespace: str  # the gate pod's: (kured) the pod itself
     pod_name: str = ""  # kured: the pod whose label kured's blocking selector matches
     approval: str = APPROVAL  # FLUO: the annotation listed in --before-reboot-annotations
     interval: float = DEFAULT_INTERVAL
@@ -113,16 +115,27 @@ class Gate:
         return self._kured()
 
     def run(self, stop: threading.Event) -> None:
-        """Step every interval until ``stop`` is set; a failed step holds, and is said."""
+        """Look every interval until ``stop`` is set."""
         say(f"Reboot gate on node {self.settings.node_name} ({self.settings.manager})")
         if self.settings.manager is Manager.KURED:
             self._pod_label(HELD)  # a restarted gate holds until it has looked again
         while not stop.is_set():
-            try:
-                self.step()
-            except DriverError as exc:
-                warn(f"reboot gate: {shown(str(exc), ANNOTATION_SHOWN)}; the reboot stays held")
+            self.look()
             stop.wait(self.settings.interval)
+
+    def look(self) -> Verdict | None:
+        """:meth:`step`, where a step that fails holds the reboot and says why in one line."""
+        try:
+            return self.step()
+        except Exception as exc:  # noqa: BLE001 - whatever failed, the reboot stays held
+            line = failure(exc)
+        warn(f"reboot gate: {line}; the reboot stays held")
+        if self.settings.manager is Manager.KURED:
+            try:
+                self._pod_label(HELD)  # a failed step never leaves an earlier "open"
+            except DriverError as exc:
+                warn(f"reboot gate: cannot label its pod held: {failure(exc)}")
+        return held(line)
 
     # --- FLUO ------------------------------------------------------------------------------
 
@@ -210,14 +223,13 @@ class Gate:
         self._said = verdict.text
         say(f"Reboot {'allowed' if verdict.allowed else 'held'}: {verdict.line}")
         now = self.clock()
-        name, namespace = self.settings.node_name, self.settings.namespace
+        name = self.settings.node_name
         event = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {
-                "name": f"{name}.{time.time_ns():x}",
-                "namespace": self.settings.namespace,
-            },
+            # A Node has no namespace: the API server takes an Event about it only in default
+            # (k8s pkg/apis/core/validation/events.go legacyValidateEvent), as the kubelet's.
+            "metadata": {"name": f"{name}.{time.time_ns():x}", "namespace": EVENTS_NAMESPACE},
             # uid = the node's name, as the kubelet's node events have it: kubectl describe
             # node looks events up so (kubernetes pkg/kubelet NodeRecorder, kubectl describe).
             "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": name, "uid": name},
@@ -232,7 +244,7 @@ class Gate:
             "count": 1,
         }
         try:
-            self.api.create(f"/api/v1/namespaces/{namespace}/events", event)
+            self.api.create(f"/api/v1/namespaces/{EVENTS_NAMESPACE}/events", event)
         except DriverError as exc:  # the annotation says it already
             warn(f"reboot gate: cannot record the event: {shown(str(exc), ANNOTATION_SHOWN)}")
 

@@ -3,8 +3,9 @@
 Each exchange keeps the project's one deadline mechanism (:mod:`nvidia_driver.sources.exchange`):
 connect, TLS, the request, the status line, the headers and the body all end by one deadline,
 no operation waits longer than the timeout, and the response head is bounded in bytes; an
-answer whose body is over its byte limit is refused. Redirects are not followed: neither the
-API server nor a registry's manifest endpoint sends one that the gate should follow. The answer
+answer whose body is over its byte limit is refused. Redirects are not followed here: neither
+the API server nor a registry's manifest endpoint sends one that the gate should follow; the
+registry client follows a blob's itself (:mod:`.registry`). The answer
 is returned whatever its status; failures to exchange at all raise :class:`UnreachableError`, a
 :class:`~nvidia_driver.errors.DriverError` worth another try.
 """

@@ -2,7 +2,9 @@
 
 What the gate relies on, and the fake API server of the tests enforces:
 
-* reads are GETs, lists paged with ``limit`` and ``continue`` (bounded: :data:`MAX_PAGES`);
+* reads are GETs, lists paged with ``limit`` and ``continue``, bounded in pages, items per page
+  and bytes (:data:`MAX_PAGES`, :data:`PAGE_SIZE`, :data:`ANSWER_BYTES`, :data:`LIST_BYTES`),
+  JSON in depth (:mod:`~nvidia_driver.formats.jsontext`);
 * writes are JSON merge patches (RFC 7386, ``application/merge-patch+json``) that carry the
   ``metadata.resourceVersion`` the decision was made on: the server answers 409 Conflict when the
   object changed since, and the caller reads it again and decides again (:class:`ConflictError`);
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from nvidia_driver.errors import DriverError
+from nvidia_driver.formats import jsontext
 from nvidia_driver.gate.http import (
     Client,
     Limits,
@@ -31,6 +34,7 @@ from nvidia_driver.gate.http import (
     UnreachableError,
     send_retried,
 )
+from nvidia_driver.limits import MiB
 from nvidia_driver.safetext import ANNOTATION_SHOWN, check_name, shown
 from nvidia_driver.sources.download import Backoff
 
@@ -38,8 +42,12 @@ SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 # The API server's URL: a ``kubectl proxy`` on 127.0.0.1 to run the gate outside the cluster.
 API_SERVER_ENV = "REBOOT_GATE_API_SERVER"
 MERGE_PATCH = "application/merge-patch+json"
-PAGE_SIZE = 250
-MAX_PAGES = 200  # 50,000 objects
+PAGE_SIZE = 100
+MAX_PAGES = 500  # 50,000 objects
+# One answer: an object is at most 1.5 MiB (etcd's request limit), a page of 100 nodes a few MiB.
+# The bound is on parsed memory too: 4 MiB of "{}," is 1.4 million dicts, ~100 MiB in Python.
+ANSWER_BYTES = 4 * MiB
+LIST_BYTES = 64 * MiB  # every page of one list together: about 2,000 nodes
 _TOKEN_LIMIT = 64 * 1024
 _LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
 _CONFLICT, _NOT_FOUND = 409, 404
@@ -122,13 +130,13 @@ class KubeAPI:
         return cls(
             url,
             token_file=token if token.is_file() else None,
-            client=Client(limits or Limits(), context),
+            client=Client(limits or Limits(max_bytes=ANSWER_BYTES), context),
         )
 
     # --- the verbs the gate uses -----------------------------------------------------------
 
     def get(self, path: str, query: Mapping[str, str] | None = None) -> dict[str, Any]:
-        return self._exchange("GET", path, query)
+        return _document(self._answer("GET", path, query), "GET", path)
 
     def list(self, path: str, label_selector: str = "") -> list[dict[str, Any]]:
         """Every item of a list, page by page."""
@@ -136,11 +144,24 @@ class KubeAPI:
         query = {"limit": str(PAGE_SIZE)}
         if label_selector:
             query["labelSelector"] = label_selector
+        size = 0
         for _ in range(MAX_PAGES):
-            page = self._exchange("GET", path, query)
+            answer = self._answer("GET", path, query)
+            size += len(answer.body)
+            if size > LIST_BYTES:
+                raise DriverError(
+                    f"Kubernetes API: GET {path} answered more than {LIST_BYTES} bytes in all, "
+                    "the gate's bound for one list"
+                )
+            page = _document(answer, "GET", path)
             found = page.get("items")
             if not isinstance(found, list):
                 raise DriverError(f"Kubernetes API: GET {path} answered no list of items")
+            if len(found) > PAGE_SIZE:
+                raise DriverError(
+                    f"Kubernetes API: GET {path} answered {len(found)} items for a page of "
+                    f"at most {PAGE_SIZE}"
+                )
             items += [item for item in found if isinstance(item, dict)]
             metadata = page.get("metadata")
             token = metadata.get("continue") if isinstance(metadata, dict) else None
@@ -151,21 +172,24 @@ class KubeAPI:
 
     def merge_patch(self, path: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         """Apply an RFC 7386 merge patch; :class:`ConflictError` if its resourceVersion is stale."""
-        return self._exchange("PATCH", path, body=patch, content_type=MERGE_PATCH)
+        answer = self._answer("PATCH", path, body=patch, content_type=MERGE_PATCH)
+        return _document(answer, "PATCH", path)
 
     def create(self, path: str, document: Mapping[str, Any]) -> dict[str, Any]:
-        return self._exchange("POST", path, body=document, content_type="application/json")
+        answer = self._answer("POST", path, body=document, content_type="application/json")
+        return _document(answer, "POST", path)
 
     # --- one exchange, retried -------------------------------------------------------------
 
-    def _exchange(
+    def _answer(
         self,
         method: str,
         path: str,
         query: Mapping[str, str] | None = None,
         body: Mapping[str, Any] | None = None,
         content_type: str = "",
-    ) -> dict[str, Any]:
+    ) -> Response:
+        """The successful answer, within :data:`ANSWER_BYTES` whatever the client's limits."""
         url = self.base_url + path
         if query:
             url += "?" + urllib.parse.urlencode(query)
@@ -181,9 +205,14 @@ class KubeAPI:
             response = send_retried(send, self.backoff, self.sleep)
         except UnreachableError as exc:
             raise DriverError(f"Kubernetes API: {exc}; check the cluster's network") from None
-        if response.status in _OK:
-            return _document(response, method, path)
-        raise _failure(response, method, path)
+        if response.status not in _OK:
+            raise _failure(response, method, path)
+        if len(response.body) > ANSWER_BYTES:
+            raise DriverError(
+                f"Kubernetes API: {method} {path} answered {len(response.body)} bytes, over the "
+                f"limit of {ANSWER_BYTES}: not what the gate asked for"
+            )
+        return response
 
     def _authorization(self) -> dict[str, str]:
         if self.token_file is None:
@@ -201,10 +230,8 @@ class KubeAPI:
 
 
 def _document(response: Response, method: str, path: str) -> dict[str, Any]:
-    try:
-        document = json.loads(response.body or b"{}")
-    except ValueError:
-        raise DriverError(f"Kubernetes API: {method} {path} answered no JSON") from None
+    what = f"Kubernetes API: the answer to {method} {path}"
+    document = jsontext.parse(response.body or b"{}", what)
     if not isinstance(document, dict):
         raise DriverError(f"Kubernetes API: {method} {path} answered no JSON object")
     return document
@@ -213,10 +240,10 @@ def _document(response: Response, method: str, path: str) -> dict[str, Any]:
 def _failure(response: Response, method: str, path: str) -> DriverError:
     message = ""
     try:
-        status = json.loads(response.body)
+        status = jsontext.parse(response.body, "the failure's Status")
         message = str(status.get("message", "")) if isinstance(status, dict) else ""
-    except ValueError:
-        pass
+    except DriverError:
+        pass  # the status line says enough
     line = f"Kubernetes API: {method} {path} answered {response.status}"
     if message:
         line += f": {shown(message)}"

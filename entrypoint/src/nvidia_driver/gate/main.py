@@ -59,7 +59,7 @@ def make_gate(env: Mapping[str, str], manager: Manager, interval: float) -> Gate
 def reboot_gate(env: Mapping[str, str], manager: str, interval: float, *, once: bool) -> int:
     gate = make_gate(env, Manager(manager), interval)
     if once:
-        verdict = gate.step()
+        verdict = gate.look()
         say(verdict.text if verdict else "Nothing to decide: no reboot is being asked for")
         return 0
     stop = threading.Event()

@@ -12,7 +12,8 @@ Read from NVIDIA/gpu-operator (a22dbf6), and composed with the formulas of
   DaemonSet per node pool, a pool per OS tag (and kernel, with ``usePrecompiled``) of the nodes
   the resource owns (``internal/state/nodepool.go``; the node label
   ``nvidia.com/gpu-operator.driver.owner`` names it). Node N then pulls B's own tag, nothing
-  else changes.
+  else changes. From v26.7 (GPUCluster mode) NVIDIADrivers drive the driver with no
+  ClusterPolicy at all.
 
 The image path is the Operator's ``imagePath``: ``<repository>/<image>:<version>`` (``@`` for
 a ``sha256:`` version, to which nothing is appended), or ``<image>`` alone when repository and
@@ -40,6 +41,7 @@ from nvidia_driver.sources.gpuoperator import (
 
 CLUSTER_POLICIES = "/apis/nvidia.com/v1/clusterpolicies"
 NVIDIA_DRIVERS = "/apis/nvidia.com/v1alpha1/nvidiadrivers"
+GPU_CLUSTERS = "/apis/nvidia.com/v1alpha1/gpuclusters"  # v26.7: NVIDIADrivers without a policy
 NODES = "/api/v1/nodes"
 # The labels the Operator reads (controllers/state_manager.go, internal/consts/consts.go).
 GPU_PRESENT = "nvidia.com/gpu.present"
@@ -159,25 +161,76 @@ def _secrets(value: object) -> tuple[str, ...]:
 
 
 def driver_spec(api: KubeAPI, node: Mapping[str, Any]) -> DriverSpec | str:
-    """The spec the node's driver image comes from, or why the Operator installs none there."""
-    # The Operator serves one ClusterPolicy and marks any other "ignored".
-    policies = [
-        policy
-        for policy in api.list(CLUSTER_POLICIES)
-        if policy.get("status", {}).get("state") != "ignored"
-    ]
-    if not policies:
-        return "no ClusterPolicy: the GPU Operator installs no driver"
-    policy = min(policies, key=lambda p: str(p.get("metadata", {}).get("creationTimestamp", "")))
-    name = shown(str(policy.get("metadata", {}).get("name", "?")), 100)
+    """The spec the node's driver image comes from, or why the Operator installs none there.
+
+    As the v26.7 Operator picks its active config (``controllers/active_config.go``
+    ``resolveActiveConfig``): the singleton ClusterPolicy and the GPUCluster. NVIDIADrivers
+    drive the driver when no ClusterPolicy exists, or when it sets ``useNvidiaDriverCRD``
+    (``controllers/nvidiadriver_controller.go``). A CRD's 404 means it is not installed; any
+    other failure to read raises, and the reboot is held.
+    """
+    policies = _installed(api, CLUSTER_POLICIES)
+    gpu_clusters = _installed(api, GPU_CLUSTERS)
+    policy = _singleton(policies or [])
+    if policy is None:
+        return _without_cluster_policy(api, node, policies is not None, gpu_clusters or [])
+    name = _name(policy)
     driver = policy.get("spec", {}).get("driver", {})
     if not isinstance(driver, Mapping):
         driver = {}
+    if _bool(driver.get("useNvidiaDriverCRD")):
+        return _nvidia_driver_spec(node, api.list(NVIDIA_DRIVERS))
+    if gpu_clusters:
+        # controllers/clusterpolicy_controller.go: "ClusterPolicy and GPUCluster cannot co-exist".
+        raise DriverError(
+            f"ClusterPolicy {name} and GPUCluster {_name(gpu_clusters[0])} both exist: the "
+            "Operator reconciles neither its ClusterPolicy nor the driver; delete one of them"
+        )
     if driver.get("enabled") is False or driver.get("enabled") == "false":
         return f"ClusterPolicy {name} has driver.enabled=false: the Operator installs no driver"
-    if _bool(driver.get("useNvidiaDriverCRD")):
-        return _nvidia_driver_spec(api, node)
     return _spec(f"ClusterPolicy {name}", driver, per_pool=False)
+
+
+def _without_cluster_policy(
+    api: KubeAPI,
+    node: Mapping[str, Any],
+    policy_crd: bool,
+    gpu_clusters: list[dict[str, Any]],
+) -> DriverSpec | str:
+    """v26.7 (GPUCluster mode, or no config at all): the NVIDIADrivers drive the driver."""
+    drivers = _installed(api, NVIDIA_DRIVERS)
+    if drivers is None and gpu_clusters:
+        raise DriverError(
+            f"GPUCluster {_name(gpu_clusters[0])} exists but the API server serves no "
+            "NVIDIADriver (its CRD is not installed): install the Operator's CRDs"
+        )
+    if drivers is None and not policy_crd:
+        return "the GPU Operator is not installed (no ClusterPolicy or NVIDIADriver CRD)"
+    if not drivers:
+        return "no ClusterPolicy and no NVIDIADriver: the GPU Operator installs no driver"
+    return _nvidia_driver_spec(node, drivers)
+
+
+def _installed(api: KubeAPI, path: str) -> list[dict[str, Any]] | None:
+    """The items of a custom resource's list; None when its CRD is not installed (404)."""
+    try:
+        return api.list(path)
+    except NotFoundError:
+        return None
+
+
+def _singleton(policies: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """getSingletonClusterPolicy (controllers/active_config.go): the oldest, then the lowest
+    name; the Operator marks any other "ignored"."""
+    return min(
+        policies,
+        key=lambda p: (str(p.get("metadata", {}).get("creationTimestamp", "")), _name(p)),
+        default=None,
+    )
+
+
+def _name(resource: Mapping[str, Any]) -> str:
+    return shown(str(resource.get("metadata", {}).get("name", "?")), 100)
 
 
 def _spec(source: str, fields: Mapping[str, Any], *, per_pool: bool) -> DriverSpec:
@@ -193,13 +246,12 @@ def _spec(source: str, fields: Mapping[str, Any], *, per_pool: bool) -> DriverSp
     )
 
 
-def _nvidia_driver_spec(api: KubeAPI, node: Mapping[str, Any]) -> DriverSpec | str:
+def _nvidia_driver_spec(node: Mapping[str, Any], drivers: list[dict[str, Any]]) -> DriverSpec | str:
     labels = _labels(node)
     owner = labels.get(DRIVER_OWNER, "")
     if owner:
-        try:
-            resources = [api.get(f"{NVIDIA_DRIVERS}/{owner}")]
-        except NotFoundError:
+        resources = [r for r in drivers if r.get("metadata", {}).get("name") == owner]
+        if not resources:
             return (
                 f"the node's {DRIVER_OWNER} label names NVIDIADriver {shown(owner, 100)}, "
                 "which does not exist: the Operator installs no driver here"
@@ -207,17 +259,17 @@ def _nvidia_driver_spec(api: KubeAPI, node: Mapping[str, Any]) -> DriverSpec | s
     else:  # Operators before the owner label: the resources whose nodeSelector takes the node
         resources = [
             resource
-            for resource in api.list(NVIDIA_DRIVERS)
+            for resource in drivers
             if all(labels.get(k) == v for k, v in _node_selector(resource).items())
         ]
     if not resources:
         return "no NVIDIADriver selects this node: the GPU Operator installs no driver here"
     if len(resources) > 1:
-        names = ", ".join(shown(str(r.get("metadata", {}).get("name", "?")), 60) for r in resources)
+        names = ", ".join(_name(resource) for resource in resources)
         raise DriverError(f"NVIDIADrivers {names} all select this node: the Operator refuses that")
     resource = resources[0]
     spec = resource.get("spec", {})
-    name = shown(str(resource.get("metadata", {}).get("name", "?")), 100)
+    name = _name(resource)
     if spec.get("driverType", "gpu") != "gpu":
         return (
             f"NVIDIADriver {name} is driverType {shown(str(spec.get('driverType')), 40)}, not gpu"

@@ -1,11 +1,13 @@
 """Whether a registry serves an image for an arch: the OCI distribution API, read only.
 
 ``GET /v2/<name>/manifests/<reference>``: 404 means not published; an index must list a
-``linux/<arch>`` manifest, a single image manifest's config must name the arch. On a 401 the
-client follows the ``WWW-Authenticate`` challenge (distribution's token authentication, as
-ghcr.io, Docker Hub and registry:2 speak it): a ``Bearer`` challenge sends it to the realm for a
-token of the challenge's scope, with the pull secret's credentials if there are any (anonymous
-otherwise, which public images need), a ``Basic`` one sends the credentials themselves.
+``linux/<arch>`` manifest, a single image manifest's config must name the arch (the config
+blob followed where the registry redirects it, to https only, and checked against its
+digest). On a 401 the client follows the ``WWW-Authenticate`` challenge (distribution's token
+authentication, as ghcr.io, Docker Hub and registry:2 speak it): a ``Bearer`` challenge sends it
+to the realm for a token of the challenge's scope, with the pull secret's credentials if there
+are any (anonymous otherwise, which public images need), a ``Basic`` one sends the credentials
+themselves.
 
 Registries on 127.0.0.1, ::1 or localhost are spoken to over plain http, all others over https,
 as gdc.registry does. Credentials come from the GPU Operator's pull secrets (docker config
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
+import hashlib
 import re
 import time
 import urllib.parse
@@ -29,6 +31,7 @@ from enum import Enum
 from typing import Any
 
 from nvidia_driver.errors import DriverError
+from nvidia_driver.formats import jsontext
 from nvidia_driver.gate.http import Client, Limits, Response, UnreachableError
 from nvidia_driver.gate.http import send_retried as _send_retried
 from nvidia_driver.limits import MiB
@@ -52,6 +55,8 @@ _DOCKER_HUB_KEYS = ("https://index.docker.io/v1/", "index.docker.io", "docker.io
 _PLAIN_HTTP = frozenset({"127.0.0.1", "localhost", "::1"})
 _CHALLENGE_PARAM = re.compile(r'(\w+)="([^"]*)"')
 _NOT_FOUND, _UNAUTHORIZED = 404, 401
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+MAX_REDIRECTS = 3  # a blob's: registry -> storage (-> a signed URL)
 _OK = range(200, 300)
 
 
@@ -183,26 +188,47 @@ class Registry:
         media_type = response.header("Content-Type").split(";")[0].strip()
         media_type = media_type or str(manifest.get("mediaType", ""))
         if media_type in INDEX_TYPES or "manifests" in manifest:
-            platforms = [
-                entry.get("platform", {})
-                for entry in manifest.get("manifests", [])
-                if isinstance(entry, Mapping)
-            ]
+            entries = manifest.get("manifests")
+            if not isinstance(entries, list):
+                raise DriverError(f"{image}: the registry's index lists no manifests")
+            platforms = [entry.get("platform") for entry in entries if isinstance(entry, Mapping)]
             wanted = {"os": "linux", "architecture": arch}
             listed = any(
                 isinstance(p, Mapping) and all(p.get(k) == v for k, v in wanted.items())
                 for p in platforms
             )
             return Presence.PUBLISHED if listed else Presence.NO_ARCH
-        digest = manifest.get("config", {}).get("digest", "")
+        config = manifest.get("config")
+        digest = config.get("digest", "") if isinstance(config, Mapping) else ""
         if not isinstance(digest, str) or not DIGEST.fullmatch(digest):  # it goes into a URL
             raise DriverError(f"{image}: the manifest names no config blob")
-        config = _json(self._get(image, f"blobs/{digest}", "*/*"), image)
-        return Presence.PUBLISHED if config.get("architecture") == arch else Presence.NO_ARCH
+        blob = _json(self._blob(image, digest), image)
+        return Presence.PUBLISHED if blob.get("architecture") == arch else Presence.NO_ARCH
+
+    def _blob(self, image: ImageRef, digest: str) -> Response:
+        """A blob, wherever the registry sends it: ghcr.io and Docker Hub answer 307 to their
+        storage host. Followed to https only, with no credentials (they are the registry's),
+        and what arrives must be the digest asked for."""
+        response = self._get(image, f"blobs/{digest}", "*/*", redirected=True)
+        for _ in range(MAX_REDIRECTS):
+            if response.status not in _REDIRECTS:
+                break
+            location = response.header("Location")
+            if urllib.parse.urlsplit(location).scheme != "https":
+                where = shown(location, ANNOTATION_SHOWN)
+                raise DriverError(f"{image}: refusing the blob's redirect to {where}: not https")
+            response = self._send(location, "*/*", "")
+        if response.status not in _OK:
+            raise DriverError(f"{image}: the blob {digest} answered {response.status}")
+        if f"sha256:{hashlib.sha256(response.body).hexdigest()}" != digest:
+            raise DriverError(f"{image}: the blob {digest} does not match its digest")
+        return response
 
     # --- the exchange, with the token dance ------------------------------------------------
 
-    def _get(self, image: ImageRef, path: str, accept: str) -> Response:
+    def _get(
+        self, image: ImageRef, path: str, accept: str, *, redirected: bool = False
+    ) -> Response:
         scheme = "http" if plain_http(image.api_host) else "https"
         url = f"{scheme}://{image.api_host}/v2/{image.name}/{path}"
         response = self._send(url, accept, self._tokens.get((image.host, image.name), ""))
@@ -211,6 +237,8 @@ class Registry:
             self._tokens[image.host, image.name] = authorization
             response = self._send(url, accept, authorization)
         if response.status in _OK or response.status == _NOT_FOUND:
+            return response
+        if redirected and response.status in _REDIRECTS:
             return response
         raise DriverError(f"{image}: the registry answered {response.status}{_errors(response)}")
 
@@ -267,10 +295,7 @@ _SET_PULL_SECRETS = (
 
 
 def _json(response: Response, image: ImageRef) -> dict[str, Any]:
-    try:
-        document = json.loads(response.body)
-    except ValueError:
-        raise DriverError(f"{image}: the registry answered no JSON") from None
+    document = jsontext.parse(response.body, f"{image}: the registry's answer")
     if not isinstance(document, dict):
         raise DriverError(f"{image}: the registry answered no JSON object")
     return document
@@ -279,9 +304,12 @@ def _json(response: Response, image: ImageRef) -> dict[str, Any]:
 def _errors(response: Response) -> str:
     """``: <code> <message>`` of the first error an OCI error body lists, or ""."""
     try:
-        errors = json.loads(response.body).get("errors", [])
-        first = errors[0] if isinstance(errors, list) and errors else {}
-        text = f"{first.get('code', '')} {first.get('message', '')}".strip()
-    except (ValueError, AttributeError):
+        document = jsontext.parse(response.body, "the error body")
+    except DriverError:
         return ""
+    errors = document.get("errors") if isinstance(document, dict) else None
+    first = errors[0] if isinstance(errors, list) and errors else None
+    if not isinstance(first, dict):
+        return ""
+    text = f"{first.get('code', '')} {first.get('message', '')}".strip()
     return f": {shown(text, 120)}" if text else ""

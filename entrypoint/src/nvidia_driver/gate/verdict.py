@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from nvidia_driver.errors import DriverError
+from nvidia_driver.formats import jsontext
 from nvidia_driver.gate.buildcheck import BuildImage, Outcome
 from nvidia_driver.gate.kubeapi import KubeAPI, object_name
 from nvidia_driver.gate.operator import DriverSpec as Spec
@@ -36,6 +37,7 @@ from nvidia_driver.gate.registry import (
     Registry,
     credentials_from_docker_config,
 )
+from nvidia_driver.gate.updateengine import PREFS, VERSION_ZERO, staged_from_prefs
 from nvidia_driver.limits import MiB
 from nvidia_driver.safetext import ANNOTATION_SHOWN, shown
 from nvidia_driver.sources.download import Downloader
@@ -75,7 +77,8 @@ class Releases:
     def find(self, version: FlatcarVersion) -> Release | None:
         if version not in self._known:
             text = self.downloader.get_small(self.url, FEED_LIMIT, "Flatcar's releases feed")
-            self._known = {release.version: release for release in parse_releases(text.decode())}
+            feed = jsontext.parse(text, "Flatcar's releases feed")
+            self._known = {release.version: release for release in parse_releases(feed)}
         return self._known.get(version)
 
 
@@ -86,8 +89,19 @@ class Checker:
     build: BuildImage
     operator_namespace: str
     registry: Callable[[Mapping[str, Credentials]], Registry] = Registry
+    prefs: Path = PREFS  # update_engine's, where a staged release of 0.0.0 is looked up
 
     def verdict(self, node: Mapping[str, Any], staged: str) -> Verdict:
+        if staged == VERSION_ZERO:  # a release that cannot be real: never looked up in the feed
+            try:
+                staged = staged_from_prefs(self.prefs)
+            except DriverError as exc:
+                return held(
+                    f"flatcar {VERSION_ZERO}: update_engine reports no staged release "
+                    f"({VERSION_ZERO}: it was restarted since it staged one), and {exc}: the "
+                    "gate cannot tell which release waits; the kured variant reads it from the "
+                    f"host's {PREFS}"
+                )
         try:
             version = FlatcarVersion.parse(staged)
         except DriverError:
@@ -96,9 +110,8 @@ class Checker:
         prefix = f"flatcar {version}"
         try:
             return self._verdict(node, version, prefix)
-        except DriverError as exc:
-            return held(f"{prefix}: cannot check its driver image: "
-                        f"{shown(str(exc), ANNOTATION_SHOWN)}")  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - whatever the answers were, the gate holds
+            return held(f"{prefix}: cannot check its driver image: {failure(exc)}")
 
     def _verdict(self, node: Mapping[str, Any], version: FlatcarVersion, prefix: str) -> Verdict:
         spec = driver_spec(self.api, node)
@@ -172,14 +185,22 @@ class Checker:
             data = self.api.get(path).get("data", {})
             encoded = data.get(".dockerconfigjson") or data.get(".dockercfg") or ""
             try:
-                document = json.loads(base64.b64decode(encoded))
+                decoded = base64.b64decode(encoded)
             except (binascii.Error, ValueError):
-                raise DriverError(
-                    f"pull secret {shown(name, 60)} holds no docker config JSON"
-                ) from None
+                raise DriverError(f"pull secret {shown(name, 60)} holds no base64") from None
+            document = jsontext.parse(decoded, f"pull secret {shown(name, 60)}")
             if isinstance(document, dict):
                 found.update(credentials_from_docker_config(document))
         return found
+
+
+def failure(exc: Exception) -> str:
+    """What a failed check says: a DriverError's line, or the shape of an answer nobody
+    expected (a list where an object was, a field of the wrong type), never a traceback."""
+    if isinstance(exc, DriverError):
+        return shown(str(exc), ANNOTATION_SHOWN)
+    why = shown(f"{type(exc).__name__}: {exc}", 200)
+    return f"an answer of a shape the gate does not read ({why})"
 
 
 def _counted(phrases: list[str]) -> list[str]:

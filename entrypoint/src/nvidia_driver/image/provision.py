@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
-import json
 import os
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from typing import Any
 from nvidia_driver.commands import Commands
 from nvidia_driver.digests import ANY, digest_list
 from nvidia_driver.errors import DriverError
+from nvidia_driver.formats import jsontext
 from nvidia_driver.image.driverroot import verify_root
 from nvidia_driver.log import say
 from nvidia_driver.sources import redist
@@ -136,10 +136,7 @@ def _read_json(url: str) -> Any:
         body = downloader().get_small(url, MAX_MANIFEST_BYTES, "a redistrib manifest")
     except DriverError as exc:
         raise DriverError(f"cannot download {url}: {exc}") from None
-    try:
-        return json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise DriverError(f"{url} is not a JSON manifest: {exc}") from None
+    return jsontext.parse(body, url, "it should be a JSON manifest")
 
 
 # --- driver ------------------------------------------------------------------------------------

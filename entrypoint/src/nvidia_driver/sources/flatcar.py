@@ -6,7 +6,6 @@ Nothing here touches the network: callers fetch, these functions name and parse.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from nvidia_driver.errors import DriverError
+from nvidia_driver.formats import jsontext
 
 DEFAULT_RELEASE_BASE_URL = "https://{channel}.release.flatcar-linux.net"
 RELEASE_BASE_URL_ENV = "FLATCAR_RELEASE_BASE_URL"
@@ -277,18 +277,16 @@ class Release:
     release_date: datetime
 
 
+_FEED_FIX = f"check {RELEASES_URL_ENV} points at a Flatcar releases.json"
+
+
 def _feed_error(what: str, why: str) -> DriverError:
-    return DriverError(
-        f"releases feed: {what}: {why}; check {RELEASES_URL_ENV} points at a Flatcar releases.json"
-    )
+    return DriverError(f"releases feed: {what}: {why}; {_FEED_FIX}")
 
 
 def _load_feed(feed: str | Mapping[str, Any]) -> Mapping[str, Any]:
     if isinstance(feed, str):
-        try:
-            feed = json.loads(feed)
-        except json.JSONDecodeError as exc:
-            raise _feed_error("not JSON", str(exc)) from None
+        feed = jsontext.parse(feed, "releases feed", _FEED_FIX)
     if not isinstance(feed, Mapping):
         raise _feed_error("unexpected top level", "expected an object keyed by version")
     return feed

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
+from nvidia_driver.safetext import shown
 
 FLATCAR_PRIMARY = "F88CFEDEFF29A5B4D9523864E25D9AED0593B34A"
 # flatcar/flatcar-website static/security/image-signing-key/Flatcar_Image_Signing_Key.asc, the
@@ -142,7 +143,14 @@ def merge_published_key(
     # gpg --import fails ("can't connect to the agent: File name too long") once its home's
     # agent socket path passes sun_path's 108 bytes, as a deep cache directory makes it: the
     # keyring is built in a short home of its own under the system's temporary directory.
-    with tempfile.TemporaryDirectory(prefix="gpg-") as keyring_home:
+    try:
+        temporary = tempfile.TemporaryDirectory(prefix="gpg-")
+    except OSError as exc:  # a read-only root without /tmp mounted (the reboot gate's pod)
+        raise DriverError(
+            f"no writable temporary directory for gpg's home ({shown(str(exc), 160)}): mount "
+            "an emptyDir at /tmp, as deploy/reboot-gate does, or set TMPDIR"
+        ) from None
+    with temporary as keyring_home:
         short_home = Path(keyring_home)
         commands.run("gpg", *_gpg_options(short_home), "--import", *current, fetched)
         merged = short_home / "merged.gpg"

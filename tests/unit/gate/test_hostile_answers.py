@@ -1,0 +1,141 @@
+"""Answers the gate cannot read hold the reboot, with their reason: never a traceback.
+
+A body nested 1,000 deep, a feed that is not UTF-8, an integer over Python's 4,300 digits, a
+manifest whose fields have the wrong types, a 16 MiB list page: each is a held verdict, and
+no answer takes the gate past its pod's memory limit.
+"""
+
+from __future__ import annotations
+
+import threading
+import tracemalloc
+from typing import Any
+
+import pytest
+from conftest import STAGED, Cluster
+from oci_registry import IMAGE, INDEX
+
+from nvidia_driver.errors import DriverError
+from nvidia_driver.gate.managers import BEFORE_REBOOT, NEW_VERSION, VERDICT
+from nvidia_driver.gate.registry import ImageRef, Registry
+from nvidia_driver.gate.verdict import Verdict
+from nvidia_driver.limits import MiB
+from nvidia_driver.sources.download import Backoff
+
+DEEP = b'{"a":' * 1000 + b"1" + b"}" * 1000
+HUGE_INTEGER = b'{"n": ' + b"9" * 5000 + b"}"
+TAG = f"610.57.04-flatcar{STAGED}"
+
+
+def _judge(cluster: Cluster) -> Verdict:
+    return cluster.checker(cluster.api_client()).verdict(cluster.node("gpu-1"), STAGED)
+
+
+def _policy(cluster: Cluster) -> None:
+    cluster.add_node("gpu-1")
+    cluster.cluster_policy("610.57.04")
+    cluster.publish(TAG)
+
+
+@pytest.mark.parametrize(
+    ("feed", "reason"),
+    [
+        (b"\xff\xfe{}", "not JSON"),
+        (DEEP, "nested deeper"),
+        (HUGE_INTEGER, "not JSON"),
+    ],
+    ids=["not-utf8", "deep", "huge-integer"],
+)
+def test_a_feed_the_gate_cannot_read_holds(cluster: Cluster, feed: bytes, reason: str) -> None:
+    _policy(cluster)
+    cluster.feed_file.write_bytes(feed)
+    verdict = _judge(cluster)
+    assert not verdict.allowed
+    assert "Flatcar's releases feed" in verdict.line
+    assert reason in verdict.line
+
+
+@pytest.mark.parametrize(
+    ("media_type", "manifest", "reason"),
+    [
+        (INDEX, DEEP, "nested deeper"),
+        (INDEX, b'{"manifests": 5}', "lists no manifests"),
+        (IMAGE, b'{"config": []}', "names no config blob"),
+        (INDEX, b'{"manifests": [{"platform": []}]}', "no linux/amd64 image"),
+    ],
+    ids=["deep", "manifests-5", "config-list", "platform-list"],
+)
+def test_a_manifest_the_gate_cannot_read_holds(
+    cluster: Cluster, media_type: str, manifest: bytes, reason: str
+) -> None:
+    _policy(cluster)
+    cluster.registry.put("o/driver", [TAG], media_type, manifest)
+    verdict = _judge(cluster)
+    assert not verdict.allowed
+    assert reason in verdict.line
+
+
+def test_a_deep_answer_from_the_api_server_holds(cluster: Cluster) -> None:
+    _policy(cluster)
+    cluster.api.raw["/apis/nvidia.com/v1/clusterpolicies"] = DEEP
+    verdict = _judge(cluster)
+    assert not verdict.allowed
+    path = "/apis/nvidia.com/v1/clusterpolicies"
+    assert f"the answer to GET {path}: not JSON (nested deeper" in verdict.line
+
+
+def test_a_node_of_the_wrong_shape_holds(cluster: Cluster) -> None:
+    _policy(cluster)
+    cluster.api.edit("/api/v1/nodes/gpu-1", lambda node: node.update(status=[]))
+    verdict = _judge(cluster)
+    assert not verdict.allowed
+    assert "cannot check its driver image" in verdict.line
+
+
+def test_a_16_mib_list_page_is_refused_within_the_pods_memory(cluster: Cluster) -> None:
+    """The page is cut at the gate's bound: it never becomes millions of dicts."""
+    _policy(cluster)
+    page = b'{"items": [' + b"{}," * ((16 * MiB - 16) // 3) + b"{}]}"  # within 16 MiB
+    cluster.api.raw["/api/v1/nodes"] = page
+    tracemalloc.start()
+    try:
+        verdict = _judge(cluster)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert not verdict.allowed
+    assert "over the limit" in verdict.line or "more than" in verdict.line
+    assert peak < 64 * MiB
+
+
+class _Once(threading.Event):
+    """Stops the gate's loop after one step."""
+
+    def wait(self, timeout: float | None = None) -> bool:
+        del timeout
+        self.set()
+        return True
+
+
+def test_a_step_that_meets_an_unreadable_node_holds_and_the_gate_runs_on(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _policy(cluster)
+
+    def asked(node: dict[str, Any]) -> None:
+        node["metadata"]["labels"][BEFORE_REBOOT] = "true"
+        node["metadata"]["annotations"] = {NEW_VERSION: STAGED, VERDICT: []}
+
+    cluster.api.edit("/api/v1/nodes/gpu-1", asked)
+    cluster.api.raw["/api/v1/nodes"] = b'{"items": [{"metadata": []}]}'  # the CPU nodes' list
+    cluster.gate("gpu-1").run(_Once())
+    out = capsys.readouterr().out
+    assert "the reboot stays held" in out
+    assert "Traceback" not in out
+
+
+def test_the_registry_client_refuses_deep_json_with_a_driver_error(cluster: Cluster) -> None:
+    cluster.registry.put("o/driver", [TAG], INDEX, DEEP)
+    registry = Registry(backoff=Backoff(attempts=1), sleep=lambda _: None)
+    with pytest.raises(DriverError, match="nested deeper"):
+        registry.presence(ImageRef.parse(f"{cluster.repository}/driver:{TAG}"), "amd64")
