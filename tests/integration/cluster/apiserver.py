@@ -36,7 +36,8 @@ ETCD_PACKAGE, ETCD_SUITE = "etcd-server", "trixie"  # 3.5: Kubernetes 1.36 suppo
 SERVICE_CIDR = "198.18.0.0/24"
 ISSUER = "https://kubernetes.default.svc"
 START_SECONDS = 120.0
-ADMIN = "gdc-admin"  # CN of the admin client certificate, in group system:masters
+ADMIN = "gdc-admin"
+RETRIES, TOO_MANY_REQUESTS = 10, 429  # CN of the admin client certificate, in group system:masters
 
 
 def etcd_binary() -> Path:
@@ -119,17 +120,24 @@ class Cluster:
             request.add_header("Content-Type", content_type)
         if token is not None:
             request.add_header("Authorization", f"Bearer {token}")
-        try:
-            opened = urllib.request.urlopen(  # noqa: S310 - https to the session's API server
-                request, context=self._context(token), timeout=30
-            )
-            with opened as r:
-                answer = r.read()
-        except urllib.error.HTTPError as error:
-            raw = error.read()
-            parsed = json.loads(raw) if raw.startswith(b"{") else {"message": raw.decode()}
-            raise APIError(error.code, parsed, f"{method} {path}") from None
-        return json.loads(answer) if answer else {}
+        for _ in range(RETRIES):
+            try:
+                opened = urllib.request.urlopen(  # noqa: S310 - https to the session's API server
+                    request, context=self._context(token), timeout=30
+                )
+                with opened as r:
+                    answer = r.read()
+            except urllib.error.HTTPError as error:
+                raw = error.read()
+                parsed = json.loads(raw) if raw.startswith(b"{") else {"message": raw.decode()}
+                # A new CRD's storage answers 429 with Retry-After for a moment after it is
+                # Established ("storage is (re)initializing"); client-go waits and retries.
+                if error.code == TOO_MANY_REQUESTS:
+                    time.sleep(float(error.headers.get("Retry-After") or 1))
+                    continue
+                raise APIError(error.code, parsed, f"{method} {path}") from None
+            return json.loads(answer) if answer else {}
+        raise APIError(TOO_MANY_REQUESTS, {}, f"{method} {path}, {RETRIES} times")
 
     def get(self, path: str, **kwargs: Any) -> dict[str, Any]:
         return self.request("GET", path, **kwargs)

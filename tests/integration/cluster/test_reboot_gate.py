@@ -1,0 +1,116 @@
+"""The reboot gate against the real API server, with exactly deploy/reboot-gate's RBAC.
+
+FLUO's side of the protocol is written here as its agent and operator write it (the node's
+``before-reboot`` label and ``new-version`` annotation, flatcar-linux-update-operator
+``pkg/constants``); the gate runs as its DaemonSet would, with its ServiceAccount's token.
+
+* GPU Operator v26.7 drives NVIDIADriver resources with no ClusterPolicy at all: the gate must
+  check the NVIDIADriver's image, not read "no ClusterPolicy" as "no driver".
+* Its verdict must be an Event the real API server accepts about the Node, so that
+  ``kubectl describe node`` shows it (core/v1 Events about a cluster-scoped object live in
+  ``default``: the API server's ``legacyValidateEvent``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from apiserver import APIError, Cluster
+from fixtures.docker_env import Registry, local_registry
+from gate import gate_env, install, push_image, run_gate_once
+from gpu_operator import NAMESPACE as OPERATOR_NAMESPACE
+from gpu_operator import flatcar_node, install_crds, register_node, sample
+
+pytestmark = pytest.mark.cluster
+
+# FLUO's names (flatcar-linux-update-operator pkg/constants/constants.go).
+FLUO = "flatcar-linux-update.v1.flatcar-linux.net"
+BEFORE_REBOOT = f"{FLUO}/before-reboot"
+NEW_VERSION = f"{FLUO}/new-version"
+# The gate's annotations (deploy/reboot-gate/fluo/0500_daemonset.yaml, gate/managers.py).
+APPROVAL = "gpu-driver-container/reboot-gate-ok"
+DRIVER = "595.91.07"
+RUNNING, STAGED, KERNEL = "4459.2.0", "4515.0.0", "6.12.54-flatcar"
+NODE = "gpu-v267"
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    with local_registry(tmp_path_factory.mktemp("registry")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def nvidia_driver_only(cluster: Cluster, operator_module: Path, registry: Registry) -> Cluster:
+    """The v26.7 mode: an NVIDIADriver selects the node; no ClusterPolicy exists."""
+    cluster.namespace(OPERATOR_NAMESPACE)
+    install_crds(cluster, operator_module)
+    install(cluster, "fluo")
+    for policy in cluster.items("/apis/nvidia.com/v1/clusterpolicies"):
+        cluster.request(
+            "DELETE", f"/apis/nvidia.com/v1/clusterpolicies/{policy['metadata']['name']}"
+        )
+    driver = sample(operator_module, "nvidia_v1alpha1_nvidiadriver.yaml")
+    driver["metadata"]["name"] = "flatcar-pool"
+    driver["spec"].update({"repository": f"{registry.address}/gdc", "image": "driver",
+                           "version": DRIVER,
+                           "nodeSelector": {"kubernetes.io/hostname": NODE}})  # fmt: skip
+    cluster.apply(driver)
+    node = flatcar_node(NODE, RUNNING, KERNEL)
+    node["metadata"]["labels"][BEFORE_REBOOT] = "true"
+    node["metadata"]["annotations"] = {NEW_VERSION: STAGED}
+    register_node(cluster, node)
+    return cluster
+
+
+def annotations(cluster: Cluster) -> dict[str, str]:
+    return dict(cluster.get(f"/api/v1/nodes/{NODE}")["metadata"].get("annotations") or {})
+
+
+def node_events(cluster: Cluster) -> list[dict[str, object]]:
+    """What ``kubectl describe node`` lists: events in every namespace about the node."""
+    return [
+        event
+        for event in cluster.items("/api/v1/events")
+        if event["involvedObject"].get("kind") == "Node"
+        and event["involvedObject"].get("name") == NODE
+    ]
+
+
+def test_the_api_server_refuses_a_node_event_outside_default(cluster: Cluster) -> None:
+    """The fact the gate's events depend on (legacyValidateEvent), checked on the real server."""
+    cluster.namespace("gdc-events")
+    event = {"apiVersion": "v1", "kind": "Event",
+             "metadata": {"name": "gdc-probe", "namespace": "gdc-events"},
+             "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": "gdc-probe"},
+             "reason": "Probe", "message": "probe", "type": "Normal",
+             "firstTimestamp": "2026-12-05T00:00:00Z", "lastTimestamp": "2026-12-05T00:00:00Z",
+             "count": 1}  # fmt: skip
+    with pytest.raises(APIError) as refused:
+        cluster.request("POST", "/api/v1/namespaces/gdc-events/events", event)
+    assert refused.value.status == 422
+    event["metadata"]["namespace"] = "default"  # type: ignore[index]
+    cluster.request("POST", "/api/v1/namespaces/default/events", event)
+
+
+def test_nvidia_driver_without_cluster_policy_holds_until_the_image_exists(
+    nvidia_driver_only: Cluster, registry: Registry, releases_feed: str, tmp_path: Path
+) -> None:
+    cluster = nvidia_driver_only
+    env = gate_env(cluster, NODE, releases_feed, tmp_path)
+
+    held = run_gate_once(cluster, env, tmp_path)
+    assert held.returncode == 0, held.stderr
+    said = annotations(cluster)
+    assert said.get(APPROVAL) != "true", said
+    assert "held" in said.get("gpu-driver-container/reboot-gate", ""), said
+    reasons = [event["reason"] for event in node_events(cluster)]
+    assert "RebootHeld" in reasons, (reasons, held.stderr)
+
+    push_image(registry.address, "gdc/driver", f"{DRIVER}-flatcar{STAGED}")
+    allowed = run_gate_once(cluster, env, tmp_path)
+    assert allowed.returncode == 0, allowed.stderr
+    assert annotations(cluster).get(APPROVAL) == "true", (annotations(cluster), allowed.stderr)
+    assert "RebootAllowed" in [event["reason"] for event in node_events(cluster)]
