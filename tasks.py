@@ -53,6 +53,7 @@ from gdc.registry import (  # noqa: E402
     Repository,
     RetryBudget,
     credentials_for,
+    token_hosts,
 )
 from gdc.releases import ReleaseError  # noqa: E402
 from gdc.tags import TagError, Variant, check_repository  # noqa: E402
@@ -209,12 +210,12 @@ def _matrix(  # noqa: PLR0917 - the task options it needs
 
 def _registry(registry: str, image: str) -> tuple[Repository, Registry]:
     repository = Repository.parse(check_repository(registry, image))
-    credentials = credentials_for(repository.host, os.environ)
-    return repository, Registry(repository.host, credentials=credentials)
+    return repository, _registry_for(repository.host)
 
 
 def _registry_for(host: str) -> Registry:
-    return Registry(host, credentials=credentials_for(host, os.environ))
+    return Registry(host, credentials=credentials_for(host, os.environ),
+                    token_hosts=token_hosts(os.environ))  # fmt: skip
 
 
 def _recompress(pushed: dict[str, str], chosen: compressing.Compression, level: int) -> dict[

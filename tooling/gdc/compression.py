@@ -52,7 +52,14 @@ from typing import Any
 
 from gdc import commands
 from gdc.docker_api import split_reference
-from gdc.registry import Manifest, Registry, RegistryError, Repository
+from gdc.registry import (
+    MAX_CONFIG_BYTES,
+    Manifest,
+    Registry,
+    RegistryError,
+    Repository,
+    checked_digest,
+)
 from nvidia_driver.gate.registry import IMAGE_TYPES, INDEX_TYPES
 
 DOCKER_GZIP = "application/vnd.docker.image.rootfs.diff.tar.gzip"
@@ -72,7 +79,6 @@ LEVELS = range(1, 23)
 DEFAULT_LEVEL = 19
 ULTRA_LEVEL = 20  # from here zstd needs --ultra, and would use up to a 128 MiB window
 MAX_WINDOW_LOG = 23  # 8 MiB: what level 19 uses at most
-MAX_CONFIG_BYTES = 4 << 20
 MAX_LAYER_BYTES = 32 << 30  # compressed, as a descriptor may say
 MAX_UNCOMPRESSED_BYTES = 64 << 30
 ZSTD_SECONDS = 3600.0  # one layer's compression
@@ -141,9 +147,7 @@ def recompress(
     check_level(level)
     if tag is None and not reference.startswith("sha256:"):
         tag = reference
-    manifest = registry.manifest(name, reference)
-    if reference.startswith("sha256:"):
-        manifest = _verified(manifest, reference, name)
+    manifest = registry.manifest(name, reference)  # by digest: checked against it
     with tempfile.TemporaryDirectory(prefix="gdc-zstd.") as scratch:
         work = _Work(registry, name, level, Path(scratch), {} if cache is None else cache, runner)
         new = work.convert(manifest)
@@ -190,15 +194,6 @@ def _digest(body: bytes) -> str:
     return "sha256:" + hashlib.sha256(body).hexdigest()
 
 
-def _verified(manifest: Manifest, digest: str, name: str) -> Manifest:
-    """manifest, once its bytes are known to be digest's."""
-    found = _digest(manifest.body)
-    if found != digest:
-        raise CompressionError(f"the manifest {name}@{digest} the registry returned is "
-                               f"{found}: refused; the registry's copy is damaged")  # fmt: skip
-    return Manifest(manifest.media_type, manifest.body, found)
-
-
 def _encode(document: dict[str, Any], media_type: str) -> Manifest:
     body = json.dumps(document, separators=(",", ":")).encode()
     return Manifest(media_type, body, _digest(body))
@@ -242,8 +237,8 @@ class _Work:
             if not isinstance(platform, dict) or platform.get("os") == "unknown":
                 listed.append(entry)  # an attestation (or no image at all): kept
                 continue
-            digest = str(entry.get("digest", ""))
-            child = _verified(self.registry.manifest(self.name, digest), digest, self.name)
+            digest = checked_digest(str(entry.get("digest", "")))
+            child = self.registry.manifest(self.name, digest)  # checked against digest
             new = self.convert(child)
             if new.digest != child.digest:
                 changed = True

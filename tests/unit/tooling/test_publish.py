@@ -410,7 +410,7 @@ def test_a_registry_error_fails_each_image_with_its_reason(registry: OCIRegistry
     outcomes, _ = _publish(registry, builder, _matrix(registry))
     assert builder.built == []
     assert {o.status for o in outcomes} == {Status.FAILED}
-    assert "answered HEAD gdc/driver:610.57.04-flatcar-amd64 with 500" in outcomes[0].detail
+    assert "answered GET gdc/driver:610.57.04-flatcar-amd64 with 500" in outcomes[0].detail
 
 
 def test_identical_failures_are_told_once(registry: OCIRegistry) -> None:
@@ -463,6 +463,43 @@ def test_the_summary_lists_outcomes_exclusions_notes_and_counts(registry: OCIReg
     assert any(line.startswith("excluded  * * for Flatcar 4593.2.6") for line in lines)
     assert "note: a note" in lines
     assert lines[-1].startswith("built 1, failed 1, excluded")
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_a_registry_that_answers_one_image_badly_fails_that_image_only(
+    registry: OCIRegistry, dry_run: bool
+) -> None:
+    covered = _matrix(registry)
+    lts = next(i for i in covered.images if i.tags.tags[0] == LTS_IMAGE)
+    maintenance = (200, b"<html>Down for maintenance</html>", {})  # no Content-Type
+    registry.spoiled[f"/v2/{NAME}/manifests/{lts.staging_tag('amd64')}"] = maintenance
+    builder = FakeBuilder(registry)
+    outcomes, said = _publish(registry, builder, covered, dry_run=dry_run)
+    failed = "would fail" if dry_run else "failed"
+    done = "would build" if dry_run else "built"
+    assert [(o.image.tags.tags[0], publish.failures([o]) != []) for o in outcomes] == [
+        (BUILD, False), (LTS_IMAGE, True), (KERNEL_IMAGE, False)]  # fmt: skip
+    assert said[3].startswith(f"[2/3] {failed} in ")
+    assert "amd64: the registry" in said[3]
+    assert "is not JSON" in said[3]
+    lines = publish.summary(outcomes, covered.excluded, "r").splitlines()
+    assert next(line for line in lines if LTS_IMAGE in line).startswith(failed)
+    assert lines[-1].startswith(f"{done} 2, {failed} 1")
+
+
+def test_an_arm64_tag_whose_header_names_the_amd64_image_is_not_merged(
+    registry: OCIRegistry,
+) -> None:
+    builder = _published(registry)
+    tags = registry.tags(NAME)
+    arm64 = registry.manifests[NAME][f"{BUILD}-arm64"]
+    headers = {"Content-Type": arm64.media_type, "Docker-Content-Digest": tags[f"{BUILD}-amd64"]}
+    registry.spoiled[f"/v2/{NAME}/manifests/{BUILD}-arm64"] = (200, arm64.body, headers)
+    registry.manifests[NAME].pop(BUILD)  # the index must be written again
+    outcomes, _ = _publish(registry, builder, _matrix(registry), step=Step.MERGE)
+    assert outcomes[0].status is Status.FAILED
+    assert f"Docker-Content-Digest {tags[f'{BUILD}-amd64']}" in outcomes[0].detail
+    assert BUILD not in registry.tags(NAME)
 
 
 # --- what is merged is what a node of each arch runs -------------------------------------------
