@@ -120,8 +120,9 @@ PUBLISH_HELP = {
     "variant": "only build or only precompiled images (default: both)",
     "rebuild": "rebuild every image, whatever its recorded build inputs say",
     "dry_run": "print the plan and the summary; build, push and tag nothing; no dockerd needed",
-    "retry_budget": "seconds each image may wait on a rate-limiting (429) or failing (5xx) "
-    f"registry before it fails (default {publishing.RETRY_BUDGET_SECONDS:.0f})",
+    "retry_budget": "seconds the whole run may wait on a rate-limiting (429) or failing (5xx) "
+    f"registry; past them each image that meets one fails (default "
+    f"{publishing.RETRY_BUDGET_SECONDS:.0f})",
     **{key: BUILD_HELP[key] for key in ("base_image", "driver_base_url", "fabricmanager_base_url",
                                         "release_base_url", "flatcar_keyring", "network",
                                         "docker_host", "zstd_level")},
@@ -452,8 +453,8 @@ def publish(  # noqa: PLR0917 - invoke maps each option to a parameter
     except FAILURES as exc:
         raise Exit(f"invoke publish: {exc}; nothing was built", code=1) from None
     print(publishing.summary(outcomes, covered.excluded, repository, covered.notes), end="")
-    print(f"registry: {client.requests} requests ({client.retried} retried) in "
-          f"{time.monotonic() - started:.1f} s")  # fmt: skip
+    print(f"registry: {client.requests} requests ({client.retried} retried; "
+          f"{client.budget.stated()}) in {time.monotonic() - started:.1f} s")  # fmt: skip
     failed = publishing.failures(outcomes)
     if failed:
         would = "would fail" if dry_run else "failed"

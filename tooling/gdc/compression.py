@@ -32,8 +32,12 @@ bytes, so a layer two images share (a precompiled image's base layers) is one bl
 it twice. Readers: containerd >= 1.5 (Flatcar ships 1.7.17 and later), CRI-O >= 1.21, Docker
 Engine >= 23; dockerd 20.10 cannot pull zstd layers (:func:`check_dockerd`).
 
-Errors are :class:`CompressionError` (a :class:`~gdc.registry.RegistryError`), one line.
-Temporary files live in one directory, removed whatever happens.
+Errors are :class:`CompressionError` (a :class:`~gdc.registry.RegistryError`), one line; an
+image whose own bytes cannot be recompressed (a layer that is no whole gzip stream or not its
+diff_id) is a :class:`DamagedImageError`, which only a new build mends. A layer decompresses to
+at most :data:`MAX_UNCOMPRESSED_BYTES` or the free space of the temporary directory, whichever
+is less; a full disk is called one. Temporary files live in one directory, removed whatever
+happens.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ import gzip
 import hashlib
 import json
 import re
+import shutil
 import tempfile
 import zlib
 from collections.abc import Callable, Iterable
@@ -59,6 +64,7 @@ from gdc.registry import (
     RegistryError,
     Repository,
     checked_digest,
+    full_disk,
 )
 from nvidia_driver.gate.registry import IMAGE_TYPES, INDEX_TYPES
 
@@ -91,6 +97,10 @@ Cache = dict[str, dict[str, Any]]
 
 class CompressionError(RegistryError):
     """An image that could not be recompressed; the message is one line saying why."""
+
+
+class DamagedImageError(CompressionError):
+    """An image whose layers are not what its config says: recompressing it cannot succeed."""
 
 
 class Compression(StrEnum):
@@ -263,7 +273,7 @@ class _Work:
         diff_ids = self.diff_ids(config)
         layers = document["layers"]
         if len(diff_ids) != len(layers):
-            raise CompressionError(f"the manifest {self.name}@{manifest.digest} lists "
+            raise DamagedImageError(f"the manifest {self.name}@{manifest.digest} lists "
                                    f"{len(layers)} layers, its config {len(diff_ids)} diff_ids: "
                                    "refused")  # fmt: skip
         rewritten = [self.layer(layer, diff_id) if layer.get("mediaType") in GZIP_TYPES
@@ -290,7 +300,7 @@ class _Work:
         diff_ids = (config.get("rootfs") or {}).get("diff_ids") if isinstance(config, dict) \
             else None  # fmt: skip
         if not isinstance(diff_ids, list) or not all(isinstance(d, str) for d in diff_ids):
-            raise CompressionError(f"the config blob {digest} has no rootfs.diff_ids list")
+            raise DamagedImageError(f"the config blob {digest} has no rootfs.diff_ids list")
         return diff_ids
 
     def layer(self, descriptor: dict[str, Any], diff_id: str) -> dict[str, Any]:
@@ -336,26 +346,38 @@ class _Work:
 
 
 def _gunzip(source: Path, destination: Path, digest: str, diff_id: str) -> None:
-    """Decompress source (the verified blob digest) into destination, at most
-    MAX_UNCOMPRESSED_BYTES, and check that its SHA-256 is diff_id."""
+    """Decompress source (the verified blob digest) into destination, within the bound (module
+    docstring), and check that its SHA-256 is diff_id."""
+    free = shutil.disk_usage(destination.parent).free
+    bound = min(MAX_UNCOMPRESSED_BYTES, free)
     hasher, count = hashlib.sha256(), 0
     try:
         with gzip.open(source, "rb") as compressed, destination.open("wb") as out:
             while chunk := compressed.read(CHUNK_BYTES):
                 count += len(chunk)
-                if count > MAX_UNCOMPRESSED_BYTES:
-                    bound = f"{MAX_UNCOMPRESSED_BYTES >> 30} GiB"
-                    raise CompressionError(f"layer {digest} decompresses to more than {bound}: "
-                                           "refused")  # fmt: skip
+                if count > bound:
+                    raise _too_large(digest, bound, destination.parent)
                 hasher.update(chunk)
                 out.write(chunk)
     except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
-        raise CompressionError(f"layer {digest} is not a whole gzip stream ({exc}): "
-                               "refused") from None  # fmt: skip
+        full = full_disk(exc, destination)
+        if full:
+            raise CompressionError(str(full)) from None
+        raise DamagedImageError(f"layer {digest} is not a whole gzip stream ({exc}): "
+                                "refused") from None  # fmt: skip
     found = "sha256:" + hasher.hexdigest()
     if found != diff_id:
-        raise CompressionError(f"layer {digest} decompresses to {found}, not the config's "
-                               f"diff_id {diff_id}: refused, nothing written")  # fmt: skip
+        raise DamagedImageError(f"layer {digest} decompresses to {found}, not the config's "
+                                f"diff_id {diff_id}: refused, nothing written")  # fmt: skip
+
+
+def _too_large(digest: str, bound: int, directory: Path) -> CompressionError:
+    if bound == MAX_UNCOMPRESSED_BYTES:
+        return CompressionError(f"layer {digest} decompresses to more than "
+                                f"{MAX_UNCOMPRESSED_BYTES >> 30} GiB: refused")  # fmt: skip
+    return CompressionError(f"layer {digest} decompresses to more than {bound} bytes, the free "
+                            f"space of {directory}: free space there, or set TMPDIR to a larger "
+                            "disk")  # fmt: skip
 
 
 def _hash_file(path: Path) -> tuple[str, int]:

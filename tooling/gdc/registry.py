@@ -4,7 +4,7 @@ blobs, down and up (:mod:`gdc.compression` rewrites layers with them).
 Registries on 127.0.0.1 or localhost are spoken to over plain http, all others over https.
 Answers 429 and 5xx are retried, a bounded number of times with exponential backoff, honouring
 ``Retry-After`` (seconds or an HTTP date) up to :data:`MAX_RETRY_AFTER_SECONDS`, and only while
-the client's :class:`RetryBudget` lasts (``invoke publish`` gives each image its own): past it
+the client's :class:`RetryBudget` lasts (``invoke publish`` gives its whole run one): past it
 the answer stands, and a 429, the registry's or its token service's, is reported as a rate
 limit, never as a credentials problem.
 
@@ -41,6 +41,7 @@ itself.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -113,6 +114,10 @@ class RetryBudget:
         """`` after N s of retries`` for a message, or "" when nothing was waited."""
         return f" after {self.spent:.0f} s of retries" if self.spent else ""
 
+    def stated(self) -> str:
+        """What was spent of it, for a run's last lines."""
+        return f"{self.spent:.0f} of the run's {self.seconds:.0f} s retry budget waited"
+
 
 @dataclass(frozen=True)
 class Repository:
@@ -183,6 +188,14 @@ def _docker_config_auth(host: str, config: Path) -> Credentials | None:
     if not isinstance(document, dict):
         return None
     return credentials_from_docker_config(document).get(host)
+
+
+def full_disk(error: BaseException, path: Path) -> RegistryError | None:
+    """The one line for a write to path that failed for want of space, else None."""
+    if not isinstance(error, OSError) or error.errno not in {errno.ENOSPC, errno.EDQUOT}:
+        return None
+    return RegistryError(f"no space left on the disk of {path} ({_first_line(error)}): free "
+                         "space there, or set TMPDIR to a larger disk")  # fmt: skip
 
 
 def _one_line(text: str) -> str:
@@ -317,8 +330,9 @@ class Registry:
             except (requests.RequestException, urllib3.exceptions.HTTPError, ExchangeError,
                     OSError) as exc:  # fmt: skip
                 destination.unlink(missing_ok=True)
-                raise RegistryError(f"the registry {self.host} broke off blob {digest} of {name} "
-                                    f"({_first_line(exc)}): retry") from None  # fmt: skip
+                broke = RegistryError(f"the registry {self.host} broke off blob {digest} of "
+                                      f"{name} ({_first_line(exc)}): retry")  # fmt: skip
+                raise full_disk(exc, destination) or broke from None
         found = "sha256:" + hasher.hexdigest()
         if count != size or found != digest:
             destination.unlink(missing_ok=True)

@@ -502,6 +502,46 @@ def test_an_arm64_tag_whose_header_names_the_amd64_image_is_not_merged(
     assert BUILD not in registry.tags(NAME)
 
 
+def test_an_up_to_date_gzip_image_whose_layers_cannot_be_recompressed_is_rebuilt(
+    registry: OCIRegistry,
+) -> None:
+    builder = GzipBuilder(registry)
+    versions = _versions(arches=("amd64",), channels=("stable",))
+    covered = _matrix(registry, versions=versions)
+    _publish(registry, builder, covered, compression=Compression.GZIP)
+    # The staged build image as a damaged push leaves it: its layers are not its config's.
+    staging = f"{BUILD}-amd64"
+    config = registry.blobs[json.loads(registry.manifests[NAME][staging].body)["config"]["digest"]]
+    labels = json.loads(config)["config"]["Labels"]
+    registry.add_layered_image(NAME, [staging], [tar_layer({"a": b"1"})], labels=labels,
+                               diff_ids=["sha256:" + "9" * 64])  # fmt: skip
+    builder.built.clear()
+    outcomes, _ = _publish(registry, builder, covered)
+    assert builder.built == [f"{BUILD} amd64", f"{KERNEL_IMAGE} amd64"]
+    assert builder.previous[f"{BUILD} amd64"] == ""
+    assert outcomes[0].status is Status.BUILT
+    assert "its gzip layers could not be recompressed" in outcomes[0].detail
+    assert _layer_types(registry, staging) == [ZSTD_LAYER] * 2
+
+
+def test_one_retry_budget_for_the_whole_run_and_what_it_spent_stated(registry: OCIRegistry) -> None:
+    builder = _published(registry)
+    waits: list[float] = []
+    client = Registry(registry.host, sleep=waits.append)
+    registry.burst = [(429, "50"), (429, "50")]  # the first image waits 100 s of 120
+
+    def say(line: str) -> None:
+        if line.startswith("[2/3] precompiled"):  # the second image is asked to wait 50 s more
+            registry.burst = [(429, "50")]
+
+    outcomes = publish.publish(_matrix(registry), client, Repository(registry.host, NAME),
+                               builder, say=say)  # fmt: skip
+    assert waits == [50.0, 50.0]
+    assert [o.status for o in outcomes].count(Status.FAILED) == 1
+    assert "after 100 s of retries" in publish.failures(outcomes)[0].detail
+    assert client.budget.stated() == "100 of the run's 120 s retry budget waited"
+
+
 # --- what is merged is what a node of each arch runs -------------------------------------------
 
 
@@ -632,7 +672,7 @@ def test_a_rate_limited_image_fails_within_its_retry_budget_saying_so() -> None:
         client = Registry(registry.host, sleep=waits.append)
         outcomes = publish.publish(_matrix(registry), client, Repository(registry.host, NAME),
                                    builder, step=Step.MERGE, say=lambda _line: None)  # fmt: skip
-        assert waits == [60.0, 60.0] * 3  # 120 s an image, not 4 retries of 60 s per request
+        assert waits == [60.0, 60.0]  # 120 s for the run, not 4 retries of 60 s per request
         assert {o.status for o in outcomes} == {Status.FAILED}
         assert outcomes[0].detail == (
             f"the registry {registry.host} answered PUT {NAME}:{BUILD} with 429 Too Many "
@@ -951,6 +991,22 @@ def test_a_dry_run_needs_no_dockerd_and_prints_the_plan(
                      "asks no dockerd, so whether it changed is unknown: pin it") == 4  # fmt: skip
     assert "arm64: its build image would be built first" in out
     assert out.splitlines()[-2] == "would build 2"
+
+
+def test_a_dry_run_fails_where_the_real_run_would_a_checksum_still_todo(
+    c: MockContext, registry: OCIRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: Any,
+) -> None:  # fmt: skip
+    monkeypatch.setattr(tasks, "connect_docker", _no_dockerd)
+    versions, feed = _files(tmp_path, ("amd64",))
+    path = Path(versions)
+    path.write_text(path.read_text().replace(f'sha256 = {{ amd64 = "{SUM}" }}',
+                                             'sha256 = { amd64 = "TODO" }'))  # fmt: skip
+    with pytest.raises(Exit, match=r"2 of 2 images would fail"):
+        tasks.publish(c, registry=f"{registry.host}/gdc", versions_file=versions,
+                      releases_url=feed, dry_run=True, base_image=PINNED)  # fmt: skip
+    assert "no SHA-256 recorded for NVIDIA-Linux-*-610.57.04.run on amd64" in (
+        capsys.readouterr().out)  # fmt: skip
 
 
 def test_invoke_publish_checks_the_retry_budget_before_any_network(c: MockContext) -> None:
