@@ -456,11 +456,19 @@ def publish(  # noqa: PLR0917 - invoke maps each option to a parameter
     print(f"registry: {client.requests} requests ({client.retried} retried; "
           f"{client.budget.stated()}) in {time.monotonic() - started:.1f} s")  # fmt: skip
     failed = publishing.failures(outcomes)
+    problems = []
     if failed:
         would = "would fail" if dry_run else "failed"
-        message = (f"invoke publish: {len(failed)} of {len(outcomes)} images {would} (see the "
-                   "summary); fix the cause and re-run: only what is missing is built")  # fmt: skip
-        raise Exit(message, code=1)
+        problems.append(f"{len(failed)} of {len(outcomes)} images {would} (see the summary); fix "
+                        "the cause and re-run: only what is missing is built")  # fmt: skip
+    # A live release the feed's fault leaves without an image needs a person: the merge (or a
+    # whole run) says so; a stage job leaves it to the merge.
+    blocked = [x for x in covered.excluded if x.blocking]
+    if blocked and chosen_step is not publishing.Step.STAGE:
+        more = f" (and {len(blocked) - 1} more, see the summary)" if len(blocked) > 1 else ""
+        problems.append(f"{blocked[0].reason}{more}")
+    if problems:
+        raise Exit(f"invoke publish: {'; '.join(problems)}", code=1)
 
 
 @task(help=SIGN_HELP, auto_shortflags=False)
