@@ -53,6 +53,7 @@ from gdc.registry import (  # noqa: E402
     Repository,
     RetryBudget,
     credentials_for,
+    token_hosts,
 )
 from gdc.releases import ReleaseError  # noqa: E402
 from gdc.tags import TagError, Variant, check_repository  # noqa: E402
@@ -119,8 +120,9 @@ PUBLISH_HELP = {
     "variant": "only build or only precompiled images (default: both)",
     "rebuild": "rebuild every image, whatever its recorded build inputs say",
     "dry_run": "print the plan and the summary; build, push and tag nothing; no dockerd needed",
-    "retry_budget": "seconds each image may wait on a rate-limiting (429) or failing (5xx) "
-    f"registry before it fails (default {publishing.RETRY_BUDGET_SECONDS:.0f})",
+    "retry_budget": "seconds the whole run may wait on a rate-limiting (429) or failing (5xx) "
+    f"registry; past them each image that meets one fails (default "
+    f"{publishing.RETRY_BUDGET_SECONDS:.0f})",
     **{key: BUILD_HELP[key] for key in ("base_image", "driver_base_url", "fabricmanager_base_url",
                                         "release_base_url", "flatcar_keyring", "network",
                                         "docker_host", "zstd_level")},
@@ -209,12 +211,12 @@ def _matrix(  # noqa: PLR0917 - the task options it needs
 
 def _registry(registry: str, image: str) -> tuple[Repository, Registry]:
     repository = Repository.parse(check_repository(registry, image))
-    credentials = credentials_for(repository.host, os.environ)
-    return repository, Registry(repository.host, credentials=credentials)
+    return repository, _registry_for(repository.host)
 
 
 def _registry_for(host: str) -> Registry:
-    return Registry(host, credentials=credentials_for(host, os.environ))
+    return Registry(host, credentials=credentials_for(host, os.environ),
+                    token_hosts=token_hosts(os.environ))  # fmt: skip
 
 
 def _recompress(pushed: dict[str, str], chosen: compressing.Compression, level: int) -> dict[
@@ -451,14 +453,22 @@ def publish(  # noqa: PLR0917 - invoke maps each option to a parameter
     except FAILURES as exc:
         raise Exit(f"invoke publish: {exc}; nothing was built", code=1) from None
     print(publishing.summary(outcomes, covered.excluded, repository, covered.notes), end="")
-    print(f"registry: {client.requests} requests ({client.retried} retried) in "
-          f"{time.monotonic() - started:.1f} s")  # fmt: skip
+    print(f"registry: {client.requests} requests ({client.retried} retried; "
+          f"{client.budget.stated()}) in {time.monotonic() - started:.1f} s")  # fmt: skip
     failed = publishing.failures(outcomes)
+    problems = []
     if failed:
         would = "would fail" if dry_run else "failed"
-        message = (f"invoke publish: {len(failed)} of {len(outcomes)} images {would} (see the "
-                   "summary); fix the cause and re-run: only what is missing is built")  # fmt: skip
-        raise Exit(message, code=1)
+        problems.append(f"{len(failed)} of {len(outcomes)} images {would} (see the summary); fix "
+                        "the cause and re-run: only what is missing is built")  # fmt: skip
+    # A live release the feed's fault leaves without an image needs a person: the merge (or a
+    # whole run) says so; a stage job leaves it to the merge.
+    blocked = [x for x in covered.excluded if x.blocking]
+    if blocked and chosen_step is not publishing.Step.STAGE:
+        more = f" (and {len(blocked) - 1} more, see the summary)" if len(blocked) > 1 else ""
+        problems.append(f"{blocked[0].reason}{more}")
+    if problems:
+        raise Exit(f"invoke publish: {'; '.join(problems)}", code=1)
 
 
 @task(help=SIGN_HELP, auto_shortflags=False)

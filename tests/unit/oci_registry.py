@@ -8,7 +8,8 @@ Optional ghcr.io-style token auth: a 401 with a Bearer challenge, a token endpoi
 basic credentials and hands out a token for the scope asked. ``status`` answers every /v2
 request with that HTTP status instead (a broken registry). With ``blob_storage`` a blob GET is
 answered 307 to that URL (``?digest=`` appended), as ghcr.io and Docker Hub send blobs to their
-storage hosts.
+storage hosts. ``spoiled`` answers the GETs and HEADs of the paths it names with the status,
+body and headers it gives (a registry that lies or breaks for one image).
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class OCIRegistry(LocalServer):
     status: int = 0  # answer every /v2 request with this status when set
     blob_storage: str = ""  # blob GETs are redirected (307) here when set
     burst: list[tuple[int, str]] = field(default_factory=list)  # (status, Retry-After) next
+    spoiled: dict[str, tuple[int, bytes, dict[str, str]]] = field(default_factory=dict)  # by path
     manifests: dict[str, dict[str, Stored]] = field(default_factory=dict)  # name -> ref -> ...
     blobs: dict[str, bytes] = field(default_factory=dict)
     log: list[tuple[str, str, str]] = field(default_factory=list)  # method, path, Authorization
@@ -159,6 +161,10 @@ class OCIRegistry(LocalServer):
             self._token(handler, urllib.parse.parse_qs(url.query))
             return
         head = method == "HEAD"  # a HEAD answer has headers only, or keep-alive breaks
+        if url.path in self.spoiled and method in {"GET", "HEAD"}:
+            status, spoiled_body, headers = self.spoiled[url.path]
+            _send(handler, status, spoiled_body, headers, head=head)
+            return
         with self._lock:
             spoiled = self.burst.pop(0) if self.burst else None
         if spoiled is not None:

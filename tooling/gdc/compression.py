@@ -32,8 +32,12 @@ bytes, so a layer two images share (a precompiled image's base layers) is one bl
 it twice. Readers: containerd >= 1.5 (Flatcar ships 1.7.17 and later), CRI-O >= 1.21, Docker
 Engine >= 23; dockerd 20.10 cannot pull zstd layers (:func:`check_dockerd`).
 
-Errors are :class:`CompressionError` (a :class:`~gdc.registry.RegistryError`), one line.
-Temporary files live in one directory, removed whatever happens.
+Errors are :class:`CompressionError` (a :class:`~gdc.registry.RegistryError`), one line; an
+image whose own bytes cannot be recompressed (a layer that is no whole gzip stream or not its
+diff_id) is a :class:`DamagedImageError`, which only a new build mends. A layer decompresses to
+at most :data:`MAX_UNCOMPRESSED_BYTES` or the free space of the temporary directory, whichever
+is less; a full disk is called one. Temporary files live in one directory, removed whatever
+happens.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ import gzip
 import hashlib
 import json
 import re
+import shutil
 import tempfile
 import zlib
 from collections.abc import Callable, Iterable
@@ -52,7 +57,15 @@ from typing import Any
 
 from gdc import commands
 from gdc.docker_api import split_reference
-from gdc.registry import Manifest, Registry, RegistryError, Repository
+from gdc.registry import (
+    MAX_CONFIG_BYTES,
+    Manifest,
+    Registry,
+    RegistryError,
+    Repository,
+    checked_digest,
+    full_disk,
+)
 from nvidia_driver.gate.registry import IMAGE_TYPES, INDEX_TYPES
 
 DOCKER_GZIP = "application/vnd.docker.image.rootfs.diff.tar.gzip"
@@ -72,7 +85,6 @@ LEVELS = range(1, 23)
 DEFAULT_LEVEL = 19
 ULTRA_LEVEL = 20  # from here zstd needs --ultra, and would use up to a 128 MiB window
 MAX_WINDOW_LOG = 23  # 8 MiB: what level 19 uses at most
-MAX_CONFIG_BYTES = 4 << 20
 MAX_LAYER_BYTES = 32 << 30  # compressed, as a descriptor may say
 MAX_UNCOMPRESSED_BYTES = 64 << 30
 ZSTD_SECONDS = 3600.0  # one layer's compression
@@ -85,6 +97,10 @@ Cache = dict[str, dict[str, Any]]
 
 class CompressionError(RegistryError):
     """An image that could not be recompressed; the message is one line saying why."""
+
+
+class DamagedImageError(CompressionError):
+    """An image whose layers are not what its config says: recompressing it cannot succeed."""
 
 
 class Compression(StrEnum):
@@ -141,9 +157,7 @@ def recompress(
     check_level(level)
     if tag is None and not reference.startswith("sha256:"):
         tag = reference
-    manifest = registry.manifest(name, reference)
-    if reference.startswith("sha256:"):
-        manifest = _verified(manifest, reference, name)
+    manifest = registry.manifest(name, reference)  # by digest: checked against it
     with tempfile.TemporaryDirectory(prefix="gdc-zstd.") as scratch:
         work = _Work(registry, name, level, Path(scratch), {} if cache is None else cache, runner)
         new = work.convert(manifest)
@@ -190,15 +204,6 @@ def _digest(body: bytes) -> str:
     return "sha256:" + hashlib.sha256(body).hexdigest()
 
 
-def _verified(manifest: Manifest, digest: str, name: str) -> Manifest:
-    """manifest, once its bytes are known to be digest's."""
-    found = _digest(manifest.body)
-    if found != digest:
-        raise CompressionError(f"the manifest {name}@{digest} the registry returned is "
-                               f"{found}: refused; the registry's copy is damaged")  # fmt: skip
-    return Manifest(manifest.media_type, manifest.body, found)
-
-
 def _encode(document: dict[str, Any], media_type: str) -> Manifest:
     body = json.dumps(document, separators=(",", ":")).encode()
     return Manifest(media_type, body, _digest(body))
@@ -242,8 +247,8 @@ class _Work:
             if not isinstance(platform, dict) or platform.get("os") == "unknown":
                 listed.append(entry)  # an attestation (or no image at all): kept
                 continue
-            digest = str(entry.get("digest", ""))
-            child = _verified(self.registry.manifest(self.name, digest), digest, self.name)
+            digest = checked_digest(str(entry.get("digest", "")))
+            child = self.registry.manifest(self.name, digest)  # checked against digest
             new = self.convert(child)
             if new.digest != child.digest:
                 changed = True
@@ -268,7 +273,7 @@ class _Work:
         diff_ids = self.diff_ids(config)
         layers = document["layers"]
         if len(diff_ids) != len(layers):
-            raise CompressionError(f"the manifest {self.name}@{manifest.digest} lists "
+            raise DamagedImageError(f"the manifest {self.name}@{manifest.digest} lists "
                                    f"{len(layers)} layers, its config {len(diff_ids)} diff_ids: "
                                    "refused")  # fmt: skip
         rewritten = [self.layer(layer, diff_id) if layer.get("mediaType") in GZIP_TYPES
@@ -295,7 +300,7 @@ class _Work:
         diff_ids = (config.get("rootfs") or {}).get("diff_ids") if isinstance(config, dict) \
             else None  # fmt: skip
         if not isinstance(diff_ids, list) or not all(isinstance(d, str) for d in diff_ids):
-            raise CompressionError(f"the config blob {digest} has no rootfs.diff_ids list")
+            raise DamagedImageError(f"the config blob {digest} has no rootfs.diff_ids list")
         return diff_ids
 
     def layer(self, descriptor: dict[str, Any], diff_id: str) -> dict[str, Any]:
@@ -341,26 +346,38 @@ class _Work:
 
 
 def _gunzip(source: Path, destination: Path, digest: str, diff_id: str) -> None:
-    """Decompress source (the verified blob digest) into destination, at most
-    MAX_UNCOMPRESSED_BYTES, and check that its SHA-256 is diff_id."""
+    """Decompress source (the verified blob digest) into destination, within the bound (module
+    docstring), and check that its SHA-256 is diff_id."""
+    free = shutil.disk_usage(destination.parent).free
+    bound = min(MAX_UNCOMPRESSED_BYTES, free)
     hasher, count = hashlib.sha256(), 0
     try:
         with gzip.open(source, "rb") as compressed, destination.open("wb") as out:
             while chunk := compressed.read(CHUNK_BYTES):
                 count += len(chunk)
-                if count > MAX_UNCOMPRESSED_BYTES:
-                    bound = f"{MAX_UNCOMPRESSED_BYTES >> 30} GiB"
-                    raise CompressionError(f"layer {digest} decompresses to more than {bound}: "
-                                           "refused")  # fmt: skip
+                if count > bound:
+                    raise _too_large(digest, bound, destination.parent)
                 hasher.update(chunk)
                 out.write(chunk)
     except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
-        raise CompressionError(f"layer {digest} is not a whole gzip stream ({exc}): "
-                               "refused") from None  # fmt: skip
+        full = full_disk(exc, destination)
+        if full:
+            raise CompressionError(str(full)) from None
+        raise DamagedImageError(f"layer {digest} is not a whole gzip stream ({exc}): "
+                                "refused") from None  # fmt: skip
     found = "sha256:" + hasher.hexdigest()
     if found != diff_id:
-        raise CompressionError(f"layer {digest} decompresses to {found}, not the config's "
-                               f"diff_id {diff_id}: refused, nothing written")  # fmt: skip
+        raise DamagedImageError(f"layer {digest} decompresses to {found}, not the config's "
+                                f"diff_id {diff_id}: refused, nothing written")  # fmt: skip
+
+
+def _too_large(digest: str, bound: int, directory: Path) -> CompressionError:
+    if bound == MAX_UNCOMPRESSED_BYTES:
+        return CompressionError(f"layer {digest} decompresses to more than "
+                                f"{MAX_UNCOMPRESSED_BYTES >> 30} GiB: refused")  # fmt: skip
+    return CompressionError(f"layer {digest} decompresses to more than {bound} bytes, the free "
+                            f"space of {directory}: free space there, or set TMPDIR to a larger "
+                            "disk")  # fmt: skip
 
 
 def _hash_file(path: Path) -> tuple[str, int]:

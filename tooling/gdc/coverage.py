@@ -95,6 +95,9 @@ class Exclusion:
     flatcar: str  # a Flatcar version, or the stream whose current release is unknown
     arch: str  # an arch or ALL
     reason: str
+    # A live release left out for a fault in the feed: its nodes have no image until a person
+    # has it fixed (invoke publish fails, naming it), unlike what the matrix leaves out by design.
+    blocking: bool = False
 
 
 @dataclass(frozen=True)
@@ -172,6 +175,9 @@ class Feed:
 
 
 def _kernel_problem(kernels: object) -> str:
+    if isinstance(kernels, str):  # not a list of one: read as none, it would be called missing
+        return (f"gives its kernel as the string {kernels[:40]!r}, not a list, in the releases "
+                "feed (major_software.kernel)")  # fmt: skip
     if not isinstance(kernels, list) or not kernels:
         return "has no kernel in the releases feed (major_software.kernel)"
     named = [kernel for index, kernel in enumerate(kernels) if kernel not in kernels[:index]]
@@ -386,6 +392,11 @@ def _channel_current(feed: Feed, channel: str) -> Current | None:
     marked = feed.markers.get(CURRENT)
     if isinstance(marked, Mapping) and marked.get("channel") == channel:
         version = feed.copied_by(CURRENT)
+        newest = max(feed.versions(channel), default=None)
+        if version is not None and newest is not None and version < newest:
+            feed.notes.append(f"the feed's {CURRENT!r} marker copies {channel} {version}, older "
+                              f"than its newest {channel} release {newest}: the marker is "
+                              f"followed, {channel} moves back (a release pulled?)")  # fmt: skip
         if version is not None:
             return feed.releases.get(version) or feed.unusable[version]
         feed.notes.append(f"the feed's {CURRENT!r} marker copies no versioned {channel} entry: "
@@ -411,9 +422,14 @@ def _lts_from_info(feed: Feed, info: LtsInfo) -> tuple[dict[str, Current], list[
             excluded.append(Exclusion(ALL, ALL, stream.name, ALL,
                                       f"lts-info lists {stream.name} (Flatcar {stream.major}) as "
                                       f"supported, but the releases feed has no {stream.major}.3.x "
-                                      "release: check --releases-url"))  # fmt: skip
+                                      "release: check --releases-url", blocking=True))  # fmt: skip
             continue
         streams[stream.name] = feed.releases.get(versions[-1]) or feed.unusable[versions[-1]]
+    listed = {f"current-{stream.year}" for stream in info.streams}
+    unlisted = sorted(key for key in feed.markers if key != CURRENT and key not in listed)
+    if unlisted:
+        feed.notes.append("the feed has LTS stream marker(s) lts-info does not list, not "
+                          f"covered (lts-info may lag): {_listed(unlisted)}")  # fmt: skip
     return streams, excluded
 
 
@@ -483,8 +499,9 @@ def current_streams(feed: Feed, info: LtsInfo | None, channels: Iterable[str]) -
 
 def _unusable(version: str, stream: str, reason: str) -> Exclusion:
     return Exclusion(ALL, ALL, version, ALL,
-                     f"Flatcar {version} ({stream}) {reason}: nothing is built or tagged for it "
-                     "until the feed is fixed; re-run later")  # fmt: skip
+                     f"Flatcar {version} ({stream}) {reason}: its nodes get no image until the "
+                     "feed is fixed (report it to Flatcar); the first run after that publishes "
+                     "it", blocking=True)  # fmt: skip
 
 
 def covered_releases(

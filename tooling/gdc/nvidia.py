@@ -22,21 +22,31 @@ replaces the base URLs, and ``NVIDIA_DRIVER_REDIRECT_HOSTS`` then names the host
   Toolkit Versions"): ``{"<branch>": {"type": "lts branch" | "production branch" | "new
   feature branch", "driver_info": [{"release_version", "release_date", "release_notes",
   "architectures", "runfile_url": {"x86_64": URL, "aarch64": URL}}, ...]}}``.
+
+Every read is bounded in bytes and time; a small file (a checksum, a manifest, the list) within
+one deadline for all its tries (:data:`~gdc.download.DEADLINE_SECONDS`), so that a server that
+trickles it cannot hold a run for the .run's. JSON that gives a key twice is refused (which copy
+is meant?), and the list's words (a branch's type, a date, a URL) are kept as
+:func:`nvidia_driver.safetext.shown` shows them: no line break or control character of NVIDIA's
+reaches a log line, a workflow command or a pull request.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gdc.download import DEADLINE_SECONDS as SMALL_DEADLINE_SECONDS
 from nvidia_driver.digests import valid_sha256
 from nvidia_driver.errors import DriverError
 from nvidia_driver.image import provision
+from nvidia_driver.safetext import shown
 from nvidia_driver.sources.download import CHUNK, Opened
 
 CHECKSUM_BASE_URL = "https://download.nvidia.com/XFree86"
@@ -105,11 +115,18 @@ class Nvidia:
     """Reads URLs on NVIDIA's hosts (or those NVIDIA_DRIVER_REDIRECT_HOSTS names), bounded in
     bytes and time (nvidia_driver.sources.download), and no others, redirects included."""
 
-    def __init__(self, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, env: Mapping[str, str] | None = None, small_deadline: float = SMALL_DEADLINE_SECONDS
+    ) -> None:
         try:
             self._downloader = provision.downloader(env, hosts=NVIDIA_HOSTS)
         except DriverError as exc:
             raise RecordError(str(exc)) from None
+        limits = self._downloader.limits
+        self._small = dataclasses.replace(  # every try of a small file within one deadline
+            self._downloader,
+            limits=dataclasses.replace(limits, deadline=min(limits.deadline, small_deadline)),
+        )
 
     @property
     def hosts(self) -> tuple[str, ...]:
@@ -132,7 +149,7 @@ class Nvidia:
     def text(self, url: str, limit: int, what: str) -> str:
         self.check(url)
         try:
-            body = self._downloader.get_small(url, limit, what)
+            body = self._small.get_small(url, limit, what)
         except DriverError as exc:
             raise RecordError(str(exc)) from None
         try:
@@ -142,7 +159,7 @@ class Nvidia:
 
     def json(self, url: str, limit: int, what: str) -> Any:
         try:
-            return json.loads(self.text(url, limit, what))
+            return json.loads(self.text(url, limit, what), object_pairs_hook=_once(url))
         except (json.JSONDecodeError, RecursionError) as exc:
             raise RecordError(f"{url} is not JSON ({exc}): not {what}") from None
 
@@ -164,6 +181,21 @@ class Nvidia:
             return self._downloader.transfer(url, digest)
         except DriverError as exc:
             raise RecordError(str(exc)) from None
+
+
+def _once(url: str) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
+    """A JSON object hook that refuses a key given twice (json.loads would keep the last)."""
+
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in found:
+                raise RecordError(f"{url} gives {shown(key, 80)!r} twice in one object: which "
+                                  "copy is meant is ambiguous; nothing was written")  # fmt: skip
+            found[key] = value
+        return found
+
+    return hook
 
 
 def parse_checksum_file(text: str, name: str, url: str) -> str:
@@ -206,7 +238,7 @@ def newest_releases(feed: object, url: str) -> dict[str, Release]:
         infos = entry.get("driver_info") if isinstance(entry, Mapping) else None
         if not isinstance(branch, str) or not isinstance(infos, list):
             continue
-        branch_type = str(entry.get("type", ""))
+        branch_type = shown(str(entry.get("type", "")))
         for info in infos:
             version = info.get("release_version") if isinstance(info, Mapping) else None
             if not isinstance(version, str) or not RELEASE_VERSION.fullmatch(version):
@@ -215,12 +247,12 @@ def newest_releases(feed: object, url: str) -> dict[str, Release]:
                 continue
             if branch in newest and release_key(version) <= release_key(newest[branch].version):
                 continue
-            notes = str(info.get("release_notes", ""))
+            notes = shown(str(info.get("release_notes", "")))
             newest[branch] = Release(
                 branch,
                 branch_type,
                 version,
-                str(info.get("release_date", "")),
+                shown(str(info.get("release_date", ""))),
                 notes if notes.startswith("https://docs.nvidia.com/") else "",
             )
     if not newest:

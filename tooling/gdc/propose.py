@@ -13,7 +13,8 @@ requests made by ``invoke record-driver``.
    change; otherwise it is committed on a branch of its own (``record-driver/<version>``, or
    ``record-driver/<version>-<digest of the new values>`` for a filled entry), pushed, and
    opened as a pull request with ``gh``. A change is proposed once: when a pull request from
-   its branch exists (open, merged or closed), it is not proposed again.
+   its branch exists (open, merged or closed), it is not proposed again. A branch without one
+   is a failed run's (its push went through, its pull request did not): it is pushed over.
 """
 
 from __future__ import annotations
@@ -44,6 +45,13 @@ from nvidia_driver.atomic import write_atomically
 
 Say = Callable[[str], None]
 BOT = ("github-actions[bot]", "41898282+github-actions[bot]@users.noreply.github.com")
+# gh pr create fails, after a push that worked, most likely for the repository setting (GitHub
+# docs, "Managing GitHub Actions settings for a repository": off by default).
+PR_CREATE_HINT = (
+    'if the token is GITHUB_TOKEN, turn on the repository setting "Allow GitHub Actions to '
+    'create and approve pull requests" (Settings > Actions > General); the branch stays '
+    "pushed and the next run pushes over it"
+)
 SECOND_SOURCES = (
     "nixpkgs pkgs/os-specific/linux/nvidia-x11/default.nix (the .run files), the AUR "
     "PKGBUILDs nvidia-fabricmanager, libnvidia-nscq, nvlsm and libnvsdm (the redist archives)"
@@ -85,6 +93,9 @@ def find_candidates(
             continue
         if release is None:
             notes.append(f"{branch}: NVIDIA's list has no branch {branch}; {driver.version} stays")
+        elif release.version != driver.version:
+            notes.append(f"{branch}: NVIDIA lists only {release.version}, older than "
+                         f"{driver.version} in versions.toml; {driver.version} stays")  # fmt: skip
         else:
             notes.append(f"{branch}: {driver.version} is the newest release NVIDIA lists")
         if has_todo(driver):
@@ -168,13 +179,14 @@ class Repository:
             raise RecordError(f"git {' '.join(args)} exited {status}")
         return out.strip()
 
-    def gh(self, *args: str) -> str:
+    def gh(self, *args: str, hint: str = "") -> str:
         status, out = self.output(["gh", *args])
         if status != 0:
             raise RecordError(
-                f"gh {' '.join(args[:2])} exited {status}: is gh installed and GH_TOKEN set "
-                "(a token that may push and open pull requests)?"
-            )
+                f"gh {' '.join(args[:2])} exited {status}: "
+                + (hint or "is gh installed and GH_TOKEN set (a token that may push and open "
+                   "pull requests)?")
+            )  # fmt: skip
         return out.strip()
 
 
@@ -272,12 +284,15 @@ class Proposer:
                            "--message", proposal.record.summary())  # fmt: skip
             # gh lends git its token for this one push, as `gh auth setup-git` would, without
             # writing it into any git config.
+            # --force: no pull request comes from the branch (checked above), so one there is a
+            # failed run's, and this run's commit replaces it.
             repository.git("-c", "credential.helper=",
                            "-c", "credential.helper=!gh auth git-credential",
-                           "push", "--quiet", "origin",
+                           "push", "--quiet", "--force", "origin",
                            f"{branch}:refs/heads/{branch}")  # fmt: skip
             url = repository.gh("pr", "create", "--base", base, "--head", branch, "--title",
-                                proposal.title, "--body", self._body(proposal))  # fmt: skip
+                                proposal.title, "--body", self._body(proposal),
+                                hint=PR_CREATE_HINT)  # fmt: skip
         finally:
             repository.git("switch", "--discard-changes", "--quiet", base)
             repository.git("branch", "--quiet", "-D", branch)

@@ -37,8 +37,12 @@ config, and so the build inputs compared, is the same under either compression. 
 image builds FROM its build image's staging tag and pulls the image it replaces, so with zstd
 the dockerd must pull zstd (Docker Engine >= 23): ``invoke publish`` checks that first.
 
-Retries: each image gets :data:`RETRY_BUDGET_SECONDS` of waiting on 429 and 5xx answers
-(``--retry-budget``); past it the image fails, saying the registry rate-limits.
+Retries: the run gets :data:`RETRY_BUDGET_SECONDS` of waiting on 429 and 5xx answers
+(``--retry-budget``), in all; past it each image that meets one fails, saying the registry
+rate-limits, and the run's last line says what was waited.
+
+An up-to-date staged image whose gzip layers cannot be recompressed because they are not what
+its config says (:class:`~gdc.compression.DamagedImageError`) is built again, in that run.
 
 A dry run builds, pushes and tags nothing and asks no dockerd: it needs the registry and the
 feed only. A base image not pinned by digest then has no digest to compare; each build image
@@ -61,7 +65,14 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from gdc import inputs
-from gdc.compression import DEFAULT_LEVEL, Cache, Compression, has_gzip_layers, recompress
+from gdc.compression import (
+    DEFAULT_LEVEL,
+    Cache,
+    Compression,
+    DamagedImageError,
+    has_gzip_layers,
+    recompress,
+)
 from gdc.images import Base
 from gdc.matrix import Exclusion, Image, Matrix
 from gdc.registry import Manifest, Registry, RegistryError, Repository, RetryBudget
@@ -186,7 +197,6 @@ class Publisher:
     rebuild: bool = False
     say: Callable[[str], None] = print
     clock: Callable[[], float] = time.monotonic  # each image's time (progress line and summary)
-    retry_budget: float = RETRY_BUDGET_SECONDS
     compression: Compression = Compression.ZSTD
     zstd_level: int = DEFAULT_LEVEL
     staged: dict[tuple[str, str], Descriptor] = field(default_factory=dict)  # (image id, arch)
@@ -216,13 +226,14 @@ class Publisher:
         return Descriptor(manifest.media_type, manifest.digest, size, platform), config
 
     def _problems(self, image: Image, arch: str, found: tuple[Descriptor, dict[str, Any]],
-                  base: Base) -> list[str]:  # fmt: skip
-        """Why the staged image found is not what this run would merge for arch; [] if it is."""
+                  base: Base, wanted: dict[str, str] | None = None) -> list[str]:  # fmt: skip
+        """Why the staged image found is not what this run would merge for arch; [] if it is.
+        wanted: the inputs a build would record now, if known."""
         wrong = _wrong(arch, found[0])
         if wrong:
             return [wrong]
         recorded = inputs.from_labels((found[1].get("config") or {}).get("Labels"))
-        return inputs.changes(recorded, self.builder.inputs(image, arch, base))
+        return inputs.changes(recorded, wanted or self.builder.inputs(image, arch, base))
 
     def _base(self, image: Image, arch: str) -> Base:
         if image.variant is Variant.BUILD:
@@ -244,6 +255,9 @@ class Publisher:
     def stage(self, image: Image, arch: str) -> tuple[Status, str]:
         """Build or skip one arch; (status, why)."""
         base = self._base(image, arch)
+        # What a build would record now: a build that could not be made (a .run checksum not
+        # recorded yet) fails here, in a dry run too.
+        wanted = self.builder.inputs(image, arch, base)
         found = self._read(image, arch)
         wrong = _wrong(arch, found[0]) if found else ""
         if found is None:
@@ -259,10 +273,15 @@ class Publisher:
         elif self.rebuild:
             reasons = ["--rebuild"]
         else:
-            reasons = self._problems(image, arch, found, base)
+            reasons = self._problems(image, arch, found, base, wanted)
         if not reasons:
-            self.staged[(image.id, arch)] = self._up_to_date(image, arch, found[0])  # type: ignore[index]
-            return Status.SKIPPED, f"{arch}: up to date"
+            try:
+                self.staged[(image.id, arch)] = self._up_to_date(image, arch, found[0])  # type: ignore[index]
+            except DamagedImageError as exc:  # only a build mends it
+                wrong = f"its gzip layers could not be recompressed ({_one_line(exc)})"
+                reasons = [wrong]
+            else:
+                return Status.SKIPPED, f"{arch}: up to date"
         why = f"{arch}: {'; '.join(reasons)}"
         if self.dry_run:
             self.planned.add((image.id, arch))
@@ -356,7 +375,6 @@ class Publisher:
 
     def publish_image(self, image: Image, arches: tuple[str, ...], step: Step) -> Outcome:
         started = self.clock()
-        self.registry.budget = RetryBudget(self.retry_budget)
         built, details, failed = False, [], False
         if step is not Step.MERGE:
             for arch in (a for a in image.arches if a in arches):
@@ -407,7 +425,9 @@ def publish(
 ) -> list[Outcome]:
     """Plan and (unless dry_run) carry out every image of matrix; one outcome per image."""
     run = Publisher(matrix, registry, repository, builder, dry_run, rebuild, say, clock,
-                    retry_budget, compression, zstd_level)  # fmt: skip
+                    compression, zstd_level)  # fmt: skip
+    # One budget for the run, what the up-front check waited included.
+    registry.budget = RetryBudget(retry_budget, registry.budget.spent)
     chosen = [i for i in matrix.images if variant in (None, i.variant)]
     wanted = arches or matrix.arches
     outcomes = []

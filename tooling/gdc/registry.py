@@ -4,13 +4,26 @@ blobs, down and up (:mod:`gdc.compression` rewrites layers with them).
 Registries on 127.0.0.1 or localhost are spoken to over plain http, all others over https.
 Answers 429 and 5xx are retried, a bounded number of times with exponential backoff, honouring
 ``Retry-After`` (seconds or an HTTP date) up to :data:`MAX_RETRY_AFTER_SECONDS`, and only while
-the client's :class:`RetryBudget` lasts (``invoke publish`` gives each image its own): past it
+the client's :class:`RetryBudget` lasts (``invoke publish`` gives its whole run one): past it
 the answer stands, and a 429, the registry's or its token service's, is reported as a rate
 limit, never as a credentials problem.
 
+Every answer is read as sent (``Accept-Encoding: identity``; one that comes compressed anyway is
+refused, never inflated) and within a byte bound: :data:`MAX_MANIFEST_BYTES` for a manifest,
+:data:`MAX_CONFIG_BYTES` for a config blob, :data:`MAX_ANSWER_BYTES` for a token or an error.
+A manifest is a JSON object of a known media type (:data:`MANIFEST_TYPES`, the body's
+``mediaType`` agreeing with ``Content-Type``) whose config, layers or entries are JSON objects;
+its digest is its bytes' (a ``Docker-Content-Digest`` that differs is refused, as is a manifest
+asked for by digest whose bytes are another's); a config blob is checked against its digest
+too. A reference is a tag or a digest before it becomes part of a URL. Redirects are followed
+only to https (or within a loopback registry), with no credentials but to the registry itself.
+
 On a 401 the client follows the ``WWW-Authenticate`` challenge: for ``Bearer`` (ghcr.io, Docker
 Hub, registry:2 with token auth) it asks the realm for a token for the challenge's service and
-scope, for ``Basic`` it sends the credentials. Credentials, first found wins:
+scope, for ``Basic`` it sends the credentials. The realm must be https (plain http only when it
+and the registry are on the loopback, :func:`~nvidia_driver.gate.registry.plain_http`), and it
+is sent credentials only on the registry's own host or a host ``REGISTRY_TOKEN_HOSTS`` names
+(comma-separated: Docker Hub's is ``auth.docker.io``). Credentials, first found wins:
 
 1. ``REGISTRY_USERNAME`` and ``REGISTRY_PASSWORD``;
 2. the registry's entry in the docker config (``$DOCKER_CONFIG/config.json`` or
@@ -28,6 +41,7 @@ itself.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -48,14 +62,17 @@ from gdc.transport import Limits, deadline_session
 from nvidia_driver.gate.http import retry_after
 from nvidia_driver.gate.registry import ACCEPT as MANIFEST_ACCEPT
 from nvidia_driver.gate.registry import (
+    IMAGE_TYPES,
     INDEX_TYPES,
     Credentials,
     credentials_from_docker_config,
     parse_challenge,
     plain_http,
 )
+from nvidia_driver.gate.registry import LIMITS as GATE_LIMITS
 from nvidia_driver.safetext import shown
 from nvidia_driver.sources.exchange import ExchangeError
+from nvidia_driver.sources.gpuoperator import DIGEST, TAG
 
 TIMEOUT_SECONDS = 60
 RETRIES = 4  # after the first attempt: 1 + 2 + 4 + 8 s of backoff at most, Retry-After aside
@@ -64,7 +81,11 @@ MAX_RETRY_AFTER_SECONDS = 60.0
 RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})
 BLOB_DEADLINE_SECONDS = 3600.0  # one blob, down or up: a precompiled image's layer is ~1 GB
 CHUNK_BYTES = 1 << 20
-SHA256_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+MANIFEST_TYPES = (*INDEX_TYPES, *IMAGE_TYPES)
+MAX_MANIFEST_BYTES = GATE_LIMITS.max_bytes  # as the reboot gate reads one
+MAX_CONFIG_BYTES = 4 << 20
+MAX_ANSWER_BYTES = 1 << 20  # a token, an error
+MAX_REDIRECTS = 5
 _HOST = re.compile(r"[^/]*[.:][^/]*|localhost")
 _NOT_FOUND = 404
 _UNAUTHORIZED = 401
@@ -92,6 +113,10 @@ class RetryBudget:
     def waited(self) -> str:
         """`` after N s of retries`` for a message, or "" when nothing was waited."""
         return f" after {self.spent:.0f} s of retries" if self.spent else ""
+
+    def stated(self) -> str:
+        """What was spent of it, for a run's last lines."""
+        return f"{self.spent:.0f} of the run's {self.seconds:.0f} s retry budget waited"
 
 
 @dataclass(frozen=True)
@@ -149,6 +174,12 @@ def credentials_for(
     return None
 
 
+def token_hosts(env: Mapping[str, str]) -> frozenset[str]:
+    """The token services' hosts the user trusts with credentials besides the registry's own
+    (``REGISTRY_TOKEN_HOSTS``, comma-separated)."""
+    return frozenset(h.strip() for h in env.get("REGISTRY_TOKEN_HOSTS", "").split(",") if h.strip())
+
+
 def _docker_config_auth(host: str, config: Path) -> Credentials | None:
     try:
         document = json.loads(config.read_text())
@@ -157,6 +188,14 @@ def _docker_config_auth(host: str, config: Path) -> Credentials | None:
     if not isinstance(document, dict):
         return None
     return credentials_from_docker_config(document).get(host)
+
+
+def full_disk(error: BaseException, path: Path) -> RegistryError | None:
+    """The one line for a write to path that failed for want of space, else None."""
+    if not isinstance(error, OSError) or error.errno not in {errno.ENOSPC, errno.EDQUOT}:
+        return None
+    return RegistryError(f"no space left on the disk of {path} ({_first_line(error)}): free "
+                         "space there, or set TMPDIR to a larger disk")  # fmt: skip
 
 
 def _one_line(text: str) -> str:
@@ -182,8 +221,10 @@ class Registry:
         retries: int = RETRIES,
         sleep: Callable[[float], None] = time.sleep,
         retry_budget: float = math.inf,
+        token_hosts: frozenset[str] = frozenset(),
     ) -> None:
         self.host = host
+        self.token_hosts = token_hosts
         self.base_url = f"{'http' if plain_http(host) else 'https'}://{host}"
         self.credentials = credentials
         self.session = session or deadline_session()  # each request within one deadline
@@ -201,39 +242,43 @@ class Registry:
     # --- the API ---------------------------------------------------------------------------
 
     def digest(self, name: str, reference: str) -> str | None:
-        """The manifest digest of name:reference, or None when there is no such tag."""
-        response = self._send("HEAD", name, f"manifests/{reference}", "pull")
-        if response.status_code == _NOT_FOUND:
-            return None
-        self._check(response, "HEAD", name, reference)
-        digest = response.headers.get("Docker-Content-Digest")
-        return digest or self.manifest(name, reference).digest
+        """The manifest digest of name:reference (its bytes'), or None when there is no such tag."""
+        found = self.find(name, reference)
+        return found.digest if found else None
+
+    def find(self, name: str, reference: str) -> Manifest | None:
+        """name:reference's manifest, checked (module docstring), or None when there is none."""
+        return self._manifest_of(name, reference, missing_ok=True)
 
     def manifest(self, name: str, reference: str) -> Manifest:
-        response = self._send("GET", name, f"manifests/{reference}", "pull")
-        self._check(response, "GET", name, reference)
-        body = response.content
-        media_type = response.headers.get("Content-Type", "").split(";")[0].strip()
-        digest = response.headers.get("Docker-Content-Digest") or (
-            "sha256:" + hashlib.sha256(body).hexdigest()
-        )
-        return Manifest(media_type or str(json.loads(body).get("mediaType", "")), body, digest)
+        manifest = self._manifest_of(name, reference, missing_ok=False)
+        assert manifest is not None  # a 404 was refused by _check
+        return manifest
 
     def check(self, name: str) -> None:
         """Reach the registry and get read access to name, once, before anything is planned."""
         self.digest(name, "gdc-publish-probe")
 
     def config(self, name: str, manifest: Manifest) -> dict[str, Any]:
-        """The image config an image manifest points at (labels, os, architecture)."""
-        digest = str(manifest.json().get("config", {}).get("digest", ""))
-        response = self._send("GET", name, f"blobs/{digest}", "pull")
+        """The image config an image manifest points at (labels, os, architecture), checked
+        against its digest."""
+        descriptor = manifest.json().get("config")
+        digest = str(descriptor.get("digest", "")) if isinstance(descriptor, dict) else ""
+        response = self._send("GET", name, f"blobs/{checked_digest(digest)}", "pull")
         self._check(response, "GET", name, digest)
+        body = self._body(response, MAX_CONFIG_BYTES, f"the config blob {digest} of {name}")
+        if _digest(body) != digest:
+            raise RegistryError(f"the registry {self.host} sent {_digest(body)} for the config "
+                                f"blob {digest} of {name}: refused; the registry's copy is "
+                                "damaged or not what its manifest names")  # fmt: skip
         try:
-            config = response.json()
+            config = json.loads(body)
         except ValueError:
-            raise RegistryError(f"the registry {self.host} returned a config blob {digest} "
-                                "that is not JSON") from None  # fmt: skip
-        return config if isinstance(config, dict) else {}
+            config = None
+        if not isinstance(config, dict):
+            raise RegistryError(f"the registry {self.host} returned a config blob {digest} of "
+                                f"{name} that is not a JSON object: refused")  # fmt: skip
+        return config
 
     def platforms(self, name: str, reference: str) -> frozenset[str]:
         """``os/arch`` of each image behind name:reference (attestation entries left out)."""
@@ -242,25 +287,25 @@ class Registry:
         if manifest.is_index:
             return frozenset(
                 f"{p.get('os')}/{p.get('architecture')}"
-                for entry in document.get("manifests", [])
+                for entry in document["manifests"]
                 if isinstance(p := entry.get("platform"), dict) and p.get("os") != "unknown"
             )
-        config_digest = str(document.get("config", {}).get("digest", ""))
-        response = self._send("GET", name, f"blobs/{config_digest}", "pull")
-        self._check(response, "GET", name, config_digest)
-        config = response.json()
+        config = self.config(name, manifest)
         return frozenset({f"{config.get('os')}/{config.get('architecture')}"})
 
     def put_manifest(self, name: str, tag: str, manifest: Manifest) -> str:
         """Tag manifest as name:tag (a copy within the repository: no blob moves)."""
-        response = self._send("PUT", name, f"manifests/{tag}", "pull,push", data=manifest.body,
+        response = self._send("PUT", name, f"manifests/{_reference(tag)}", "pull,push",
+                              data=manifest.body,
                               headers={"Content-Type": manifest.media_type})  # fmt: skip
         self._check(response, "PUT", name, tag)
+        response.close()
         return response.headers.get("Docker-Content-Digest") or manifest.digest
 
     def blob_exists(self, name: str, digest: str) -> bool:
         """Whether the registry has blob digest in name (a HEAD)."""
-        response = self._send("HEAD", name, f"blobs/{_checked(digest)}", "pull")
+        response = self._send("HEAD", name, f"blobs/{checked_digest(digest)}", "pull")
+        response.close()
         if response.status_code == _NOT_FOUND:
             return False
         self._check(response, "HEAD", name, digest)
@@ -269,8 +314,7 @@ class Registry:
     def fetch_blob(self, name: str, digest: str, size: int, destination: Path) -> None:
         """Write blob digest of name to destination: at most size bytes, streamed, its size and
         SHA-256 checked before this returns (a mismatch leaves no file)."""
-        _checked(digest)
-        response = self._send("GET", name, f"blobs/{digest}", "pull", stream=True,
+        response = self._send("GET", name, f"blobs/{checked_digest(digest)}", "pull",
                               session=self.blob_session)  # fmt: skip
         with closing(response):
             self._check(response, "GET", name, digest)
@@ -286,8 +330,9 @@ class Registry:
             except (requests.RequestException, urllib3.exceptions.HTTPError, ExchangeError,
                     OSError) as exc:  # fmt: skip
                 destination.unlink(missing_ok=True)
-                raise RegistryError(f"the registry {self.host} broke off blob {digest} of {name} "
-                                    f"({_first_line(exc)}): retry") from None  # fmt: skip
+                broke = RegistryError(f"the registry {self.host} broke off blob {digest} of "
+                                      f"{name} ({_first_line(exc)}): retry")  # fmt: skip
+                raise full_disk(exc, destination) or broke from None
         found = "sha256:" + hasher.hexdigest()
         if count != size or found != digest:
             destination.unlink(missing_ok=True)
@@ -299,10 +344,11 @@ class Registry:
 
     def upload_blob(self, name: str, path: Path, digest: str) -> None:
         """Upload the file path as blob digest of name: POST for a location, then one PUT."""
-        _checked(digest)
+        checked_digest(digest)
         started = self._send("POST", name, "blobs/uploads/", "pull,push",
                              headers={"Content-Length": "0"})  # fmt: skip
         self._check(started, "POST", name, "blobs/uploads/")
+        started.close()
         location = started.headers.get("Location", "")
         if not location:
             raise RegistryError(f"the registry {self.host} started an upload to {name} but gave "
@@ -315,25 +361,118 @@ class Registry:
                                            "Content-Length": str(path.stat().st_size)},
                                   session=self.blob_session)  # fmt: skip
         self._check(response, "PUT", name, digest)
+        response.close()
+
+    # --- reading an answer -----------------------------------------------------------------
+
+    def _manifest_of(self, name: str, reference: str, *, missing_ok: bool) -> Manifest | None:
+        response = self._send("GET", name, f"manifests/{_reference(reference)}", "pull")
+        if response.status_code == _NOT_FOUND and missing_ok:
+            response.close()
+            return None
+        self._check(response, "GET", name, reference)
+        what = f"{name}{'@' if reference.startswith('sha256:') else ':'}{reference}"
+        body = self._body(response, MAX_MANIFEST_BYTES, f"the manifest {what}")
+        return self._manifest(what, reference, body, response.headers)
+
+    def _body(self, response: requests.Response, limit: int, what: str) -> bytes:
+        """response's body as sent, at most limit bytes; the response is closed."""
+        with closing(response):
+            encoding = response.headers.get("Content-Encoding", "").strip().lower()
+            if encoding not in {"", "identity"}:
+                raise RegistryError(f"the registry {self.host} sent {what} with Content-Encoding "
+                                    f"{_one_line(encoding)}, though asked for none: refused, "
+                                    "not inflated; check the registry or the proxy before "
+                                    "it")  # fmt: skip
+            chunks, count = [], 0
+            try:
+                for chunk in response.raw.stream(CHUNK_BYTES, decode_content=False):
+                    count += len(chunk)
+                    if count > limit:
+                        raise RegistryError(f"the registry {self.host} sent more than {limit} "
+                                            f"bytes for {what}: refused")  # fmt: skip
+                    chunks.append(chunk)
+            except (requests.RequestException, urllib3.exceptions.HTTPError, ExchangeError,
+                    OSError) as exc:  # fmt: skip
+                raise RegistryError(f"the registry {self.host} broke off {what} "
+                                    f"({_first_line(exc)}): retry") from None  # fmt: skip
+        return b"".join(chunks)
+
+    def _manifest(self, what: str, reference: str, body: bytes,
+                  headers: Mapping[str, str]) -> Manifest:  # fmt: skip
+        """The manifest body, once its digest, media type and shape are known good."""
+        digest = _digest(body)
+        answered = f"the registry {self.host} answered {what} with a manifest"
+        if reference.startswith("sha256:") and digest != reference:
+            raise RegistryError(f"{answered} that is {digest}, not {reference}: refused; the "
+                                "registry's copy is damaged")  # fmt: skip
+        claimed = headers.get("Docker-Content-Digest", "")
+        if claimed and claimed != digest:
+            raise RegistryError(f"{answered} that is {digest}, though its Docker-Content-Digest "
+                                f"{_one_line(claimed)} names another: refused; check the "
+                                "registry and any cache before it")  # fmt: skip
+        header = headers.get("Content-Type", "").split(";")[0].strip()
+        try:
+            document = json.loads(body)
+        except ValueError:
+            raise RegistryError(f"{answered} that is not JSON (Content-Type "
+                                f"{_one_line(header) or 'none'}): check the registry, or the "
+                                "proxy before it") from None  # fmt: skip
+        if not isinstance(document, dict):
+            raise RegistryError(f"{answered} that is not a JSON object: refused")
+        declared = document.get("mediaType")
+        media_type = declared if isinstance(declared, str) and declared else header
+        if media_type not in MANIFEST_TYPES or header not in {"", media_type}:
+            types = f"{_one_line(str(declared or ''))} (body), {_one_line(header)} (Content-Type)"
+            raise RegistryError(f"{answered} of media type {types}: refused; only Docker "
+                                "schema 2 and OCI images and indexes are read")  # fmt: skip
+        problem = _shape_problem(document, media_type in INDEX_TYPES)
+        if problem:
+            raise RegistryError(f"{answered} whose {problem}: refused")
+        return Manifest(media_type, body, digest)
 
     # --- transport and auth ----------------------------------------------------------------
 
     def _send(
         self, method: str, name: str, path: str, actions: str, *, url: str = "", **kwargs: Any
     ) -> requests.Response:
-        """One request to /v2/<name>/<path>, or to url (an upload's location). The credentials
-        go to this registry only: a location on another host is sent none."""
+        """One request to /v2/<name>/<path>, or to url (an upload's location), its redirects
+        followed (module docstring). The credentials go to this registry only: a location on
+        another host is sent none."""
         url = url or f"{self.base_url}/v2/{name}/{path}"
-        ours = urllib.parse.urlsplit(url).netloc == urllib.parse.urlsplit(self.base_url).netloc
-        headers = {"Accept": MANIFEST_ACCEPT, **kwargs.pop("headers", {})}
+        headers = {"Accept": MANIFEST_ACCEPT, "Accept-Encoding": "identity",
+                   **kwargs.pop("headers", {})}  # fmt: skip
         key = f"{name}:{actions}"
+        ours = self._ours(url)
         response = self._request(method, url, headers=self._with_auth(headers, key, ours),
                                  **kwargs)  # fmt: skip
         if response.status_code == _UNAUTHORIZED and ours:
             response.close()
             self._auth[key] = self._authorize(response, name, actions)
             response = self._request(method, url, headers=self._with_auth(headers, key), **kwargs)
-        return response
+        for _ in range(MAX_REDIRECTS):
+            if not response.is_redirect or method not in {"GET", "HEAD"}:
+                return response
+            response.close()
+            target = urllib.parse.urljoin(url, response.headers["Location"])
+            if urllib.parse.urlsplit(target).scheme != "https" and not self._ours(target):
+                raise RegistryError(f"the registry {self.host} redirected {method} {name}/{path} "
+                                    f"to {_one_line(target)}: only https redirects are "
+                                    "followed; check the registry")  # fmt: skip
+            url = target
+            response = self._request(method, url, headers=self._with_auth(headers, key,
+                                                                          self._ours(url)),
+                                     **kwargs)  # fmt: skip
+        response.close()
+        raise RegistryError(f"the registry {self.host} redirected {method} {name}/{path} more "
+                            f"than {MAX_REDIRECTS} times: check the registry")  # fmt: skip
+
+    @property
+    def _hostname(self) -> str | None:
+        return urllib.parse.urlsplit(self.base_url).hostname
+
+    def _ours(self, url: str) -> bool:
+        return urllib.parse.urlsplit(url).netloc == urllib.parse.urlsplit(self.base_url).netloc
 
     def _with_auth(self, headers: dict[str, str], key: str, ours: bool = True) -> dict[str, str]:
         if ours and key in self._auth:
@@ -344,6 +483,8 @@ class Registry:
         self, method: str, url: str, *, session: requests.Session | None = None, **kwargs: Any
     ) -> requests.Response:
         body = kwargs.get("data")
+        # Streamed, so that every body is read bounded (_body); redirects are _send's to follow.
+        kwargs = {"stream": True, "allow_redirects": False, **kwargs}
         for attempt in range(self.retries + 1):
             self.requests += 1
             if isinstance(body, io.IOBase):  # a file sent again is sent from its start
@@ -376,10 +517,14 @@ class Registry:
             raise self._denied(f"it asks for {header or 'authentication'!r}")
         query = {"service": params.get("service", self.host),
                  "scope": params.get("scope", f"repository:{name}:{actions}")}  # fmt: skip
+        self._check_realm(params["realm"])
         auth = (self.credentials.username, self.credentials.password) if self.credentials else None
-        response = self._request("GET", params["realm"], params=query, auth=auth)
+        response = self._request("GET", params["realm"], params=query, auth=auth,
+                                 headers={"Accept-Encoding": "identity"})  # fmt: skip
         realm, reason = _one_line(params["realm"]), _one_line(response.reason)
         answered = f"its token service {realm} answered {response.status_code} {reason}"
+        if response.status_code in RETRIED_STATUSES or not response.ok:
+            response.close()
         if response.status_code == _TOO_MANY_REQUESTS:
             raise _rate_limited(f"the registry {self.host}'s token service {realm} answered 429 "
                                 f"{reason}{self.budget.waited()}")  # fmt: skip
@@ -389,14 +534,30 @@ class Registry:
                                 "later")  # fmt: skip
         if not response.ok:
             raise self._denied(answered)
+        body = self._body(response, MAX_ANSWER_BYTES, f"a token from {realm}")
         try:
-            document = response.json()
+            document = json.loads(body)
             token = document.get("token") or document.get("access_token")
         except (ValueError, AttributeError):
             token = None
         if not isinstance(token, str) or not token:
             raise self._denied(f"its token service {realm} returned no token")
         return f"Bearer {token}"
+
+    def _check_realm(self, realm: str) -> None:
+        """A token realm fit for this registry's credentials (module docstring)."""
+        parts = urllib.parse.urlsplit(realm)
+        loopback = plain_http(self.host) and plain_http(parts.netloc)
+        if parts.scheme != "https" and not (parts.scheme == "http" and loopback):
+            why = "it is not https"
+        elif self.credentials and parts.hostname not in {self._hostname, *self.token_hosts}:
+            why = "credentials go only to the registry's own host or one REGISTRY_TOKEN_HOSTS names"
+        else:
+            return
+        raise RegistryError(f"the registry {self.host} named a token service, and this client "
+                            f"refused the token realm {_one_line(realm)}: {why}; if it is the "
+                            "registry's own token service, add its host to "
+                            "REGISTRY_TOKEN_HOSTS")  # fmt: skip
 
     def _denied(self, why: str) -> RegistryError:
         return RegistryError(
@@ -407,13 +568,16 @@ class Registry:
     def _check(self, response: requests.Response, method: str, name: str, ref: str) -> None:
         if response.ok:
             return
+        try:  # read, which also closes it
+            detail = _error_detail(self._body(response, MAX_ANSWER_BYTES, "an error"))
+        except RegistryError:
+            detail = ""  # the status says enough
         if response.status_code == _UNAUTHORIZED:
             raise self._denied(f"{method} {name}:{ref} is still 401 with the credentials given")
         reason = _one_line(response.reason)  # the status line's: the registry's words
         if response.status_code == _TOO_MANY_REQUESTS:
             raise _rate_limited(f"the registry {self.host} answered {method} {name}:{ref} with "
                                 f"429 {reason}{self.budget.waited()}")  # fmt: skip
-        detail = _error_detail(response)
         raise RegistryError(
             f"the registry {self.host} answered {method} {name}:{ref} with "
             f"{response.status_code} {reason}{detail}: check the registry and the "
@@ -421,12 +585,36 @@ class Registry:
         )
 
 
-def _checked(digest: str) -> str:
-    """digest, if it is a SHA-256 digest (the only kind this client can check)."""
-    if not SHA256_DIGEST.fullmatch(digest):
+def checked_digest(digest: str) -> str:
+    """digest, if it is a SHA-256 digest (the only kind this client can check), before it
+    becomes part of a URL."""
+    if not DIGEST.fullmatch(digest):
         raise RegistryError(f"{_one_line(digest)!r} is not a sha256:<64 hex> digest: only "
-                            "SHA-256 blobs are fetched or uploaded")  # fmt: skip
+                            "SHA-256 blobs and manifests are fetched or uploaded")  # fmt: skip
     return digest
+
+
+def _reference(reference: str) -> str:
+    """reference, if it is a tag or a digest (the OCI grammar's), before it becomes a path."""
+    if not (TAG.fullmatch(reference) or DIGEST.fullmatch(reference)):
+        raise RegistryError(f"{_one_line(reference)!r} is not a tag nor a sha256:<64 hex> "
+                            "digest: refused before any request")  # fmt: skip
+    return reference
+
+
+def _digest(body: bytes) -> str:
+    return "sha256:" + hashlib.sha256(body).hexdigest()
+
+
+def _shape_problem(document: dict[str, Any], index: bool) -> str:
+    """What in a manifest is not the JSON objects a reader takes it for; "" if nothing."""
+    if not index and not isinstance(document.get("config"), dict):
+        return "config is not a JSON object"
+    key = "manifests" if index else "layers"
+    listed = document.get(key)
+    if not isinstance(listed, list) or not all(isinstance(entry, dict) for entry in listed):
+        return f"{key} is not a list of JSON objects"
+    return ""
 
 
 def _rate_limited(what: str) -> RegistryError:
@@ -439,10 +627,10 @@ def _retry_after(response: requests.Response, backoff: float) -> float:
     return backoff if seconds is None else seconds
 
 
-def _error_detail(response: requests.Response) -> str:
+def _error_detail(body: bytes) -> str:
     """The first error of an OCI error body, as ``(CODE: message)``."""
     try:
-        errors = response.json().get("errors", [])
+        errors = json.loads(body).get("errors", [])
         first = errors[0]
         detail = _one_line(f"{first.get('code')}: {first.get('message')}")
     except (ValueError, AttributeError, IndexError, TypeError):

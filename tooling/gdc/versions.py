@@ -140,6 +140,9 @@ def _names(value: object, allowed: tuple[str, ...], what: str) -> tuple[str, ...
     unknown = [name for name in value if name not in allowed]
     if unknown:
         raise VersionsError(f"{what}: unknown {', '.join(unknown)} (known: {', '.join(allowed)})")
+    twice = sorted({name for name in value if value.count(name) > 1})
+    if twice:  # an index would list that platform twice
+        raise VersionsError(f"{what}: {', '.join(twice)} is listed twice: list each once")
     return tuple(value)
 
 

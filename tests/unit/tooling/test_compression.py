@@ -256,3 +256,26 @@ def test_pushed_references_are_recompressed_each_in_its_registry(registry: OCIRe
     assert set(digests.values()) == {registry.tags(NAME)["a"]} == {registry.tags(NAME)["b"]}
     assert said == [f"zstd layers: {reference}@{digests[reference]}\n" for reference in references]
     assert [m for m, _ in _writes(registry)].count("POST") == 1  # the layer, once
+
+
+def test_a_full_disk_is_called_a_full_disk(registry: OCIRegistry, tmp_path: Path) -> None:
+    layer = gzip.compress(TOP)
+    source = tmp_path / "layer.gz"
+    source.write_bytes(layer)
+    with pytest.raises(CompressionError, match=r"no space left on the disk of /dev/full \(") as err:
+        compression._gunzip(source, Path("/dev/full"), digest_of(layer), digest_of(TOP))
+    assert "gzip stream" not in str(err.value)
+
+
+def test_the_decompression_bound_is_the_free_disk_space(
+    registry: OCIRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    registry.add_layered_image(NAME, ["t"], [BASE])
+
+    def nearly_full(path: Any) -> Any:
+        return type("Usage", (), {"free": 1000, "total": 1 << 40, "used": 0})()
+
+    monkeypatch.setattr(compression.shutil, "disk_usage", nearly_full)
+    with pytest.raises(CompressionError, match=r"decompresses to more than 1000 bytes, the free "
+                       "space of"):  # fmt: skip
+        recompress(Registry(registry.host), NAME, "t")

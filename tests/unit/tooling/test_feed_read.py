@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 import pytest
-from flatcar_feed import feed_entry, feed_from_tsv, lts_info_text
+from flatcar_feed import feed_entry, feed_from_tsv, lts_info_text, with_markers
 from raw_server import raw_server
 
 from gdc import releases
@@ -338,3 +338,48 @@ def test_a_redirect_loop_says_so() -> None:
         f"{url} redirects in a loop (HTTP 308, more than 10 redirects or the same URL again): "
         "check the URL or the mirror's redirects"
     )
+
+
+# --- what the feed does wrong is said, never silent --------------------------------------------
+
+
+def test_a_current_marker_on_an_older_stable_release_is_followed_with_a_note() -> None:
+    feed = feed_from_tsv()
+    feed["current"] = feed["4459.2.4"] if "4459.2.4" in feed else feed["4081.2.1"]
+    covered, _, notes = _read(json.dumps(feed), "stable")
+    older = next(iter(covered))
+    assert covered == {older: ("stable",)}
+    assert any(
+        note.startswith(
+            f"the feed's 'current' marker copies stable {older}, older "
+            "than its newest stable release 4593.2.5"
+        )
+        for note in notes
+    ), notes
+
+
+def test_an_lts_stream_lts_info_does_not_list_gets_a_note() -> None:
+    feed = feed_from_tsv()
+    feed["4230.3.1"] = feed_entry("lts", "2026-08-01", "6.6.99")
+    feed = with_markers(feed)
+    feed["current-2025"] = feed["4230.3.1"]
+    covered, _, notes = _read(json.dumps(feed), "lts")
+    assert "4230.3.1" not in covered
+    assert any("lts-info does not list" in note and "current-2025" in note for note in notes), notes
+
+
+def test_a_kernel_given_as_a_string_is_named_so_not_no_kernel() -> None:
+    feed = feed_from_tsv()
+    feed["4593.2.5"]["major_software"]["kernel"] = "6.12.102"
+    _, excluded, _ = _read(json.dumps(with_markers(feed)), "stable", "beta")
+    reason = next(x.reason for x in excluded if x.flatcar == "4593.2.5")
+    assert "has no kernel" not in reason
+    assert "gives its kernel as the string '6.12.102', not a list" in reason
+
+
+def test_a_current_release_excluded_for_a_feed_problem_needs_a_person() -> None:
+    feed = feed_from_tsv()
+    feed["4593.2.6"] = feed_entry("stable", "2026-09-10", "junk")
+    _, excluded, _ = _read(json.dumps(with_markers(feed)), "stable", "beta")
+    blocking = [x for x in excluded if x.blocking]
+    assert [x.flatcar for x in blocking] == ["4593.2.6"]

@@ -307,3 +307,57 @@ def test_the_workflow_only_calls_invoke_with_write_access_on_its_one_job() -> No
         if "uses" in step:
             action, _, rest = step["uses"].partition("@")
             assert len(rest.split()[0]) == 40, f"{action} is pinned by commit"
+
+
+# --- NVIDIA's words are shown, never obeyed ---------------------------------------------------
+
+
+def test_nvidia_s_text_reaches_no_log_line_or_pull_request_raw(
+    nvidia: ReleaseServer, repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    feed = nvidia_tree.releases_json()
+    feed["580"]["type"] = "lts branch\n::add-mask::hidden\n::error::forged\x1b[2J"
+    last = feed["580"]["driver_info"][-1]
+    last["release_date"] = "2026-01-01\n::error title=x::forged"
+    last["release_notes"] = "https://docs.nvidia.com/x\r\n::warning::forged"
+    feed["615"]["type"] = "new feature branch\n::add-mask::${{ secrets.X }}"
+    nvidia_tree.write_releases(nvidia.root, feed)
+    tasks.propose_drivers(MockContext(), **_options(nvidia, repo / "versions.toml"))
+    out = capsys.readouterr().out
+    for line in out.splitlines():
+        assert not line.strip().startswith("::"), line
+        assert "\x1b" not in line
+    body = (tmp_path / "gh.log").read_text()
+    assert "\n::" not in body
+    assert "\\n::error" in body or "\\n::add-mask" in body
+
+
+def test_a_branch_newer_in_versions_toml_than_nvidia_lists_is_not_called_the_newest() -> None:
+    driver = next(d for d in TODAY.drivers if d.branch == "595")
+    older = "595.1.1"
+    listed = {"595": propose.Release("595", "production branch", older, "", "")}
+    _, notes = propose.find_candidates({"595": driver}, listed)
+    said = f"595: NVIDIA lists only {older}, older than {driver.version} in versions.toml"
+    assert notes == [f"{said}; {driver.version} stays"]
+
+
+def test_a_stale_branch_of_a_failed_run_is_replaced_and_the_hint_names_the_setting(
+    nvidia: ReleaseServer, repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    behind = repo / "versions.toml"
+    branch = f"record-driver/{LTS.version}"
+    gh = tmp_path / "bin" / "gh"
+    working = gh.read_text()
+    gh.write_text(working.replace('"pr create") echo', '"pr create") exit 1; echo'))
+    with pytest.raises(Exit, match="1 of 3 drivers"):
+        tasks.propose_drivers(MockContext(), **_options(nvidia, behind))
+    out = capsys.readouterr().out
+    assert "Allow GitHub Actions to create and approve pull requests" in out
+    assert _git(tmp_path / "origin.git", "branch", "--list", branch).strip() == branch
+    # The stale branch is pushed over on the next run, which opens the pull request.
+    _git(repo, "commit", "-q", "--allow-empty", "-m", "main moves on")
+    _git(repo, "push", "-q", "origin", "main")
+    gh.write_text(working)
+    tasks.propose_drivers(MockContext(), **_options(nvidia, behind))
+    assert f"{LTS.version}: opened https://github.com/o/gpu-driver-container/pull/7" in (
+        capsys.readouterr().out)  # fmt: skip

@@ -410,7 +410,7 @@ def test_a_registry_error_fails_each_image_with_its_reason(registry: OCIRegistry
     outcomes, _ = _publish(registry, builder, _matrix(registry))
     assert builder.built == []
     assert {o.status for o in outcomes} == {Status.FAILED}
-    assert "answered HEAD gdc/driver:610.57.04-flatcar-amd64 with 500" in outcomes[0].detail
+    assert "answered GET gdc/driver:610.57.04-flatcar-amd64 with 500" in outcomes[0].detail
 
 
 def test_identical_failures_are_told_once(registry: OCIRegistry) -> None:
@@ -463,6 +463,83 @@ def test_the_summary_lists_outcomes_exclusions_notes_and_counts(registry: OCIReg
     assert any(line.startswith("excluded  * * for Flatcar 4593.2.6") for line in lines)
     assert "note: a note" in lines
     assert lines[-1].startswith("built 1, failed 1, excluded")
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_a_registry_that_answers_one_image_badly_fails_that_image_only(
+    registry: OCIRegistry, dry_run: bool
+) -> None:
+    covered = _matrix(registry)
+    lts = next(i for i in covered.images if i.tags.tags[0] == LTS_IMAGE)
+    maintenance = (200, b"<html>Down for maintenance</html>", {})  # no Content-Type
+    registry.spoiled[f"/v2/{NAME}/manifests/{lts.staging_tag('amd64')}"] = maintenance
+    builder = FakeBuilder(registry)
+    outcomes, said = _publish(registry, builder, covered, dry_run=dry_run)
+    failed = "would fail" if dry_run else "failed"
+    done = "would build" if dry_run else "built"
+    assert [(o.image.tags.tags[0], publish.failures([o]) != []) for o in outcomes] == [
+        (BUILD, False), (LTS_IMAGE, True), (KERNEL_IMAGE, False)]  # fmt: skip
+    assert said[3].startswith(f"[2/3] {failed} in ")
+    assert "amd64: the registry" in said[3]
+    assert "is not JSON" in said[3]
+    lines = publish.summary(outcomes, covered.excluded, "r").splitlines()
+    assert next(line for line in lines if LTS_IMAGE in line).startswith(failed)
+    assert lines[-1].startswith(f"{done} 2, {failed} 1")
+
+
+def test_an_arm64_tag_whose_header_names_the_amd64_image_is_not_merged(
+    registry: OCIRegistry,
+) -> None:
+    builder = _published(registry)
+    tags = registry.tags(NAME)
+    arm64 = registry.manifests[NAME][f"{BUILD}-arm64"]
+    headers = {"Content-Type": arm64.media_type, "Docker-Content-Digest": tags[f"{BUILD}-amd64"]}
+    registry.spoiled[f"/v2/{NAME}/manifests/{BUILD}-arm64"] = (200, arm64.body, headers)
+    registry.manifests[NAME].pop(BUILD)  # the index must be written again
+    outcomes, _ = _publish(registry, builder, _matrix(registry), step=Step.MERGE)
+    assert outcomes[0].status is Status.FAILED
+    assert f"Docker-Content-Digest {tags[f'{BUILD}-amd64']}" in outcomes[0].detail
+    assert BUILD not in registry.tags(NAME)
+
+
+def test_an_up_to_date_gzip_image_whose_layers_cannot_be_recompressed_is_rebuilt(
+    registry: OCIRegistry,
+) -> None:
+    builder = GzipBuilder(registry)
+    versions = _versions(arches=("amd64",), channels=("stable",))
+    covered = _matrix(registry, versions=versions)
+    _publish(registry, builder, covered, compression=Compression.GZIP)
+    # The staged build image as a damaged push leaves it: its layers are not its config's.
+    staging = f"{BUILD}-amd64"
+    config = registry.blobs[json.loads(registry.manifests[NAME][staging].body)["config"]["digest"]]
+    labels = json.loads(config)["config"]["Labels"]
+    registry.add_layered_image(NAME, [staging], [tar_layer({"a": b"1"})], labels=labels,
+                               diff_ids=["sha256:" + "9" * 64])  # fmt: skip
+    builder.built.clear()
+    outcomes, _ = _publish(registry, builder, covered)
+    assert builder.built == [f"{BUILD} amd64", f"{KERNEL_IMAGE} amd64"]
+    assert builder.previous[f"{BUILD} amd64"] == ""
+    assert outcomes[0].status is Status.BUILT
+    assert "its gzip layers could not be recompressed" in outcomes[0].detail
+    assert _layer_types(registry, staging) == [ZSTD_LAYER] * 2
+
+
+def test_one_retry_budget_for_the_whole_run_and_what_it_spent_stated(registry: OCIRegistry) -> None:
+    builder = _published(registry)
+    waits: list[float] = []
+    client = Registry(registry.host, sleep=waits.append)
+    registry.burst = [(429, "50"), (429, "50")]  # the first image waits 100 s of 120
+
+    def say(line: str) -> None:
+        if line.startswith("[2/3] precompiled"):  # the second image is asked to wait 50 s more
+            registry.burst = [(429, "50")]
+
+    outcomes = publish.publish(_matrix(registry), client, Repository(registry.host, NAME),
+                               builder, say=say)  # fmt: skip
+    assert waits == [50.0, 50.0]
+    assert [o.status for o in outcomes].count(Status.FAILED) == 1
+    assert "after 100 s of retries" in publish.failures(outcomes)[0].detail
+    assert client.budget.stated() == "100 of the run's 120 s retry budget waited"
 
 
 # --- what is merged is what a node of each arch runs -------------------------------------------
@@ -595,7 +672,7 @@ def test_a_rate_limited_image_fails_within_its_retry_budget_saying_so() -> None:
         client = Registry(registry.host, sleep=waits.append)
         outcomes = publish.publish(_matrix(registry), client, Repository(registry.host, NAME),
                                    builder, step=Step.MERGE, say=lambda _line: None)  # fmt: skip
-        assert waits == [60.0, 60.0] * 3  # 120 s an image, not 4 retries of 60 s per request
+        assert waits == [60.0, 60.0]  # 120 s for the run, not 4 retries of 60 s per request
         assert {o.status for o in outcomes} == {Status.FAILED}
         assert outcomes[0].detail == (
             f"the registry {registry.host} answered PUT {NAME}:{BUILD} with 429 Too Many "
@@ -817,13 +894,23 @@ def test_a_current_release_without_a_kernel_is_excluded_and_the_rest_published(
     feed = feed_from_tsv()
     feed["4593.2.6"] = feed_entry("stable", "2026-09-10", None)
     versions, url = _files(tmp_path, ("amd64",), with_markers(feed), pinned=("4593.2.5",))
-    tasks.publish(c, registry=f"{registry.host}/gdc", versions_file=versions, releases_url=url,
-                  base_image="debian@sha256:" + "1" * 64)  # fmt: skip
+    # What can be published is, then the run fails: stable nodes have no image.
+    with pytest.raises(Exit) as error:
+        tasks.publish(c, registry=f"{registry.host}/gdc", versions_file=versions,
+                      releases_url=url, base_image="debian@sha256:" + "1" * 64)  # fmt: skip
     lines = capsys.readouterr().out.splitlines()
     excluded = [line for line in lines if line.startswith("excluded  ")]
     assert excluded[0].startswith("excluded  * * for Flatcar 4593.2.6 ")
     assert "Flatcar 4593.2.6 (stable) has no kernel in the releases feed" in excluded[0]
     assert lines[-2] == "built 2, excluded 1"
+    assert str(error.value) == (
+        "invoke publish: Flatcar 4593.2.6 (stable) has no kernel in the releases feed "
+        "(major_software.kernel): its nodes get no image until the feed is fixed (report it to "
+        "Flatcar); the first run after that publishes it"
+    )
+    # A stage job leaves saying so to the merge.
+    tasks.publish(c, registry=f"{registry.host}/gdc", versions_file=versions, releases_url=url,
+                  base_image="debian@sha256:" + "1" * 64, step="stage")  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -914,6 +1001,22 @@ def test_a_dry_run_needs_no_dockerd_and_prints_the_plan(
                      "asks no dockerd, so whether it changed is unknown: pin it") == 4  # fmt: skip
     assert "arm64: its build image would be built first" in out
     assert out.splitlines()[-2] == "would build 2"
+
+
+def test_a_dry_run_fails_where_the_real_run_would_a_checksum_still_todo(
+    c: MockContext, registry: OCIRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: Any,
+) -> None:  # fmt: skip
+    monkeypatch.setattr(tasks, "connect_docker", _no_dockerd)
+    versions, feed = _files(tmp_path, ("amd64",))
+    path = Path(versions)
+    path.write_text(path.read_text().replace(f'sha256 = {{ amd64 = "{SUM}" }}',
+                                             'sha256 = { amd64 = "TODO" }'))  # fmt: skip
+    with pytest.raises(Exit, match=r"2 of 2 images would fail"):
+        tasks.publish(c, registry=f"{registry.host}/gdc", versions_file=versions,
+                      releases_url=feed, dry_run=True, base_image=PINNED)  # fmt: skip
+    assert "no SHA-256 recorded for NVIDIA-Linux-*-610.57.04.run on amd64" in (
+        capsys.readouterr().out)  # fmt: skip
 
 
 def test_invoke_publish_checks_the_retry_budget_before_any_network(c: MockContext) -> None:

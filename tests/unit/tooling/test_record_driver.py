@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,10 +14,11 @@ import tasks
 from fetch_server import ReleaseServer
 from invoke.context import MockContext
 from invoke.exceptions import Exit
+from raw_server import raw_server
 
 from gdc import record as recording
 from gdc import versions_text
-from gdc.nvidia import RecordError, parse_checksum_file
+from gdc.nvidia import Nvidia, RecordError, parse_checksum_file
 from gdc.versions import Driver, load_versions
 
 TODAY_TEXT, TODAY, todo_entry = nvidia_tree.TODAY_TEXT, nvidia_tree.TODAY, nvidia_tree.todo_entry
@@ -395,3 +397,38 @@ def test_the_record_s_summary_names_what_was_left_todo() -> None:
     assert recording.summary_line(record, None, "v.toml") == (
         'wrote v.toml [drivers."580.1.1"] (added): .run amd64; redist none; TODO: nvlsm'
     )
+
+
+@pytest.mark.parametrize("key", ["release_label", "fabricmanager"])
+def test_a_manifest_that_gives_a_key_twice_is_refused(
+    nvidia: ReleaseServer, tmp_path: Path, key: str
+) -> None:
+    driver = TODAY.drivers[0]
+    path = nvidia.root / nvidia_tree.REDIST / f"redistrib_{driver.version}.json"
+    text = path.read_text()
+    start = text.index(f'"{key}":')
+    value_end = text.index("\n    }", start) + 6 if text[start + len(key) + 4] == "{" else (
+        text.index("\n", start))  # fmt: skip
+    copy = text[start:value_end].rstrip(",")
+    path.write_text(text.replace(f'"{key}":', f'{copy},\n    "{key}":', 1))
+    versions = tmp_path / "versions.toml"
+    versions.write_text(with_placeholder(driver, "580.1.1"))
+    message = _refused(nvidia, versions, driver.version)
+    assert f"gives {key!r} twice" in message
+
+
+def test_a_small_file_that_trickles_fails_within_one_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """98 bytes at a byte every 0.2 s (NVIDIA's one-line checksum file, trickled): one deadline
+    for every try, not a rate window per try."""
+    for name, value in nvidia_tree.TRUST_LOOPBACK.items():
+        monkeypatch.setenv(name, value)
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: 98\r\n\r\n"
+    body = [bytes([byte]) for byte in b"a" * 98]
+    with raw_server(head, *body, pause=0.2, path="x.run.sha256sum") as url:
+        started = time.monotonic()
+        with pytest.raises(RecordError, match=r"did not finish within 1 s") as error:
+            Nvidia(small_deadline=1.0).text(url, 4096, "a checksum file")
+    assert time.monotonic() - started < 5
+    assert "\n" not in str(error.value)

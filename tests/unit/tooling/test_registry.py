@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import gzip
 import hashlib
 import json
 import socket
@@ -11,16 +12,18 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
-from oci_registry import INDEX, OCIRegistry
+from oci_registry import IMAGE, INDEX, OCIRegistry, digest_of
 
 from gdc.registry import (
     MANIFEST_ACCEPT,
+    MAX_MANIFEST_BYTES,
     Credentials,
     Manifest,
     Registry,
     RegistryError,
     Repository,
     credentials_for,
+    token_hosts,
 )
 from nvidia_driver.gate.registry import plain_http
 from nvidia_driver.safetext import unsafe
@@ -55,7 +58,7 @@ def test_a_tag_exists_with_its_digest_or_is_missing(registry: OCIRegistry) -> No
     assert client.digest(NAME, "580.178.04-flatcar-flatcar4593.2.5") is None
     assert client.digest("other/driver", "x") is None
     method, path, _ = registry.log[0]
-    assert (method, path) == ("HEAD", f"/v2/{NAME}/manifests/580.178.04-flatcar")
+    assert (method, path) == ("GET", f"/v2/{NAME}/manifests/580.178.04-flatcar")
 
 
 def test_manifest_requests_accept_oci_and_docker_types() -> None:
@@ -118,7 +121,7 @@ def test_a_server_error_is_one_line_with_the_registry_s_own_words(
 ) -> None:
     registry.status = 503
     waits: list[float] = []  # the retries' backoff, recorded instead of slept (1 + 2 + 4 + 8 s)
-    with pytest.raises(RegistryError, match=r"answered HEAD gdc/driver:t with 503") as error:
+    with pytest.raises(RegistryError, match=r"answered GET gdc/driver:t with 503") as error:
         Registry(registry.host, sleep=waits.append).digest(NAME, "t")
     registry.status = 500
     with pytest.raises(RegistryError, match=r"\(UNAVAILABLE: down\)"):
@@ -344,3 +347,146 @@ def test_an_upload_location_on_another_host_is_sent_no_credentials(tmp_path: Pat
         client.upload_blob(NAME, blob, digest)
         assert storage.blobs[digest] == b"bytes"
         assert [(method, auth) for method, _, auth in storage.log] == [("PUT", "")]
+
+
+# --- every answer is read bounded, shape-checked and checked against its digest ----------------
+
+
+def _image(config: object = None, layers: object = ()) -> bytes:
+    return json.dumps({"schemaVersion": 2, "mediaType": IMAGE,
+                       "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                                  "digest": CONFIG_DIGEST, "size": 2}
+                       if config is None else config,
+                       "layers": list(layers)}).encode()  # fmt: skip
+
+
+MAINTENANCE = b"<html><body>Down for maintenance</body></html>"
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "why"),
+    [
+        (MAINTENANCE, {}, "not JSON"),
+        (b'"a manifest"', {"Content-Type": IMAGE}, "not a JSON object"),
+        (_image(config="sha256:" + "2" * 64), {"Content-Type": IMAGE}, "config is not"),
+        (_image(layers=["a layer"]), {"Content-Type": IMAGE}, "layers is not"),
+        (json.dumps({"schemaVersion": 2, "mediaType": INDEX, "manifests": "x"}).encode(),
+         {"Content-Type": INDEX}, "manifests is not"),
+        (json.dumps({"schemaVersion": 2, "config": {}}).encode(),
+         {"Content-Type": "application/vnd.evil+json"}, "media type"),
+        (_image(), {"Content-Type": INDEX}, "media type"),
+    ],
+)  # fmt: skip
+def test_a_manifest_of_the_wrong_shape_or_type_is_one_line(
+    registry: OCIRegistry, body: bytes, headers: dict[str, str], why: str
+) -> None:
+    registry.spoiled[f"/v2/{NAME}/manifests/t"] = (200, body, headers)
+    with pytest.raises(RegistryError, match=why) as error:
+        Registry(registry.host).manifest(NAME, "t")
+    assert str(error.value).splitlines() == [str(error.value)]
+    assert str(error.value).startswith(f"the registry {registry.host} ")
+
+
+def test_a_config_that_is_not_a_json_object_is_one_line(registry: OCIRegistry) -> None:
+    config = b'"linux/amd64"'
+    registry.blobs[digest_of(config)] = config
+    manifest = Manifest(IMAGE, _image({"digest": digest_of(config), "size": len(config)}), "")
+    with pytest.raises(RegistryError, match="is not a JSON object"):
+        Registry(registry.host).config(NAME, manifest)
+    registry.add_image(NAME, ["t"], index=False)
+    registry.spoiled[f"/v2/{NAME}/manifests/t"] = (200, manifest.body, {"Content-Type": IMAGE})
+    with pytest.raises(RegistryError, match="is not a JSON object"):
+        Registry(registry.host).platforms(NAME, "t")
+
+
+def test_a_config_blob_is_checked_against_its_digest(registry: OCIRegistry) -> None:
+    config = b'{"os": "linux", "architecture": "amd64"}'
+    other = b'{"os": "linux", "architecture": "arm64"}'
+    registry.blobs[digest_of(config)] = other  # the registry's copy is not what it names
+    manifest = Manifest(IMAGE, _image({"digest": digest_of(config), "size": len(config)}), "")
+    with pytest.raises(RegistryError, match="refused"):
+        Registry(registry.host).config(NAME, manifest)
+
+
+def test_a_manifest_s_digest_is_its_body_s_not_a_header_s(registry: OCIRegistry) -> None:
+    amd64 = registry.add_image(NAME, ["amd64"], index=False)
+    registry.add_image(NAME, ["arm64"], ("arm64",), index=False)
+    body = registry.manifests[NAME]["arm64"].body
+    headers = {"Content-Type": IMAGE, "Docker-Content-Digest": amd64}
+    registry.spoiled[f"/v2/{NAME}/manifests/arm64"] = (200, body, headers)
+    client = Registry(registry.host)
+    with pytest.raises(RegistryError, match=f"Docker-Content-Digest {amd64}"):
+        client.manifest(NAME, "arm64")
+    with pytest.raises(RegistryError, match=f"Docker-Content-Digest {amd64}"):
+        client.digest(NAME, "arm64")
+    # By digest: the body must be that digest's, whatever the headers say.
+    registry.spoiled[f"/v2/{NAME}/manifests/{amd64}"] = (200, body, {"Content-Type": IMAGE})
+    with pytest.raises(RegistryError, match=f"is {digest_of(body)}, not {amd64}"):
+        client.manifest(NAME, amd64)
+
+
+@pytest.mark.parametrize(
+    "reference", ["../../other/repo/manifests/latest", "sha256:../../x", "sha256:" + "A" * 64]
+)
+def test_a_reference_that_is_neither_a_tag_nor_a_digest_makes_no_request(
+    registry: OCIRegistry, reference: str
+) -> None:
+    client = Registry(registry.host)
+    with pytest.raises(RegistryError, match="is not a tag nor a sha256:<64 hex> digest"):
+        client.manifest(NAME, reference)
+    manifest = Manifest(IMAGE, _image({"digest": reference, "size": 2}), "")
+    with pytest.raises(RegistryError, match="digest"):
+        client.config(NAME, manifest)
+    assert registry.log == []
+
+
+def test_an_answer_is_read_bounded_and_never_inflated(registry: OCIRegistry) -> None:
+    body = _image()
+    compressed = gzip.compress(body)
+    registry.spoiled[f"/v2/{NAME}/manifests/gz"] = (
+        200, compressed, {"Content-Type": IMAGE, "Content-Encoding": "gzip"})  # fmt: skip
+    huge = b'{"schemaVersion": 2, "pad": "' + b"x" * (MAX_MANIFEST_BYTES) + b'"}'
+    registry.spoiled[f"/v2/{NAME}/manifests/huge"] = (200, huge, {"Content-Type": IMAGE})
+    client = Registry(registry.host)
+    with pytest.raises(RegistryError, match="Content-Encoding gzip"):
+        client.manifest(NAME, "gz")
+    with pytest.raises(RegistryError, match=f"more than {MAX_MANIFEST_BYTES} bytes"):
+        client.manifest(NAME, "huge")
+
+
+def test_a_redirect_is_followed_only_to_https(registry: OCIRegistry) -> None:
+    registry.add_image(NAME, ["t"], index=False)
+    elsewhere = f"http://localhost:{registry.host.rpartition(':')[2]}/v2/{NAME}/manifests/t"
+    with OCIRegistry(username="me", password=PASSWORD) as server:
+        server.spoiled[f"/v2/{NAME}/manifests/t"] = (307, b"", {"Location": elsewhere})
+        client = Registry(server.host, credentials=Credentials("me", PASSWORD))
+        with pytest.raises(RegistryError, match=r"redirected .* to http://localhost:\d+/v2/.*: "
+                           "only https redirects are followed") as error:  # fmt: skip
+            client.manifest(NAME, "t")
+    assert registry.log == []
+    assert str(error.value).splitlines() == [str(error.value)]
+
+
+def test_credentials_go_only_to_a_token_realm_on_the_registry_s_host() -> None:
+    with OCIRegistry(username="me", password=PASSWORD) as tokens, OCIRegistry() as server:
+        realm = f"http://localhost:{tokens.host.rpartition(':')[2]}/token"
+        challenge = {"WWW-Authenticate": f'Bearer realm="{realm}",service="x"'}
+        server.spoiled[f"/v2/{NAME}/manifests/t"] = (401, b"", challenge)
+        client = Registry(server.host, credentials=Credentials("me", PASSWORD))
+        with pytest.raises(RegistryError, match="refused the token realm http://localhost") as err:
+            client.manifest(NAME, "t")
+        assert tokens.log == []
+        assert "REGISTRY_TOKEN_HOSTS" in str(err.value)
+        # One the user names is trusted (plain http: both on the loopback).
+        trusting = Registry(server.host, credentials=Credentials("me", PASSWORD),
+                            token_hosts=frozenset({"localhost"}))  # fmt: skip
+        with pytest.raises(RegistryError, match="still 401 with the credentials given"):
+            trusting.manifest(NAME, "t")
+        assert [auth for _, path, auth in tokens.log if path == "/token"] == [
+            "Basic " + base64.b64encode(b"me:s3cret").decode()]  # fmt: skip
+
+
+def test_token_hosts_come_from_the_environment() -> None:
+    assert token_hosts({"REGISTRY_TOKEN_HOSTS": "auth.docker.io, auth.example"}) == {
+        "auth.docker.io", "auth.example"}  # fmt: skip
+    assert token_hosts({}) == frozenset()

@@ -76,6 +76,14 @@ def test_drivers_sort_numerically_and_a_branch_names_its_driver() -> None:
         ({"drivers": {"latest": {}}}, "invalid driver version 'latest'"),
         ({"images": {"channels": ["edge"]}, "drivers": {"580.1": {}}}, "unknown edge"),
         ({"images": {"arches": []}, "drivers": {"580.1": {}}}, "non-empty list"),
+        (
+            {"images": {"arches": ["amd64", "arm64", "amd64"]}, "drivers": {"580.1": {}}},
+            "images.arches: amd64 is listed twice",
+        ),
+        (
+            {"images": {"channels": ["stable", "stable"]}, "drivers": {"580.1": {}}},
+            "images.channels: stable is listed twice",
+        ),
     ],
 )
 def test_a_broken_versions_file_is_refused(data: dict[str, Any], message: str) -> None:
