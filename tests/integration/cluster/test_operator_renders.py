@@ -159,3 +159,21 @@ def test_nvidia_driver_resource_asks_each_pool_for_its_own_release(
         "precompiled", ALPHA, releases_feed
     )
     assert len(images) == 2, images  # one pool per release
+
+
+def test_use_precompiled_with_two_releases_on_one_kernel_is_refused_by_the_operator(
+    clean: Cluster, operator_module: Path
+) -> None:
+    """What a reboot into a release whose kernel another GPU node's release shares does under
+    usePrecompiled: the Operator refuses the whole ClusterPolicy ("different OS versions found
+    for the same kernel version", object_controls.go precompiledDriverDaemonsets, in v25.3.4
+    and v26.7.0 alike) and renders no driver DaemonSet at all, for any node. The reboot gate
+    must hold such a reboot (issue 37, fault 2)."""
+    log = clean.logs / "gpu-operator.log"
+    start = log.stat().st_size  # what the Operator says from here on
+    register_node(clean, flatcar_node("gpu-stable", STABLE, KERNEL))
+    register_node(clean, flatcar_node("gpu-alpha", ALPHA, KERNEL))
+    clean.apply(cluster_policy(operator_module, version=BRANCH, usePrecompiled=True))
+    refused = f"different OS versions found for the same kernel version {KERNEL}".encode()
+    wait_for("the Operator's refusal", lambda: refused in log.read_bytes()[start:], log)
+    assert driver_images(clean) == {}
