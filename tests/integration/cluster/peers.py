@@ -96,8 +96,10 @@ def _go(args: list[str], cwd: Path, env: Mapping[str, str]) -> str:
     import subprocess  # noqa: PLC0415 - the one place peers.py runs a command
 
     if shutil.which("go", path=env.get("PATH")) is None:
-        raise RuntimeError("go is not on PATH: the cluster session builds its peers with Go 1.26 "
-                           "(docs/development.md, section 3); install it or add it to PATH")  # fmt: skip
+        raise RuntimeError(
+            "go is not on PATH: the cluster session builds its peers with Go 1.26 "
+            "(docs/development.md, section 3); install it or add it to PATH"
+        )
     result = subprocess.run(["go", *args], cwd=cwd, env=dict(env), capture_output=True,
                             text=True, check=False, timeout=3600)  # fmt: skip
     if result.returncode != 0:
