@@ -34,6 +34,7 @@ def install(cluster: Cluster, variant: str) -> None:
         (MANIFESTS / variant).glob("*.yaml")
     )
     cluster.apply_files(files)
+    cluster.namespace(NAMESPACE)  # its default ServiceAccount, as the controller-manager makes
 
 
 def gate_env(cluster: Cluster, node: str, feed: str, cache: Path) -> dict[str, str]:

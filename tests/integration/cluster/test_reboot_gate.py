@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from apiserver import APIError, Cluster
 from fixtures.docker_env import Registry, local_registry
+from gate import NAMESPACE as GATE_NAMESPACE
 from gate import gate_env, install, push_image, run_gate_once
 from gpu_operator import NAMESPACE as OPERATOR_NAMESPACE
 from gpu_operator import flatcar_node, install_crds, register_node, sample
@@ -31,6 +32,7 @@ BEFORE_REBOOT = f"{FLUO}/before-reboot"
 NEW_VERSION = f"{FLUO}/new-version"
 # The gate's annotations (deploy/reboot-gate/fluo/0500_daemonset.yaml, gate/managers.py).
 APPROVAL = "gpu-driver-container/reboot-gate-ok"
+VERDICT = "gpu-driver-container/reboot-gate"
 DRIVER = "595.91.07"
 RUNNING, STAGED, KERNEL = "4459.2.0", "4515.0.0", "6.12.54-flatcar"
 NODE = "gpu-v267"
@@ -105,11 +107,29 @@ def test_nvidia_driver_without_cluster_policy_holds_until_the_image_exists(
     assert held.returncode == 0, held.stderr
     said = annotations(cluster)
     assert said.get(APPROVAL) != "true", said
-    assert "held" in said.get("gpu-driver-container/reboot-gate", ""), said
+    assert "held" in said.get(VERDICT, ""), said
     reasons = [event["reason"] for event in node_events(cluster)]
     assert "RebootHeld" in reasons, (reasons, held.stderr)
 
-    push_image(registry.address, "gdc/driver", f"{DRIVER}-flatcar{STAGED}")
+    image = push_image(registry.address, "gdc/driver", f"{DRIVER}-flatcar{STAGED}")
+    pulling = run_gate_once(cluster, env, tmp_path)
+    assert pulling.returncode == 0, pulling.stderr
+    assert f"pulling {image} onto the node" in annotations(cluster)[VERDICT], pulling.stdout
+    assert annotations(cluster).get(APPROVAL) != "true"
+    # The pre-pull pod passed the real API server's RBAC and the namespace's restricted Pod
+    # Security admission; no kubelet runs here, so its status is written as the kubelet writes
+    # it once the image is pulled and the no-op has run (PATCH pods/<name>/status).
+    [pod] = cluster.items(f"/api/v1/namespaces/{GATE_NAMESPACE}/pods")
+    assert pod["spec"]["nodeName"] == NODE
+    assert pod["spec"]["containers"][0]["image"] == image
+    status = {"phase": "Succeeded", "containerStatuses": [{
+        "name": "pull", "image": image, "imageID": "", "ready": False, "restartCount": 0,
+        "state": {"terminated": {"exitCode": 0, "reason": "Completed"}},
+    }]}  # fmt: skip
+    cluster.request("PATCH", f"/api/v1/namespaces/{GATE_NAMESPACE}/pods/{pod['metadata']['name']}"
+                    "/status", {"status": status},
+                    content_type="application/merge-patch+json")  # fmt: skip
+
     allowed = run_gate_once(cluster, env, tmp_path)
     assert allowed.returncode == 0, allowed.stderr
     assert annotations(cluster).get(APPROVAL) == "true", (annotations(cluster), allowed.stderr)

@@ -98,6 +98,11 @@ def test_the_rbac_grants_what_the_gate_uses_and_nothing_else() -> None:
         ("", "nvidia.com", "gpuclusters", "list"),
         ("default", "", "events", "create"),  # node events live there
         ("nvidia-reboot-gate", "", "pods", "patch"),  # kured only
+        # pre-pull: one pod per node and staged image, in the gate's own namespace
+        ("nvidia-reboot-gate", "", "pods", "create"),
+        ("nvidia-reboot-gate", "", "pods", "get"),
+        ("nvidia-reboot-gate", "", "pods", "list"),
+        ("nvidia-reboot-gate", "", "pods", "delete"),
         ("gpu-operator", "", "secrets", "get"),  # pull-secrets only, by name
     }
     [secrets] = [rule for rule in rbac_rules("pull-secrets") if rule["resources"] == ["secrets"]]

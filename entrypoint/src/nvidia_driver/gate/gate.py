@@ -44,6 +44,7 @@ from nvidia_driver.gate.managers import (
     Manager,
 )
 from nvidia_driver.gate.operator import GPU_PRESENT
+from nvidia_driver.gate.prepull import PrePull
 from nvidia_driver.gate.updateengine import SYSTEM_BUS, read_status
 from nvidia_driver.gate.verdict import Checker, Verdict, allowed, failure, held
 from nvidia_driver.log import say, warn
@@ -53,6 +54,7 @@ COMPONENT = "nvidia-reboot-gate"
 EVENTS_NAMESPACE = "default"  # where the API server keeps events about cluster-scoped objects
 DEFAULT_INTERVAL = 60.0
 CONFLICT_RETRIES = 5
+PREPULL_ENV = "REBOOT_GATE_PREPULL"  # "false": approve once the image is published
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ class Settings:
     approval: str = APPROVAL  # FLUO: the annotation listed in --before-reboot-annotations
     interval: float = DEFAULT_INTERVAL
     system_bus: Path = SYSTEM_BUS
+    prepull: bool = True  # the staged image onto the node before approving (prepull.py)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], manager: Manager, interval: float) -> Settings:
@@ -74,6 +77,7 @@ class Settings:
             pod_name=env.get("POD_NAME", "").strip(),
             approval=env.get(APPROVAL_ENV, "").strip() or APPROVAL,
             interval=interval,
+            prepull=env.get(PREPULL_ENV, "true").strip().lower() != "false",
         )
         needed = {"NODE_NAME": settings.node_name, "POD_NAMESPACE": settings.namespace}
         if manager is Manager.KURED:
@@ -99,6 +103,7 @@ class Gate:
     settings: Settings
     api: KubeAPI
     checker: Checker
+    prepull: PrePull | None = None
     status: Callable[[Path], str] = field(default=lambda bus: read_status(bus).staged)
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     _said: str = ""  # the last verdict reported as an event and a log line
@@ -165,7 +170,7 @@ class Gate:
                 return None  # FLUO is not asking (any more)
             if annotations.get(self.settings.approval) == TRUE:
                 return None  # approved already; FLUO removes the label next
-            verdict = self.checker.verdict(node, annotations.get(NEW_VERSION, ""))
+            verdict = self._pulled(self.checker.verdict(node, annotations.get(NEW_VERSION, "")))
             patch = {VERDICT: verdict.text}
             if verdict.allowed:
                 patch[self.settings.approval] = TRUE
@@ -187,7 +192,7 @@ class Gate:
             if not staged:
                 verdict = held("no Flatcar release is staged (update_engine waits for no reboot)")
             else:
-                verdict = self.checker.verdict(node, staged)
+                verdict = self._pulled(self.checker.verdict(node, staged))
             if not verdict.allowed:
                 self._pod_label(HELD)  # before the node says why: held is never late
             try:
@@ -208,6 +213,15 @@ class Gate:
         path = f"/api/v1/namespaces/{self.settings.namespace}/pods/{self.settings.pod_name}"
         self.api.merge_patch(path, {"metadata": {"labels": {POD_LABEL: value}}})
         self._label = value
+
+    def _pulled(self, verdict: Verdict) -> Verdict:
+        """An allowed verdict stands once the node has pulled its images; until then it holds."""
+        if not (verdict.allowed and verdict.pull and self.prepull is not None):
+            return verdict
+        waiting = self.prepull.waiting(verdict.pull, verdict.pull_secrets)
+        if waiting:
+            return held(f"{verdict.line}; {waiting}")
+        return allowed(f"{verdict.line}; on the node", verdict.pull, verdict.pull_secrets)
 
     # --- the node: annotation and event ----------------------------------------------------
 

@@ -179,6 +179,10 @@ class KubeAPI:
         answer = self._answer("POST", path, body=document, content_type="application/json")
         return _document(answer, "POST", path)
 
+    def delete(self, path: str) -> None:
+        """Delete the object; :class:`NotFoundError` if it is gone already."""
+        self._answer("DELETE", path)
+
     # --- one exchange, retried -------------------------------------------------------------
 
     def _answer(

@@ -22,6 +22,7 @@ from nvidia_driver.gate.buildcheck import BuildImage
 from nvidia_driver.gate.gate import Gate, Settings
 from nvidia_driver.gate.kubeapi import KubeAPI, namespace
 from nvidia_driver.gate.managers import Manager
+from nvidia_driver.gate.prepull import PrePull
 from nvidia_driver.gate.verdict import Checker, Releases
 from nvidia_driver.kbuild.cachedirs import cache_dir, work_dir
 from nvidia_driver.kbuild.release import FlatcarReleases
@@ -53,7 +54,8 @@ def make_gate(env: Mapping[str, str], manager: Manager, interval: float) -> Gate
             "set it to the namespace the GPU Operator runs in",
         ),
     )
-    return Gate(settings, api, checker)
+    prepull = PrePull(api, settings.namespace, settings.node_name) if settings.prepull else None
+    return Gate(settings, api, checker, prepull)
 
 
 def reboot_gate(env: Mapping[str, str], manager: str, interval: float, *, once: bool) -> int:

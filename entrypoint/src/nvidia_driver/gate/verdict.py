@@ -51,6 +51,9 @@ SHOWN = 3  # missing images named in the line; the rest are counted
 class Verdict:
     allowed: bool
     line: str  # one line, for the node's annotation, its event and the log
+    # allowed: the images the node pulls after the reboot (what a verdict says is its line)
+    pull: tuple[str, ...] = field(default=(), compare=False)
+    pull_secrets: tuple[str, ...] = field(default=(), compare=False)  # the Operator's, by name
 
     @property
     def text(self) -> str:
@@ -62,8 +65,9 @@ def held(line: str) -> Verdict:
     return Verdict(allowed=False, line=shown(line, ANNOTATION_SHOWN))
 
 
-def allowed(line: str) -> Verdict:
-    return Verdict(allowed=True, line=shown(line, ANNOTATION_SHOWN))
+def allowed(line: str, pull: tuple[str, ...] = (), pull_secrets: tuple[str, ...] = ()) -> Verdict:
+    return Verdict(allowed=True, line=shown(line, ANNOTATION_SHOWN), pull=pull,
+                   pull_secrets=pull_secrets)  # fmt: skip
 
 
 @dataclass
@@ -138,7 +142,10 @@ class Checker:
         said = [f"{', '.join(said)} published"] if wanted else [f"{spec.source} names a digest"]
         if build.note:
             said.append(build.note)
-        return allowed(f"{prefix}: {'; '.join(said)}")
+        # What this node pulls after the reboot: its arch's wanted images (for a digest, the
+        # one image every release runs, which it has already).
+        pull = tuple(image.reference for image in wanted if arch in image.arches)
+        return allowed(f"{prefix}: {'; '.join(said)}", pull, spec.pull_secrets)
 
     def _unpublished(self, spec: Spec, wanted: list[Wanted]) -> list[str]:
         """What is missing of the wanted images, one phrase each."""
