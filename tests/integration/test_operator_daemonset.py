@@ -9,6 +9,7 @@ the host's /run/nvidia/driver, the pid and status files, the startup probe, and 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from collections.abc import Iterator, Mapping
@@ -20,6 +21,7 @@ from fixtures.daemonset import (
     GRACE_SECONDS,
     HGX_H100,
     L40S_SERVER,
+    OPERATOR_COMMAND,
     READY_LINE,
     STARTUP_PROBE_SECONDS,
     DriverPod,
@@ -444,3 +446,36 @@ def test_a_pod_killed_with_sigkill_is_followed_by_one_that_serves_the_node(
             _assert_stops_cleanly(second, daemons)
     for name, pid in killed.items():
         assert process_gone(pid), f"the killed pod's {name} (pid {pid}) still runs"
+
+
+# The driver container as the real GPU Operator v25.3.4 renders it (the cluster session checks
+# the file against the Operator: tests/integration/data/README.md).
+RENDERED = Path(__file__).parent / "data" / "gpu-operator-v25.3.4-nvidia-driver-ctr.json"
+
+
+def test_the_driver_container_the_real_operator_v25_3_4_renders_reaches_ready(
+    precompiled: str, banner: str
+) -> None:
+    """Its command, its env (no DRIVER_CONFIG_DIGEST before v26; the downward API's values as
+    the harness's node has them), its mounts (each one the harness provides, or a path under
+    one), its inline startup probe and its preStop hook."""
+    rendered = json.loads(RENDERED.read_text())
+    assert (*rendered["command"], *rendered.get("args", [])) == OPERATOR_COMMAND
+    env: dict[str, str | None] = {item["name"]: item["value"] for item in rendered["env"]
+                                  if "value" in item}  # fmt: skip
+    env["DRIVER_CONFIG_DIGEST"] = None  # the Operator sets none before v26
+    node = flatcar_node(banner, L40S_SERVER)
+    with node_host(node) as host, driver_pod(precompiled, node, env, host=host) as pod:
+        provided = [option.split("dst=", 1)[1].split(",", 1)[0]
+                    for option in host.mounts]  # fmt: skip
+        for mount in rendered["volumeMounts"]:
+            path = mount["mountPath"]
+            assert any(path == dst or path.startswith(f"{dst}/") for dst in provided), path
+        pod.wait_for(READY_LINE)
+        probe = pod.exec(*rendered["startupProbe"]["exec"]["command"])
+        assert probe.returncode == 0, probe.stdout + probe.stderr
+        assert (pod.run_nvidia / "validations/.driver-ctr-ready").exists()
+        pre_stop = pod.exec(*rendered["lifecycle"]["preStop"]["exec"]["command"])
+        assert pre_stop.returncode == 0
+        assert not (pod.run_nvidia / "validations/.driver-ctr-ready").exists()
+        assert pod.stop() == 0, pod.output

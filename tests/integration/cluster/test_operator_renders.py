@@ -10,6 +10,8 @@ Operator's own code, not against our reading of it.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -39,6 +41,10 @@ BRANCH = DRIVER.split(".", 1)[0]
 # 4459.2.0 and alpha 4515.0.0 both run 6.12.54.
 STABLE, ALPHA, KERNEL = "4459.2.0", "4515.0.0", "6.12.54-flatcar"
 DRIVER_CONTAINER = "nvidia-driver-ctr"
+# The driver container as this Operator renders it, which the docker harness runs.
+RENDERED = ROOT / "tests" / "integration" / "data" / "gpu-operator-v25.3.4-nvidia-driver-ctr.json"
+RENDERED_FIELDS = ("name", "command", "args", "env", "volumeMounts", "startupProbe", "lifecycle",
+                   "securityContext")  # fmt: skip
 # A one-character change to our tag scheme, run in the same tasks.py (the check must fail).
 MUTANT = "import nvidia_driver.sources.gpuoperator as g; g.OS_ID = 'Flatcar'; "
 
@@ -114,6 +120,28 @@ def test_cluster_policy_default_asks_for_a_published_precompiled_tag(
     clean.apply(cluster_policy(operator_module, version=DRIVER))
     (image,) = rendered(clean).values()
     assert image in published("precompiled", STABLE, releases_feed)
+
+
+def test_the_driver_container_is_the_one_the_integration_suite_runs(
+    clean: Cluster, operator_module: Path
+) -> None:
+    """The Operator's driver container, kept in tests/integration/data for the docker harness
+    (test_operator_daemonset.py): the file is what this Operator renders, field for field."""
+    register_node(clean, flatcar_node("gpu-stable", STABLE, KERNEL))
+    clean.apply(cluster_policy(operator_module, version=DRIVER))
+    (name,) = rendered(clean)
+    daemonset = clean.get(f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets/{name}")
+    spec = daemonset["spec"]["template"]["spec"]
+    (container,) = [c for c in spec["containers"] if c["name"] == DRIVER_CONTAINER]
+    volumes = {volume["name"]: volume for volume in spec["volumes"]}
+    found = {key: container[key] for key in RENDERED_FIELDS if key in container}
+    found["volumes"] = [volumes[mount["name"]] for mount in container["volumeMounts"]]
+    if os.environ.get("GDC_WRITE_RENDERED") == "1":
+        RENDERED.write_text(json.dumps(found, indent=1, sort_keys=True) + "\n")
+    assert found == json.loads(RENDERED.read_text()), (
+        f"the Operator renders another driver container than {RENDERED.name}: if that is the "
+        "Operator's new version, rerun with GDC_WRITE_RENDERED=1 and review the diff"
+    )
 
 
 def test_cluster_policy_build_image_version_asks_for_a_published_alias(
