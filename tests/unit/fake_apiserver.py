@@ -1,4 +1,11 @@
-"""A Kubernetes API server on 127.0.0.1 for the reboot gate's tests: no real one runs here.
+"""A stand-in Kubernetes API server on 127.0.0.1 for the reboot gate's unit tests.
+
+The real kube-apiserver runs in ``nox -s cluster`` (tests/integration/cluster), and the gate's
+behaviour against it is tested there: its RBAC, Events about Nodes in ``default``
+(``legacyValidateEvent``), the pre-pull pod under ``restricted`` Pod Security. This one is kept
+for what a real server cannot be made to do on demand: answer 5xx or 429 to chosen requests,
+change an object between the gate's read and its write, serve hostile bodies; and for unit tests
+that run in milliseconds without root or Go.
 
 It keeps objects in memory and enforces the semantics the gate and the reboot managers rely on,
 as the real API server defines them (k8s.io/apiserver; the API conventions, "Concurrency
