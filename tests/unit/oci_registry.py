@@ -161,20 +161,7 @@ class OCIRegistry(LocalServer):
             self._token(handler, urllib.parse.parse_qs(url.query))
             return
         head = method == "HEAD"  # a HEAD answer has headers only, or keep-alive breaks
-        if url.path in self.spoiled and method in {"GET", "HEAD"}:
-            status, spoiled_body, headers = self.spoiled[url.path]
-            _send(handler, status, spoiled_body, headers, head=head)
-            return
-        with self._lock:
-            spoiled = self.burst.pop(0) if self.burst else None
-        if spoiled is not None:
-            status, retry_after = spoiled
-            headers = {"Retry-After": retry_after} if retry_after else {}
-            _send(handler, status, b'{"errors":[{"code":"TOOMANYREQUESTS"}]}', headers, head=head)
-            return
-        if self.status:
-            down = b'{"errors":[{"code":"UNAVAILABLE","message":"down"}]}'
-            _send(handler, self.status, down, head=head)
+        if self._broken(handler, url.path):
             return
         name, kind, reference = _split(url.path)
         actions = "pull,push" if method in {"PUT", "POST"} else "pull"
@@ -204,6 +191,27 @@ class OCIRegistry(LocalServer):
             headers = {"Content-Type": stored.media_type,
                        "Docker-Content-Digest": digest_of(stored.body)}  # fmt: skip
             _send(handler, HTTPStatus.OK, stored.body, headers, head=head)
+
+    def _broken(self, handler: BaseHTTPRequestHandler, path: str) -> bool:
+        """Whether a fault answered the request: ``spoiled``, ``burst`` or ``status``."""
+        method = handler.command
+        head = method == "HEAD"
+        if path in self.spoiled and method in {"GET", "HEAD"}:
+            status, spoiled_body, headers = self.spoiled[path]
+            _send(handler, status, spoiled_body, headers, head=head)
+            return True
+        with self._lock:
+            spoiled = self.burst.pop(0) if self.burst else None
+        if spoiled is not None:
+            status, retry_after = spoiled
+            headers = {"Retry-After": retry_after} if retry_after else {}
+            _send(handler, status, b'{"errors":[{"code":"TOOMANYREQUESTS"}]}', headers, head=head)
+            return True
+        if self.status:
+            down = b'{"errors":[{"code":"UNAVAILABLE","message":"down"}]}'
+            _send(handler, self.status, down, head=head)
+            return True
+        return False
 
     def _upload(self, handler: BaseHTTPRequestHandler, name: str, url: urllib.parse.SplitResult,
                 body: bytes) -> None:  # fmt: skip
