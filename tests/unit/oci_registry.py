@@ -6,10 +6,11 @@ refused (400 DIGEST_INVALID) when the bytes are not that digest's.
 
 Optional ghcr.io-style token auth: a 401 with a Bearer challenge, a token endpoint that checks
 basic credentials and hands out a token for the scope asked. ``status`` answers every /v2
-request with that HTTP status instead (a broken registry). With ``blob_storage`` a blob GET is
-answered 307 to that URL (``?digest=`` appended), as ghcr.io and Docker Hub send blobs to their
-storage hosts. ``spoiled`` answers the GETs and HEADs of the paths it names with the status,
-body and headers it gives (a registry that lies or breaks for one image).
+request with that HTTP status instead (a broken registry), ``head_status`` every HEAD (one
+that answers no HEAD). With ``blob_storage`` a blob GET is answered 307 to that URL
+(``?digest=`` appended), as ghcr.io and Docker Hub send blobs to their storage hosts.
+``spoiled`` answers the GETs and HEADs of the paths it names with the status, body and headers
+it gives (a registry that lies or breaks for one image).
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class OCIRegistry(LocalServer):
     password: str = ""
     status: int = 0  # answer every /v2 request with this status when set
     blob_storage: str = ""  # blob GETs are redirected (307) here when set
+    head_status: int = 0  # answer every HEAD with this status when set (a registry without HEAD)
     burst: list[tuple[int, str]] = field(default_factory=list)  # (status, Retry-After) next
     spoiled: dict[str, tuple[int, bytes, dict[str, str]]] = field(default_factory=dict)  # by path
     manifests: dict[str, dict[str, Stored]] = field(default_factory=dict)  # name -> ref -> ...
@@ -207,9 +209,9 @@ class OCIRegistry(LocalServer):
             headers = {"Retry-After": retry_after} if retry_after else {}
             _send(handler, status, b'{"errors":[{"code":"TOOMANYREQUESTS"}]}', headers, head=head)
             return True
-        if self.status:
+        if self.status or (head and self.head_status):
             down = b'{"errors":[{"code":"UNAVAILABLE","message":"down"}]}'
-            _send(handler, self.status, down, head=head)
+            _send(handler, self.status or self.head_status, down, head=head)
             return True
         return False
 

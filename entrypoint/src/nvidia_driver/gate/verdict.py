@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,7 +98,8 @@ class Checker:
     releases: Releases
     build: BuildImage
     operator_namespace: str
-    registry: Callable[[Mapping[str, Credentials]], Registry] = Registry
+    # One per gate process: its tokens and verdicts are reused from look to look.
+    registry: Registry = field(default_factory=Registry)
     prefs: Path = PREFS  # update_engine's, where a staged release of 0.0.0 is looked up
 
     def verdict(self, node: Mapping[str, Any], staged: str) -> Verdict:
@@ -156,11 +157,12 @@ class Checker:
 
     def _unpublished(self, spec: Spec, wanted: list[Wanted]) -> list[str]:
         """What is missing of the wanted images, one phrase each."""
-        registry = self.registry(self._credentials(spec))
+        credentials = self._credentials(spec)
         missing: list[str] = []
         for image in wanted:
             for pulling in sorted(image.arches):
-                presence = registry.presence(ImageRef.parse(image.reference), pulling)
+                reference = ImageRef.parse(image.reference)
+                presence = self.registry.presence(reference, pulling, credentials)
                 if presence is Presence.MISSING:
                     missing.append(f"{image.reference} not published yet")
                     break
