@@ -36,8 +36,10 @@ OPERATOR_NAMESPACE = "gpu-operator"
 FEED_DEADLINE = 300.0  # seconds: the feed is ~2 MB, a pass should not wait for it for hours
 
 
-def make_gate(env: Mapping[str, str], manager: Manager, interval: float) -> Gate:
-    settings = Settings.from_env(env, manager, interval)
+def make_gate(
+    env: Mapping[str, str], manager: Manager, interval: float, *, others: bool = False
+) -> Gate:
+    settings = Settings.from_env(env, manager, interval, others=others)
     api = KubeAPI.from_env(env)
     commands = Commands(dict(env))
     releases = FlatcarReleases.from_env(commands, cache_dir(CACHE, env), work_dir(WORK, env), env)
@@ -56,8 +58,10 @@ def make_gate(env: Mapping[str, str], manager: Manager, interval: float) -> Gate
     return Gate(settings, api, checker)
 
 
-def reboot_gate(env: Mapping[str, str], manager: str, interval: float, *, once: bool) -> int:
-    gate = make_gate(env, Manager(manager), interval)
+def reboot_gate(
+    env: Mapping[str, str], manager: str, interval: float, *, once: bool, others: bool = False
+) -> int:
+    gate = make_gate(env, Manager(manager), interval, others=others)
     if once:
         verdict = gate.look()
         say(verdict.text if verdict else "Nothing to decide: no reboot is being asked for")
