@@ -200,6 +200,17 @@ class Agent:
 
         self.client.update_node_retry(self.node, change)
 
+    def rebooted(self) -> None:
+        """The node came back on its new release: process, on the agent's start."""
+
+        def change(node: dict[str, Any]) -> None:
+            node["metadata"]["annotations"].update(
+                {REBOOT_NEEDED: FALSE, REBOOT_IN_PROGRESS: FALSE}
+            )
+            node["metadata"]["labels"][REBOOT_NEEDED] = FALSE
+
+        self.client.update_node_retry(self.node, change)
+
     def may_reboot(self) -> bool:
         """What the agent waits for: reboot-ok=true."""
         node = next(n for n in self.client.nodes() if n["metadata"]["name"] == self.node)

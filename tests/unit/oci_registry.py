@@ -6,10 +6,11 @@ refused (400 DIGEST_INVALID) when the bytes are not that digest's.
 
 Optional ghcr.io-style token auth: a 401 with a Bearer challenge, a token endpoint that checks
 basic credentials and hands out a token for the scope asked. ``status`` answers every /v2
-request with that HTTP status instead (a broken registry). With ``blob_storage`` a blob GET is
-answered 307 to that URL (``?digest=`` appended), as ghcr.io and Docker Hub send blobs to their
-storage hosts. ``spoiled`` answers the GETs and HEADs of the paths it names with the status,
-body and headers it gives (a registry that lies or breaks for one image).
+request with that HTTP status instead (a broken registry), ``head_status`` every HEAD (one
+that answers no HEAD). With ``blob_storage`` a blob GET is answered 307 to that URL
+(``?digest=`` appended), as ghcr.io and Docker Hub send blobs to their storage hosts.
+``spoiled`` answers the GETs and HEADs of the paths it names with the status, body and headers
+it gives (a registry that lies or breaks for one image).
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class OCIRegistry(LocalServer):
     password: str = ""
     status: int = 0  # answer every /v2 request with this status when set
     blob_storage: str = ""  # blob GETs are redirected (307) here when set
+    head_status: int = 0  # answer every HEAD with this status when set (a registry without HEAD)
     burst: list[tuple[int, str]] = field(default_factory=list)  # (status, Retry-After) next
     spoiled: dict[str, tuple[int, bytes, dict[str, str]]] = field(default_factory=dict)  # by path
     manifests: dict[str, dict[str, Stored]] = field(default_factory=dict)  # name -> ref -> ...
@@ -161,7 +163,7 @@ class OCIRegistry(LocalServer):
             self._token(handler, urllib.parse.parse_qs(url.query))
             return
         head = method == "HEAD"  # a HEAD answer has headers only, or keep-alive breaks
-        if self._injected(handler, url.path, head=head):
+        if self._broken(handler, url.path):
             return
         name, kind, reference = _split(url.path)
         actions = "pull,push" if method in {"PUT", "POST"} else "pull"
@@ -192,9 +194,11 @@ class OCIRegistry(LocalServer):
                        "Docker-Content-Digest": digest_of(stored.body)}  # fmt: skip
             _send(handler, HTTPStatus.OK, stored.body, headers, head=head)
 
-    def _injected(self, handler: BaseHTTPRequestHandler, path: str, *, head: bool) -> bool:
-        """Answer with a fault when one is set for this request (spoiled, burst, status)."""
-        if path in self.spoiled and handler.command in {"GET", "HEAD"}:
+    def _broken(self, handler: BaseHTTPRequestHandler, path: str) -> bool:
+        """Whether a fault answered the request: ``spoiled``, ``burst`` or ``status``."""
+        method = handler.command
+        head = method == "HEAD"
+        if path in self.spoiled and method in {"GET", "HEAD"}:
             status, spoiled_body, headers = self.spoiled[path]
             _send(handler, status, spoiled_body, headers, head=head)
             return True
@@ -205,9 +209,9 @@ class OCIRegistry(LocalServer):
             headers = {"Retry-After": retry_after} if retry_after else {}
             _send(handler, status, b'{"errors":[{"code":"TOOMANYREQUESTS"}]}', headers, head=head)
             return True
-        if self.status:
+        if self.status or (head and self.head_status):
             down = b'{"errors":[{"code":"UNAVAILABLE","message":"down"}]}'
-            _send(handler, self.status, down, head=head)
+            _send(handler, self.status or self.head_status, down, head=head)
             return True
         return False
 

@@ -125,6 +125,11 @@ def _gate_options(sub: argparse.ArgumentParser) -> None:
         help="how often to look again while a reboot is held (default 60)",
     )  # fmt: skip
     sub.add_argument("--once", action="store_true", help="decide once, print it and exit")
+    sub.add_argument(
+        "--others", action="store_true",
+        help="FLUO: approve the nodes no gate pod judges (without GPUs, or without a driver "
+        "from the GPU Operator) instead of this node: the Deployment's mode",
+    )  # fmt: skip
 
 
 def _seconds(text: str) -> float:
@@ -161,7 +166,9 @@ def _init_options(args: argparse.Namespace, env: dict[str, str]) -> None:
 def reboot_gate(args: argparse.Namespace) -> int:
     from nvidia_driver.gate.main import reboot_gate  # noqa: PLC0415 - keeps --help fast
 
-    return reboot_gate(dict(os.environ), args.manager, args.interval, once=args.once)
+    return reboot_gate(
+        dict(os.environ), args.manager, args.interval, once=args.once, others=args.others
+    )
 
 
 def dispatch(args: argparse.Namespace) -> int:

@@ -26,7 +26,7 @@ from nvidia_driver.gate.gate import Gate, Settings
 from nvidia_driver.gate.http import Client, Limits
 from nvidia_driver.gate.kubeapi import KubeAPI
 from nvidia_driver.gate.managers import Manager
-from nvidia_driver.gate.registry import Credentials, Registry
+from nvidia_driver.gate.registry import Registry
 from nvidia_driver.gate.verdict import Checker, Releases
 from nvidia_driver.kbuild.release import FlatcarReleases
 from nvidia_driver.sources.download import Backoff, Downloader, DownloadLimits
@@ -157,11 +157,6 @@ class Cluster:
         )
 
     def checker(self, api: KubeAPI, build: BuildImage | None = None) -> Checker:
-        def registry(credentials: dict[str, Credentials]) -> Registry:
-            return Registry(
-                credentials, backoff=Backoff(attempts=2, first_delay=0.5), sleep=self.sleeps.append
-            )
-
         downloader = Downloader(DownloadLimits(timeout=5, deadline=10), Backoff(attempts=1))
         commands = Commands({"PATH": str(self.tmp / "no-compilers")})
         releases = FlatcarReleases(commands, self.tmp / "cache", self.tmp / "work")
@@ -170,7 +165,11 @@ class Cluster:
             Releases(self.feed_file.as_uri(), downloader),
             build or BuildImage("610.57.04", commands, releases),
             operator_namespace="gpu-operator",
-            registry=registry,
+            registry=Registry(
+                backoff=Backoff(attempts=2, first_delay=0.5),
+                sleep=self.sleeps.append,
+                jitter=float,  # the backoff's own pauses
+            ),
             prefs=self.tmp / "prefs",
         )
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from conftest import STAGED, Cluster
+import yaml
+from conftest import DEPLOY, STAGED, Cluster
 from fake_apiserver import Fault
 from fluo_sim import BEFORE_REBOOT, NEW_VERSION, Agent, Client, Operator
 
-from nvidia_driver.gate.managers import APPROVAL, VERDICT
+from nvidia_driver.cli import parser
+from nvidia_driver.gate.gate import Gate
+from nvidia_driver.gate.managers import APPROVAL, VERDICT, Manager
 
 NEW = "610.57.04-flatcar4593.2.5"
 
@@ -26,21 +29,92 @@ def _asked_with_its_image_published(cluster: Cluster) -> None:
     operator.process()
 
 
-def test_the_gates_approve_the_nodes_fluo_asks_about_that_have_no_gpu(cluster: Cluster) -> None:
-    """FLUO waits for its annotations on every node; the gate runs on GPU nodes only."""
+def _deployed(cluster: Cluster) -> list[Gate]:
+    """The FLUO variant's gate pods, placed as the scheduler places deploy/reboot-gate/fluo on
+    the cluster's nodes: a DaemonSet's on every node its nodeSelector takes, a Deployment's
+    replicas on any node; each runs as its container's args say."""
+    nodes = cluster.api.items("/api/v1/nodes")
+    gates = []
+    for path in sorted((DEPLOY / "fluo").glob("*.yaml")):
+        document = yaml.safe_load(path.read_text())
+        if document["kind"] not in {"DaemonSet", "Deployment"}:
+            continue
+        pod = document["spec"]["template"]["spec"]
+        [container] = pod["containers"]
+        args = parser().parse_args(container["args"])
+        selector = pod.get("nodeSelector", {})
+        taking = [
+            node["metadata"]["name"]
+            for node in nodes
+            if all(node["metadata"]["labels"].get(k) == v for k, v in selector.items())
+        ]
+        if document["kind"] == "Deployment":
+            taking = taking[:1] * document["spec"]["replicas"]
+        gates += [cluster.gate(name, Manager(args.manager), others=args.others) for name in taking]
+    return gates
+
+
+def _update(cluster: Cluster, names: list[str]) -> list[str]:
+    """Every node stages STAGED; FLUO and the deployed gates run until no node may reboot any
+    more: the nodes in the order they rebooted."""
+    operator, client = _fluo(cluster)
+    for name in names:
+        Agent(client, name).update_engine_staged(STAGED)
+    rebooted: list[str] = []
+    for _ in range(4 * len(names)):
+        operator.process()
+        for gate in _deployed(cluster):
+            gate.step()
+        for name in names:
+            if name not in rebooted and Agent(client, name).may_reboot():
+                Agent(client, name).rebooted()
+                rebooted.append(name)
+    return rebooted
+
+
+def test_a_cluster_without_gpu_nodes_updates_under_fluo(cluster: Cluster) -> None:
+    """No GPU node (a GPU pool scaled to zero): no DaemonSet gate runs, and FLUO still waits
+    for the gate's annotation on every node it picks. The Deployment approves them."""
+    names = ["cpu-1", "cpu-2", "cpu-3"]
+    for name in names:
+        cluster.add_node(name, gpu=False)
+    assert sorted(_update(cluster, names)) == names
+    annotations = cluster.node("cpu-1")["metadata"]["annotations"]
+    assert annotations[VERDICT] == "allowed: not a GPU node (no nvidia.com/gpu.present=true label)"
+
+
+def test_gpu_nodes_the_operator_installs_no_driver_on_update_without_their_gates(
+    cluster: Cluster,
+) -> None:
+    """The Operator not installed, and the gate's DaemonSet gone: the Deployment approves."""
+    names = ["gpu-1", "gpu-2"]
+    for name in names:
+        cluster.add_node(name)
+    cluster.api.not_installed |= {"clusterpolicies", "nvidiadrivers", "gpuclusters"}
+    operator, client = _fluo(cluster)
+    Agent(client, "gpu-1").update_engine_staged(STAGED)
+    operator.process()
+    [deployment] = [gate for gate in _deployed(cluster) if gate.settings.others]
+    deployment.step()
+    assert cluster.node("gpu-1")["metadata"]["annotations"][VERDICT] == (
+        "allowed: the GPU Operator is not installed (no ClusterPolicy or NVIDIADriver CRD)"
+    )
+
+
+def test_the_deployment_leaves_a_gpu_node_with_a_driver_to_its_own_gate(cluster: Cluster) -> None:
+    """Only the node's own gate may approve it: the Deployment never judges an image."""
     cluster.add_node("gpu-1")
     cluster.add_node("cpu-1", gpu=False)
     cluster.cluster_policy("610.57.04")
+    # cpu-1 goes (the Deployment), then gpu-1 is held (its own gate): FLUO halts there
+    assert _update(cluster, ["gpu-1", "cpu-1"]) == ["cpu-1"]
+    assert APPROVAL not in cluster.node("gpu-1")["metadata"]["annotations"]
+    cluster.publish(NEW)
     operator, client = _fluo(cluster)
-    Agent(client, "cpu-1").update_engine_staged(STAGED)
+    for gate in _deployed(cluster):
+        gate.step()
     operator.process()
-    assert cluster.node("cpu-1")["metadata"]["labels"][BEFORE_REBOOT] == "true"
-    assert cluster.gate("gpu-1").step() is None  # its own node is not asked about
-    annotations = cluster.node("cpu-1")["metadata"]["annotations"]
-    assert annotations[APPROVAL] == "true"
-    assert annotations[VERDICT] == "allowed: not a GPU node (no nvidia.com/gpu.present=true label)"
-    operator.process()
-    assert Agent(client, "cpu-1").may_reboot()
+    assert Agent(client, "gpu-1").may_reboot()
 
 
 def test_a_held_gpu_node_halts_fluo_until_its_image_is_published(cluster: Cluster) -> None:

@@ -127,8 +127,9 @@ def test_a_step_that_meets_an_unreadable_node_holds_and_the_gate_runs_on(
         node["metadata"]["annotations"] = {NEW_VERSION: STAGED, VERDICT: []}
 
     cluster.api.edit("/api/v1/nodes/gpu-1", asked)
-    cluster.api.raw["/api/v1/nodes"] = b'{"items": [{"metadata": []}]}'  # the CPU nodes' list
-    cluster.gate("gpu-1").run(_Once())
+    # the list of the nodes FLUO asks about, which the Deployment's gate (--others) reads
+    cluster.api.raw["/api/v1/nodes"] = b'{"items": [{"metadata": []}]}'
+    cluster.gate("gpu-1", others=True).run(_Once())
     out = capsys.readouterr().out
     assert "the reboot stays held" in out
     assert "Traceback" not in out

@@ -34,10 +34,8 @@ def registry() -> Iterator[OCIRegistry]:
         yield served
 
 
-def _client(credentials: dict[str, Credentials] | None = None) -> Registry:
-    return Registry(
-        credentials or {}, backoff=Backoff(attempts=2, first_delay=0.1), sleep=lambda _: None
-    )
+def _client() -> Registry:
+    return Registry(backoff=Backoff(attempts=2, first_delay=0.1), sleep=lambda _: None)
 
 
 def test_a_tag_is_missing_until_published(registry: OCIRegistry) -> None:
@@ -72,13 +70,14 @@ def test_a_private_registry_takes_the_pull_secrets_credentials(registry: OCIRegi
     registry.username, registry.password = "robot", "s3cret"
     registry.add_image("o/driver", [TAG])
     image = ImageRef.parse(f"{registry.host}/o/driver:{TAG}")
-    client = _client({registry.host: Credentials("robot", "s3cret")})
-    assert client.presence(image, "amd64") is Presence.PUBLISHED
-    assert client.presence(image, "amd64") is Presence.PUBLISHED  # the token is kept
-    assert registry.tokens_issued == ["repository:o/driver:pull"]
-    wrong = _client({registry.host: Credentials("robot", "wrong")})
+    client = _client()
+    credentials = {registry.host: Credentials("robot", "s3cret")}
+    assert client.presence(image, "amd64", credentials) is Presence.PUBLISHED
+    assert client.presence(image, "arm64", credentials) is Presence.NO_ARCH
+    assert registry.tokens_issued == ["repository:o/driver:pull"]  # the token is kept
+    wrong = {registry.host: Credentials("robot", "wrong")}
     with pytest.raises(DriverError, match=r"the registry refused the pull secret's credentials"):
-        wrong.presence(image, "amd64")
+        _client().presence(image, "amd64", wrong)
 
 
 @pytest.mark.parametrize(
@@ -145,9 +144,8 @@ def test_docker_config_json_in_every_form_kubectl_and_docker_write() -> None:
 def _trusting(certificate: Path) -> Registry:
     """A client that trusts the storage host's throw-away certificate."""
     context = ssl.create_default_context(cafile=str(certificate))
-    return Registry(
-        {}, client=Client(LIMITS, context), backoff=Backoff(attempts=1), sleep=lambda _: None
-    )
+    client = Client(LIMITS, context)
+    return Registry(client=client, backoff=Backoff(attempts=1), sleep=lambda _: None)
 
 
 def test_a_blob_redirected_to_an_https_storage_host_is_followed_without_credentials(
@@ -162,9 +160,9 @@ def test_a_blob_redirected_to_an_https_storage_host_is_followed_without_credenti
     with tls_server(tmp_path, config) as storage:
         registry.blob_storage = storage.url
         client = _trusting(storage.certificate)
-        client.credentials = {registry.host: Credentials("robot", "s3cret")}
-        assert client.presence(image, "amd64") is Presence.PUBLISHED
-        assert client.presence(image, "arm64") is Presence.NO_ARCH
+        credentials = {registry.host: Credentials("robot", "s3cret")}
+        assert client.presence(image, "amd64", credentials) is Presence.PUBLISHED
+        assert client.presence(image, "arm64", credentials) is Presence.NO_ARCH
         assert storage.headers
         assert not any("Authorization" in headers for headers in storage.headers)
 

@@ -107,3 +107,34 @@ def test_the_rbac_grants_what_the_gate_uses_and_nothing_else() -> None:
     }
     [secrets] = [rule for rule in rbac_rules("pull-secrets") if rule["resources"] == ["secrets"]]
     assert secrets["resourceNames"]  # never every secret of the Operator's namespace
+
+
+def test_the_fluo_variant_approves_the_nodes_without_a_gate_from_one_unprivileged_replica() -> None:
+    """FLUO waits for the annotation on every node: the nodes no gate pod runs on are approved
+    by a Deployment that may run on any node, restricted and with nothing of the host."""
+    deployment = yaml.safe_load((DEPLOY / "fluo" / "0600_deployment.yaml").read_text())
+    assert deployment["kind"] == "Deployment"
+    assert deployment["spec"]["replicas"] == 1
+    template = deployment["spec"]["template"]
+    spec = template["spec"]
+    [container] = spec["containers"]
+    assert "nodeSelector" not in spec
+    assert "affinity" not in spec
+    assert container["image"] == _container("fluo")["image"]  # no other image to pull
+    assert container["args"] == ["reboot-gate", "--manager", "fluo", "--others"]
+    env = {item["name"]: item.get("value", item.get("valueFrom")) for item in container["env"]}
+    assert env[APPROVAL_ENV] == APPROVAL
+    # its pods are not the DaemonSet's, whose selector must not take them
+    daemonset_selector = _daemonset("fluo")["spec"]["selector"]["matchLabels"]
+    assert not daemonset_selector.items() <= template["metadata"]["labels"].items()
+    assert spec["securityContext"]["runAsNonRoot"]
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    context = container["securityContext"]
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["readOnlyRootFilesystem"]
+    assert context["capabilities"] == {"drop": ["ALL"]}
+    assert "volumes" not in spec
+    assert (
+        spec["serviceAccountName"]
+        == _daemonset("fluo")["spec"]["template"]["spec"]["serviceAccountName"]
+    )

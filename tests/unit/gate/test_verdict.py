@@ -303,7 +303,7 @@ def test_a_broken_registry_holds(cluster: Cluster) -> None:
     verdict = _judge(cluster)
     assert not verdict.allowed
     assert verdict.line.endswith(
-        f"/o/driver:610.57.04-flatcar{B}: the registry answered 503: UNAVAILABLE down"
+        f"/o/driver:610.57.04-flatcar{B}: the registry answered 503"  # to a HEAD: no body
     )
 
 
@@ -373,4 +373,28 @@ def test_a_staged_release_of_0_0_0_is_read_from_update_engines_saved_answer(
     cluster.write_feed()
     assert _judge(cluster, staged="0.0.0") == allowed(
         f"flatcar {B}: {cluster.repository}/driver:610.57.04-flatcar{B} published"
+    )
+
+
+def test_use_precompiled_holds_a_release_whose_kernel_another_release_already_runs(
+    cluster: Cluster,
+) -> None:
+    """The Operator maps each GPU node's kernel to its OS and refuses the whole ClusterPolicy
+    when one kernel meets two releases (object_controls.go getKernelVersionsMap: "different OS
+    versions found for the same kernel version"): every GPU node loses its driver reconcile,
+    however many tags are published."""
+    cluster.add_node("gpu-1")
+    # gpu-2 on another release with B's kernel: one 6.12 kernel often ships in two channels
+    release = "feature.node.kubernetes.io/system-os_release.VERSION_ID"
+    kernel = "feature.node.kubernetes.io/kernel-version.full"
+    cluster.add_node("gpu-2", "4628.1.2", labels={release: "4628.1.2", kernel: KB})
+    cluster.cluster_policy("610", precompiled=True)
+    for version in (B, "4628.1.2"):
+        cluster.publish(f"610-{KB}-flatcar{version}")
+    assert _judge(cluster) == held(
+        f"flatcar {B}: its kernel {KB} is also gpu-2's, on flatcar 4628.1.2: with "
+        'usePrecompiled the Operator then refuses ClusterPolicy cluster-policy ("different OS '
+        'versions found for the same kernel version", object_controls.go) and reconciles no '
+        "GPU node's driver; use the NVIDIADriver resource, a pool per release "
+        "(docs/gpu-operator.md, mode 4)"
     )

@@ -4,9 +4,10 @@ Every :attr:`Settings.interval` seconds, :meth:`Gate.step`:
 
 * FLUO: when the operator has labelled the node ``before-reboot=true`` and the gate's approval
   annotation is not ``true`` yet, judges FLUO's ``new-version``: holds (leaves the approval
-  unset) or sets it ``true``. FLUO waits for its annotations on every node, so the gates also
-  approve the nodes without ``nvidia.com/gpu.present=true`` that FLUO labels (the gate runs on
-  GPU nodes only, where its image's layers already are: a CPU node pulls nothing).
+  unset) or sets it ``true``. FLUO waits for its annotations on every node, and the gate pods
+  run on GPU nodes only (where the image's layers already are), so one more gate, a
+  Deployment's (``--others``), approves the nodes no gate pod judges: a cluster with no GPU
+  node, or no gate pod, still updates.
 * kured: asks update_engine what it staged; while nothing is, or the staged release is held,
   its own pod carries ``reboot-gate=held`` (which kured's ``--blocking-pod-selector`` names);
   for a release its image serves, ``open``.
@@ -43,7 +44,7 @@ from nvidia_driver.gate.managers import (
     VERDICT,
     Manager,
 )
-from nvidia_driver.gate.operator import GPU_PRESENT
+from nvidia_driver.gate.operator import GPU_PRESENT, driver_spec
 from nvidia_driver.gate.prepull import PrePull
 from nvidia_driver.gate.updateengine import SYSTEM_BUS, read_status
 from nvidia_driver.gate.verdict import Checker, Verdict, allowed, failure, held
@@ -67,9 +68,17 @@ class Settings:
     interval: float = DEFAULT_INTERVAL
     system_bus: Path = SYSTEM_BUS
     prepull: bool = True  # the staged image onto the node before approving (prepull.py)
+    others: bool = False  # FLUO: approve the nodes no gate judges, not node_name (--others)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str], manager: Manager, interval: float) -> Settings:
+    def from_env(
+        cls, env: Mapping[str, str], manager: Manager, interval: float, *, others: bool = False
+    ) -> Settings:
+        if others and manager is not Manager.FLUO:
+            raise DriverError(
+                "--others is for FLUO: kured's blocking pods hold only their own node, so "
+                "nodes without a gate reboot without one"
+            )
         settings = cls(
             node_name=env.get("NODE_NAME", "").strip(),
             manager=manager,
@@ -78,8 +87,11 @@ class Settings:
             approval=env.get(APPROVAL_ENV, "").strip() or APPROVAL,
             interval=interval,
             prepull=env.get(PREPULL_ENV, "true").strip().lower() != "false",
+            others=others,
         )
-        needed = {"NODE_NAME": settings.node_name, "POD_NAMESPACE": settings.namespace}
+        needed = {"POD_NAMESPACE": settings.namespace}
+        if not others:
+            needed["NODE_NAME"] = settings.node_name
         if manager is Manager.KURED:
             needed["POD_NAME"] = settings.pod_name
         unset = [name for name, value in needed.items() if not value]
@@ -92,7 +104,8 @@ class Settings:
         fix = "set it to the Kubernetes name deploy/reboot-gate gives it"
         check(settings.approval, APPROVAL_ENV, fix)
         namespace(settings.namespace, "POD_NAMESPACE", fix)
-        object_name(settings.node_name, "NODE_NAME", fix)
+        if not others:
+            object_name(settings.node_name, "NODE_NAME", fix)
         if manager is Manager.KURED:
             object_name(settings.pod_name, "POD_NAME", fix)
         return settings
@@ -115,13 +128,17 @@ class Gate:
 
     def step(self) -> Verdict | None:
         """One look at the node; the verdict, or None when there is nothing to decide."""
+        if self.settings.others:
+            self._approve_other_nodes()
+            return None
         if self.settings.manager is Manager.FLUO:
-            return self._fluo()
+            return self._fluo_own()
         return self._kured()
 
     def run(self, stop: threading.Event) -> None:
         """Look every interval until ``stop`` is set."""
-        say(f"Reboot gate on node {self.settings.node_name} ({self.settings.manager})")
+        where = "the nodes no gate pod judges" if self.settings.others else "node"
+        say(f"Reboot gate for {where} {self.settings.node_name} ({self.settings.manager})")
         if self.settings.manager is Manager.KURED:
             self._pod_label(HELD)  # a restarted gate holds until it has looked again
         while not stop.is_set():
@@ -144,23 +161,27 @@ class Gate:
 
     # --- FLUO ------------------------------------------------------------------------------
 
-    def _fluo(self) -> Verdict | None:
-        verdict = self._fluo_own()
-        self._approve_other_nodes()
-        return verdict
-
     def _approve_other_nodes(self) -> None:
-        """Approve the nodes FLUO asks about that no gate runs on: those without GPUs."""
-        for node in self.api.list("/api/v1/nodes", f"{BEFORE_REBOOT}={TRUE},{GPU_PRESENT}!={TRUE}"):
+        """Approve the nodes FLUO asks about that no gate pod judges: those without GPUs, and
+        GPU nodes the Operator installs no driver on. FLUO waits for the annotation on every
+        node it picks, so without this a cluster with no gate pod stops updating."""
+        for node in self.api.list("/api/v1/nodes", f"{BEFORE_REBOOT}={TRUE}"):
             if _annotations(node).get(self.settings.approval) == TRUE:
                 continue
-            verdict = allowed(f"not a GPU node (no {GPU_PRESENT}=true label)")
+            if _labels(node).get(GPU_PRESENT) != TRUE:
+                verdict = allowed(f"not a GPU node (no {GPU_PRESENT}=true label)")
+            else:
+                spec = driver_spec(self.api, node)
+                if not isinstance(spec, str):
+                    continue  # the Operator installs a driver: the node's own gate judges it
+                verdict = allowed(spec)
+            name = str(node.get("metadata", {}).get("name", ""))
             try:
-                name = node.get("metadata", {}).get("name", "")
                 patch = {VERDICT: verdict.text, self.settings.approval: TRUE}
                 self._annotate(f"/api/v1/nodes/{name}", node, patch)
             except ConflictError:
-                continue  # changed meanwhile (another gate approved it): the next step looks again
+                continue  # changed meanwhile (FLUO's cleanup): the next look decides again
+            say(f"Reboot allowed for node {shown(name, 253)}: {verdict.line}")
 
     def _fluo_own(self) -> Verdict | None:
         for _ in range(CONFLICT_RETRIES):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import email.utils
 import http.client
+import random
 import ssl
 import time
 import urllib.parse
@@ -146,11 +147,21 @@ def retryable(response: Response) -> bool:
     return response.status == _TOO_MANY_REQUESTS or response.status >= _SERVER_ERRORS
 
 
+def jittered(delay: float) -> float:
+    """A pause between half ``delay`` and ``delay``, at random: gates that met the same 429
+    at the same moment do not all ask again at the same moment."""
+    return random.uniform(delay / 2, delay)  # noqa: S311 - spreading pauses, not a secret
+
+
 def send_retried(
-    send: Callable[[], Response], backoff: Backoff, sleep: Callable[[float], None]
+    send: Callable[[], Response],
+    backoff: Backoff,
+    sleep: Callable[[float], None],
+    jitter: Callable[[float], float] = float,
 ) -> Response:
     """``send()`` until it answers other than 429 or 5xx, within ``backoff`` (the downloads'
-    bounded, growing pauses); the last answer.
+    bounded, growing pauses, each passed through ``jitter``); the last answer. A Retry-After
+    is waited for in full (up to :data:`MAX_RETRY_AFTER`).
 
     An exchange that fails is tried again too; the last failure is raised.
     """
@@ -159,12 +170,12 @@ def send_retried(
         try:
             response = send()
         except UnreachableError:
-            sleep(delay)
+            sleep(jitter(delay))
             continue
         if not retryable(response):
             return response
         asked = retry_after(response.header("Retry-After")) or 0.0
-        sleep(max(delay, min(asked, MAX_RETRY_AFTER)))
+        sleep(max(jitter(delay), min(asked, MAX_RETRY_AFTER)))
     return send()
 
 

@@ -37,8 +37,10 @@ OPERATOR_NAMESPACE = "gpu-operator"
 FEED_DEADLINE = 300.0  # seconds: the feed is ~2 MB, a pass should not wait for it for hours
 
 
-def make_gate(env: Mapping[str, str], manager: Manager, interval: float) -> Gate:
-    settings = Settings.from_env(env, manager, interval)
+def make_gate(
+    env: Mapping[str, str], manager: Manager, interval: float, *, others: bool = False
+) -> Gate:
+    settings = Settings.from_env(env, manager, interval, others=others)
     api = KubeAPI.from_env(env)
     commands = Commands(dict(env))
     releases = FlatcarReleases.from_env(commands, cache_dir(CACHE, env), work_dir(WORK, env), env)
@@ -54,12 +56,16 @@ def make_gate(env: Mapping[str, str], manager: Manager, interval: float) -> Gate
             "set it to the namespace the GPU Operator runs in",
         ),
     )
-    prepull = PrePull(api, settings.namespace, settings.node_name) if settings.prepull else None
+    # The --others Deployment judges no node's own reboot: nothing of its own to pull.
+    on_node = settings.prepull and not settings.others
+    prepull = PrePull(api, settings.namespace, settings.node_name) if on_node else None
     return Gate(settings, api, checker, prepull)
 
 
-def reboot_gate(env: Mapping[str, str], manager: str, interval: float, *, once: bool) -> int:
-    gate = make_gate(env, Manager(manager), interval)
+def reboot_gate(
+    env: Mapping[str, str], manager: str, interval: float, *, once: bool, others: bool = False
+) -> int:
+    gate = make_gate(env, Manager(manager), interval, others=others)
     if once:
         verdict = gate.look()
         say(verdict.text if verdict else "Nothing to decide: no reboot is being asked for")

@@ -292,6 +292,37 @@ def gpu_nodes(api: KubeAPI) -> list[GPUNode]:
     return [node for node in found if node is not None]
 
 
+def shared_kernel(spec: DriverSpec, after: GPUNode, others: Iterable[GPUNode]) -> str:
+    """Why the Operator would refuse the ClusterPolicy once ``after`` runs its release, or "".
+
+    With usePrecompiled it maps every GPU node's kernel to its OS, and one kernel on two
+    releases fails its whole reconcile: v26.7.0 ``controllers/object_controls.go``
+    ``getKernelVersionsMap`` returns "different OS versions found for the same kernel version",
+    and ``state_manager.go`` ``init`` returns that error, so no GPU node's driver DaemonSet is
+    reconciled. NVIDIADriver pools (``nodepool.go``) split by release and kernel instead.
+    """
+    if spec.per_pool or not spec.use_precompiled:
+        return ""
+    sharing = sorted(
+        (node.name, node.version_id)
+        for node in others
+        if node.name != after.name
+        and node.kernel == after.kernel
+        and node.version_id != after.version_id
+    )
+    if not sharing:
+        return ""
+    name, version = sharing[0]
+    more = f" (and {len(sharing) - 1} more GPU nodes)" if len(sharing) > 1 else ""
+    return (
+        f"its kernel {shown(after.kernel, 60)} is also {shown(name, 60)}'s, on flatcar "
+        f"{shown(version, 40)}{more}: with usePrecompiled the Operator then refuses {spec.source} "
+        '("different OS versions found for the same kernel version", object_controls.go) and '
+        "reconciles no GPU node's driver; use the NVIDIADriver resource, a pool per release "
+        "(docs/gpu-operator.md, mode 4)"
+    )
+
+
 def wanted_images(spec: DriverSpec, after: GPUNode, others: Iterable[GPUNode]) -> list[Wanted]:
     """The images node ``after`` (already on its staged release) makes the Operator ask for
     that it may not have asked for before: B's tags, and with ``usePrecompiled`` KB's."""

@@ -1,12 +1,13 @@
 """Whether a registry serves an image for an arch: the OCI distribution API, read only.
 
-``GET /v2/<name>/manifests/<reference>``: 404 means not published; an index must list a
-``linux/<arch>`` manifest, a single image manifest's config must name the arch (the config
-blob followed where the registry redirects it, to https only, and checked against its
-digest). On a 401 the client follows the ``WWW-Authenticate`` challenge (distribution's token
-authentication, as ghcr.io, Docker Hub and registry:2 speak it): a ``Bearer`` challenge sends it
-to the realm for a token of the challenge's scope, with the pull secret's credentials if there
-are any (anonymous otherwise, which public images need), a ``Basic`` one sends the credentials
+``HEAD /v2/<name>/manifests/<reference>``: 404 means not published; the digest it names is
+read once (GET), and an index must list a ``linux/<arch>`` manifest, a single image manifest's
+config must name the arch (the config blob followed where the registry redirects it, to https
+only, and checked against its digest). A registry without HEAD is asked with GET. On a 401
+the client follows the ``WWW-Authenticate`` challenge (distribution's token authentication, as
+ghcr.io, Docker Hub and registry:2 speak it): a ``Bearer`` challenge sends it to the realm for
+a token of the challenge's scope, with the pull secret's credentials if there are any
+(anonymous otherwise, which public images need), a ``Basic`` one sends the credentials
 themselves.
 
 Registries on 127.0.0.1, ::1 or localhost are spoken to over plain http, all others over https,
@@ -22,6 +23,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import math
 import re
 import time
 import urllib.parse
@@ -32,8 +34,16 @@ from typing import Any
 
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats import jsontext
-from nvidia_driver.gate.http import Client, Limits, Response, UnreachableError
-from nvidia_driver.gate.http import send_retried as _send_retried
+from nvidia_driver.gate.http import (
+    Client,
+    Limits,
+    Response,
+    UnreachableError,
+    jittered,
+    retry_after,
+    retryable,
+    send_retried,
+)
 from nvidia_driver.limits import MiB
 from nvidia_driver.safetext import ANNOTATION_SHOWN, shown
 from nvidia_driver.sources.download import Backoff
@@ -58,6 +68,12 @@ _NOT_FOUND, _UNAUTHORIZED = 404, 401
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 MAX_REDIRECTS = 3  # a blob's: registry -> storage (-> a signed URL)
 _OK = range(200, 300)
+_HEAD_REFUSED = frozenset({405, 501})  # a registry that answers no HEAD: asked with GET
+PUBLISHED_FOR = 600.0  # seconds a published verdict is kept (a held one is asked every look)
+TOKEN_LIFETIME = 60.0  # seconds, when the token endpoint names none (distribution's token spec)
+TOKEN_MARGIN = 5.0  # seconds before its end a token is renewed
+QUIET_FIRST, QUIET_MAX = 60.0, 900.0  # seconds a registry is left alone after 429s or 5xx
+MAX_KEPT = 256  # manifests whose arches are kept
 
 
 class Presence(Enum):
@@ -171,19 +187,71 @@ def _registry_key(key: str) -> str:
 
 @dataclass
 class Registry:
-    """Asks registries about manifests; one token per repository, reused while it works."""
+    """Asks registries about manifests. One per gate process: its tokens, the arches of the
+    manifests it has read (by digest) and the published verdicts are kept between looks, so a
+    node that waits asks little (docs/gpu-operator.md, "What the gate asks a registry")."""
 
-    credentials: Mapping[str, Credentials] = field(default_factory=dict)  # host -> credentials
     client: Client = field(default_factory=lambda: Client(LIMITS))
     backoff: Backoff = field(default_factory=lambda: Backoff(attempts=3, first_delay=2.0))
     sleep: Callable[[float], None] = time.sleep
-    _tokens: dict[tuple[str, str], str] = field(default_factory=dict)
+    clock: Callable[[], float] = time.monotonic
+    jitter: Callable[[float], float] = jittered
+    _challenges: dict[tuple[str, str], str] = field(default_factory=dict)  # repository's
+    _tokens: dict[tuple[str, str, str], tuple[str, float]] = field(default_factory=dict)
+    _arches: dict[str, frozenset[str]] = field(default_factory=dict)  # manifest digest ->
+    _published: dict[tuple[str, str], float] = field(default_factory=dict)  # (image, arch) ->
+    _no_head: set[str] = field(default_factory=set)  # hosts whose HEAD names no digest
+    _quiet: dict[str, tuple[float, int, int]] = field(default_factory=dict)  # until, n, status
 
-    def presence(self, image: ImageRef, arch: str) -> Presence:
-        """Whether ``image`` is published for ``linux/<arch>``; a DriverError if it cannot tell."""
-        response = self._get(image, f"manifests/{image.reference}", ACCEPT)
-        if response.status == _NOT_FOUND:
+    def presence(
+        self, image: ImageRef, arch: str, credentials: Mapping[str, Credentials] | None = None
+    ) -> Presence:
+        """Whether ``image`` is published for ``linux/<arch>``; a DriverError if it cannot tell.
+        ``credentials``: host -> the pull secrets' credentials."""
+        seen = self._published.get((str(image), arch))
+        if seen is not None and self.clock() - seen < PUBLISHED_FOR:
+            return Presence.PUBLISHED
+        self._not_quiet(image)
+        basic = (credentials or {}).get(image.host)
+        arches = self._arches_of(image, "" if basic is None else basic.basic)
+        if arches is None:
             return Presence.MISSING
+        if arch not in arches:
+            return Presence.NO_ARCH
+        self._published[str(image), arch] = self.clock()
+        return Presence.PUBLISHED
+
+    def _arches_of(self, image: ImageRef, basic: str) -> frozenset[str] | None:
+        """The linux arches the manifest serves; None when it is not published. A HEAD names
+        the digest, whose arches are read once (HEADs do not count against Docker Hub's pull
+        limit, GETs do); a registry whose HEAD names none is asked with GET."""
+        path = f"manifests/{image.reference}"
+        if image.api_host not in self._no_head:
+            response = self._get(image, path, ACCEPT, basic, method="HEAD", also=_HEAD_REFUSED)
+            if response.status == _NOT_FOUND:
+                return None
+            digest = response.header("Docker-Content-Digest")
+            if DIGEST.fullmatch(digest):
+                if digest not in self._arches:
+                    if len(self._arches) >= MAX_KEPT:
+                        self._arches.clear()
+                    manifest = self._get(image, f"manifests/{digest}", ACCEPT, basic)
+                    self._arches[digest] = self._read_arches(image, manifest, basic, digest)
+                return self._arches[digest]
+            self._no_head.add(image.api_host)
+        response = self._get(image, path, ACCEPT, basic)
+        if response.status == _NOT_FOUND:
+            return None
+        return self._read_arches(image, response, basic, "")
+
+    def _read_arches(
+        self, image: ImageRef, response: Response, basic: str, digest: str
+    ) -> frozenset[str]:
+        """The linux arches of an index, or the arch in a single image's config."""
+        if response.status == _NOT_FOUND or (
+            digest and f"sha256:{hashlib.sha256(response.body).hexdigest()}" != digest
+        ):
+            raise DriverError(f"{image}: the manifest the registry named, {digest}, is not served")
         manifest = _json(response, image)
         media_type = response.header("Content-Type").split(";")[0].strip()
         media_type = media_type or str(manifest.get("mediaType", ""))
@@ -192,24 +260,23 @@ class Registry:
             if not isinstance(entries, list):
                 raise DriverError(f"{image}: the registry's index lists no manifests")
             platforms = [entry.get("platform") for entry in entries if isinstance(entry, Mapping)]
-            wanted = {"os": "linux", "architecture": arch}
-            listed = any(
-                isinstance(p, Mapping) and all(p.get(k) == v for k, v in wanted.items())
+            return frozenset(
+                str(p.get("architecture"))
                 for p in platforms
+                if isinstance(p, Mapping) and p.get("os") == "linux"
             )
-            return Presence.PUBLISHED if listed else Presence.NO_ARCH
         config = manifest.get("config")
-        digest = config.get("digest", "") if isinstance(config, Mapping) else ""
-        if not isinstance(digest, str) or not DIGEST.fullmatch(digest):  # it goes into a URL
-            raise DriverError(f"{image}: the manifest names no config blob")
-        blob = _json(self._blob(image, digest), image)
-        return Presence.PUBLISHED if blob.get("architecture") == arch else Presence.NO_ARCH
+        blob_digest = config.get("digest", "") if isinstance(config, Mapping) else ""
+        if not isinstance(blob_digest, str) or not DIGEST.fullmatch(blob_digest):
+            raise DriverError(f"{image}: the manifest names no config blob")  # it goes in a URL
+        architecture = _json(self._blob(image, blob_digest, basic), image).get("architecture")
+        return frozenset({architecture} if isinstance(architecture, str) else ())
 
-    def _blob(self, image: ImageRef, digest: str) -> Response:
+    def _blob(self, image: ImageRef, digest: str, basic: str) -> Response:
         """A blob, wherever the registry sends it: ghcr.io and Docker Hub answer 307 to their
         storage host. Followed to https only, with no credentials (they are the registry's),
         and what arrives must be the digest asked for."""
-        response = self._get(image, f"blobs/{digest}", "*/*", redirected=True)
+        response = self._get(image, f"blobs/{digest}", "*/*", basic, also=_REDIRECTS)
         for _ in range(MAX_REDIRECTS):
             if response.status not in _REDIRECTS:
                 break
@@ -217,51 +284,97 @@ class Registry:
             if urllib.parse.urlsplit(location).scheme != "https":
                 where = shown(location, ANNOTATION_SHOWN)
                 raise DriverError(f"{image}: refusing the blob's redirect to {where}: not https")
-            response = self._send(location, "*/*", "")
+            response = self._send("GET", location, "*/*", "")
         if response.status not in _OK:
             raise DriverError(f"{image}: the blob {digest} answered {response.status}")
         if f"sha256:{hashlib.sha256(response.body).hexdigest()}" != digest:
             raise DriverError(f"{image}: the blob {digest} does not match its digest")
         return response
 
+    # --- a registry that answered 429 or 5xx is left alone a while ---------------------------
+
+    def _not_quiet(self, image: ImageRef) -> None:
+        until, _, status = self._quiet.get(image.api_host, (0.0, 0, 0))
+        left = until - self.clock()
+        if left > 0:
+            raise DriverError(
+                f"{image}: the registry answered {status} and its retries ran out; the gate "
+                f"asks it again in {left:.0f} s"
+            )
+
+    def _answered(self, image: ImageRef, response: Response) -> None:
+        """Leaves the registry alone for a growing, jittered while after retries that ended in
+        429 or 5xx (at least what its Retry-After asked), so that a fleet of gates backs off."""
+        if not retryable(response):
+            self._quiet.pop(image.api_host, None)
+            return
+        _, times, _ = self._quiet.get(image.api_host, (0.0, 0, 0))
+        wait = self.jitter(min(QUIET_FIRST * 2**times, QUIET_MAX))
+        wait = max(wait, min(retry_after(response.header("Retry-After")) or 0.0, QUIET_MAX))
+        self._quiet[image.api_host] = (self.clock() + wait, times + 1, response.status)
+
     # --- the exchange, with the token dance ------------------------------------------------
 
     def _get(
-        self, image: ImageRef, path: str, accept: str, *, redirected: bool = False
+        self,
+        image: ImageRef,
+        path: str,
+        accept: str,
+        basic: str,
+        *,
+        method: str = "GET",
+        also: frozenset[int] = frozenset(),
     ) -> Response:
+        """The answer if OK, 404 or one of ``also``; a DriverError otherwise."""
         scheme = "http" if plain_http(image.api_host) else "https"
         url = f"{scheme}://{image.api_host}/v2/{image.name}/{path}"
-        response = self._send(url, accept, self._tokens.get((image.host, image.name), ""))
+        response = self._send(method, url, accept, self._authorization(image, basic, scheme))
         if response.status == _UNAUTHORIZED:
-            authorization = self._authorize(image, response, scheme)
-            self._tokens[image.host, image.name] = authorization
-            response = self._send(url, accept, authorization)
-        if response.status in _OK or response.status == _NOT_FOUND:
-            return response
-        if redirected and response.status in _REDIRECTS:
+            self._challenges[image.host, image.name] = response.header("WWW-Authenticate")
+            self._tokens.pop((image.host, image.name, basic), None)
+            response = self._send(method, url, accept, self._authorization(image, basic, scheme))
+        self._answered(image, response)
+        if response.status in _OK or response.status == _NOT_FOUND or response.status in also:
             return response
         raise DriverError(f"{image}: the registry answered {response.status}{_errors(response)}")
 
-    def _send(self, url: str, accept: str, authorization: str) -> Response:
+    def _send(self, method: str, url: str, accept: str, authorization: str) -> Response:
         headers = {"Accept": accept}
         if authorization:
             headers["Authorization"] = authorization
         try:
-            return _send_retried(
-                lambda: self.client.send("GET", url, headers), self.backoff, self.sleep
+            return send_retried(
+                lambda: self.client.send(method, url, headers),
+                self.backoff,
+                self.sleep,
+                self.jitter,
             )
         except UnreachableError as exc:
             raise DriverError(f"{exc}; check the node's network and proxy") from None
 
-    def _authorize(self, image: ImageRef, challenge: Response, scheme: str) -> str:
-        header = challenge.header("WWW-Authenticate")
+    def _authorization(self, image: ImageRef, basic: str, scheme: str) -> str:
+        """The kept token while it lives, else a new one for the repository's challenge (no
+        401 first when the challenge is known); "" before any challenge."""
+        key = (image.host, image.name, basic)
+        kept = self._tokens.get(key)
+        if kept is not None and self.clock() < kept[1]:
+            return kept[0]
+        challenge = self._challenges.get((image.host, image.name))
+        if challenge is None:
+            return ""
+        authorization, lifetime = self._authorize(image, challenge, basic, scheme)
+        self._tokens[key] = (authorization, self.clock() + lifetime)
+        return authorization
+
+    def _authorize(
+        self, image: ImageRef, header: str, basic: str, scheme: str
+    ) -> tuple[str, float]:
+        """The Authorization a challenge asks for, and how many seconds it may be reused."""
         kind, fields = parse_challenge(header)
-        credentials = self.credentials.get(image.host)
-        basic = "" if credentials is None else credentials.basic
         if kind == "basic":
             if not basic:
                 raise DriverError(f"{image}: the registry wants credentials: {_SET_PULL_SECRETS}")
-            return basic
+            return basic, math.inf
         realm = fields.get("realm", "")
         if kind != "bearer" or not realm:
             raise DriverError(
@@ -274,7 +387,7 @@ class Registry:
         query = {"service": fields.get("service", "")}
         query["scope"] = fields.get("scope") or f"repository:{image.name}:pull"
         url = f"{realm}?{urllib.parse.urlencode(query)}"
-        response = self._send(url, "application/json", basic)
+        response = self._send("GET", url, "application/json", basic)
         if response.status not in _OK:
             why = "refused the pull secret's credentials" if basic else "gives no anonymous token"
             raise DriverError(
@@ -285,7 +398,10 @@ class Registry:
         token = document.get("token") or document.get("access_token")
         if not isinstance(token, str) or not token:
             raise DriverError(f"{image}: the registry's token endpoint answered no token")
-        return f"Bearer {token}"
+        lifetime = document.get("expires_in")
+        if not isinstance(lifetime, int) or isinstance(lifetime, bool) or lifetime <= 0:
+            lifetime = TOKEN_LIFETIME
+        return f"Bearer {token}", max(lifetime - TOKEN_MARGIN, 0.0)
 
 
 _SET_PULL_SECRETS = (

@@ -4,10 +4,12 @@
    that installs no driver, lets the reboot go.
 2. The release's kernel, from Flatcar's releases feed (``FLATCAR_RELEASES_URL``); a release the
    feed does not list yet is held: the per-kernel tags and the build check need its kernel.
-3. The images the Operator may ask for on that release (:func:`.operator.wanted_images`), each
+3. With ``usePrecompiled`` under a ClusterPolicy, a staged kernel that another GPU node runs on
+   another release is held: the Operator refuses such a cluster (:func:`.operator.shared_kernel`).
+4. The images the Operator may ask for on that release (:func:`.operator.wanted_images`), each
    looked up in its registry for every arch that would pull it, with the Operator's pull
    secrets.
-4. Where a node would build at runtime (the build image, a digest, or a ClusterPolicy's
+5. Where a node would build at runtime (the build image, a digest, or a ClusterPolicy's
    precompiled image of another release), whether the build can serve the kernel
    (:mod:`.buildcheck`).
 
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,15 @@ from nvidia_driver.formats import jsontext
 from nvidia_driver.gate.buildcheck import BuildImage, Outcome
 from nvidia_driver.gate.kubeapi import KubeAPI, object_name
 from nvidia_driver.gate.operator import DriverSpec as Spec
-from nvidia_driver.gate.operator import GPUNode, Kind, Wanted, driver_spec, gpu_nodes, wanted_images
+from nvidia_driver.gate.operator import (
+    GPUNode,
+    Kind,
+    Wanted,
+    driver_spec,
+    gpu_nodes,
+    shared_kernel,
+    wanted_images,
+)
 from nvidia_driver.gate.registry import (
     Credentials,
     ImageRef,
@@ -92,7 +102,8 @@ class Checker:
     releases: Releases
     build: BuildImage
     operator_namespace: str
-    registry: Callable[[Mapping[str, Credentials]], Registry] = Registry
+    # One per gate process: its tokens and verdicts are reused from look to look.
+    registry: Registry = field(default_factory=Registry)
     prefs: Path = PREFS  # update_engine's, where a staged release of 0.0.0 is looked up
 
     def verdict(self, node: Mapping[str, Any], staged: str) -> Verdict:
@@ -131,7 +142,11 @@ class Checker:
             info.get("architecture", "")
         )
         after = GPUNode(str(metadata.get("name", "")), str(version), release.kernel_release, arch)
-        wanted = wanted_images(spec, after, [] if spec.per_pool else gpu_nodes(self.api))
+        others = [] if spec.per_pool else gpu_nodes(self.api)
+        refused = shared_kernel(spec, after, others)
+        if refused:
+            return held(f"{prefix}: {refused}")
+        wanted = wanted_images(spec, after, others)
         problems = _counted(self._unpublished(spec, wanted))
         build = self._build(spec, str(version), arch, release.kernel_release)
         if build.problem:
@@ -149,11 +164,12 @@ class Checker:
 
     def _unpublished(self, spec: Spec, wanted: list[Wanted]) -> list[str]:
         """What is missing of the wanted images, one phrase each."""
-        registry = self.registry(self._credentials(spec))
+        credentials = self._credentials(spec)
         missing: list[str] = []
         for image in wanted:
             for pulling in sorted(image.arches):
-                presence = registry.presence(ImageRef.parse(image.reference), pulling)
+                reference = ImageRef.parse(image.reference)
+                presence = self.registry.presence(reference, pulling, credentials)
                 if presence is Presence.MISSING:
                     missing.append(f"{image.reference} not published yet")
                     break
