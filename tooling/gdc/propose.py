@@ -135,6 +135,14 @@ class Proposal:
         return f"versions.toml: driver {version}'s TODO values, from NVIDIA's files"
 
 
+def diff(before: str, after: str, name: str) -> str:
+    """The change from before to after of file name, as a unified diff."""
+    lines = difflib.unified_diff(
+        before.splitlines(keepends=True), after.splitlines(keepends=True), f"a/{name}", f"b/{name}"
+    )
+    return "".join(lines).rstrip("\n")
+
+
 @dataclass(frozen=True)
 class Repository:
     """git (in the versions file's repository) and gh, through the tooling's command seam."""
@@ -298,14 +306,7 @@ class Proposer:
             after = copy.read_text()
         if tomllib.loads(after) == tomllib.loads(before):
             return None
-        name = self.path.name
-        diff = difflib.unified_diff(
-            before.splitlines(keepends=True),
-            after.splitlines(keepends=True),
-            f"a/{name}",
-            f"b/{name}",
-        )
-        return Proposal(candidate, record, after, "".join(diff).rstrip("\n"))
+        return Proposal(candidate, record, after, diff(before, after, self.path.name))
 
     def _pull_request(self, proposal: Proposal, repository: Repository, base: str) -> None:
         def change() -> list[Path]:
