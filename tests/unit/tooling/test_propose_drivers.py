@@ -24,7 +24,7 @@ from gdc.nvidia import RecordError, newest_releases
 TODAY_TEXT, TODAY, todo_entry = nvidia_tree.TODAY_TEXT, nvidia_tree.TODAY, nvidia_tree.todo_entry
 LTS = next(driver for driver in TODAY.drivers if driver.branch == "580")
 OLDER = "580.173.02"  # the 580 release before 580.178.04 in NVIDIA's list
-WORKFLOW = Path(__file__).parents[3] / ".github" / "workflows" / "drivers.yml"
+WORKFLOWS = Path(__file__).parents[3] / ".github" / "workflows"
 
 
 @pytest.fixture
@@ -290,14 +290,20 @@ def test_uncommitted_changes_stop_it_before_any_branch(nvidia: ReleaseServer, re
 # --- the workflow --------------------------------------------------------------------------------
 
 
-def test_the_workflow_only_calls_invoke_with_write_access_on_its_one_job() -> None:
-    workflow = yaml.safe_load(WORKFLOW.read_text())
+@pytest.mark.parametrize(
+    ("workflow_file", "command"),
+    [("drivers.yml", "invoke propose-drivers"), ("peers.yml", "invoke propose-peers")],
+)
+def test_the_workflow_only_calls_invoke_with_write_access_on_its_one_job(
+    workflow_file: str, command: str
+) -> None:
+    workflow = yaml.safe_load((WORKFLOWS / workflow_file).read_text())
     assert workflow["permissions"] == {}
     [(name, job)] = workflow["jobs"].items()
     assert name == "propose"
     assert job["permissions"] == {"contents": "write", "pull-requests": "write"}
     runs = [step["run"] for step in job["steps"] if "run" in step]
-    assert runs[-1] == "invoke propose-drivers"
+    assert runs[-1] == command
     assert all(
         line.startswith("python -m pip install --require-hashes --no-deps -r requirements/")
         for run in runs[:-1]
