@@ -7,12 +7,11 @@ import json
 import os
 import re
 import shutil
-import stat
-import subprocess
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 
+import pull_requests
 import pytest
 import tasks
 from invoke.context import MockContext
@@ -281,12 +280,6 @@ def test_an_unreachable_repository_fails_that_peer_after_the_others(pins: Path) 
 # --- the task, with git and go stubbed on PATH -------------------------------------------------
 
 
-def _stub(bin_dir: Path, name: str, body: str) -> None:
-    path = bin_dir / name
-    path.write_text("#!/bin/sh\n" + body)
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
-
-
 def test_invoke_propose_peers_dry_run(
     pins: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -300,10 +293,10 @@ def test_invoke_propose_peers_dry_run(
         (answers / re.sub(r"[/@]", "_", asked)).write_text(answer)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    _stub(bin_dir, "git", f'cat "{answers}/$(basename "$3")"\n')
+    pull_requests.stub(bin_dir, "git", f'cat "{answers}/$(basename "$3")"\n')
     refused = json.dumps({"Error": {"Err": "403 Forbidden\n\tserver response: not available"}})
     found = f"f={answers}/$(echo \"$5\" | tr '/@' '__')\n"
-    _stub(
+    pull_requests.stub(
         bin_dir,
         "go",
         f"{found}if [ -f \"$f\" ]; then cat \"$f\"; else printf '%s\\n' '{refused}'; fi\n",
@@ -324,35 +317,14 @@ def test_invoke_propose_peers_dry_run(
 # --- the pull request, with git and a stub gh ---------------------------------------------------
 
 
-def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t",
-                           *args], check=True, capture_output=True, text=True).stdout  # fmt: skip
-
-
 @pytest.fixture
 def repo(pins: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """pins' repository on main with a lock of each peer, pushed to a bare origin; gh a stub."""
-    root = tmp_path / "repo"
     for pin in peers.load(TODAY):
         lock = pins.parent / "peers" / pin.name
         lock.mkdir(parents=True)
         (lock / "go.mod").write_text(f"require {pin.module} {pin.version}\n")
-    origin = tmp_path / "origin.git"
-    subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(origin)], check=True)
-    _git(root, "init", "-q", "-b", "main")
-    _git(root, "add", ".")
-    _git(root, "commit", "-q", "-m", "start")
-    _git(root, "remote", "add", "origin", str(origin))
-    _git(root, "push", "-q", "origin", "main")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    _stub(bin_dir, "gh", f'printf "%s\\n" "$*" >> {tmp_path / "gh.log"}\n'
-                         'case "$1 $2" in\n'
-                         f'  "pr list") cat {tmp_path / "gh.prs"} 2>/dev/null || echo 0;;\n'
-                         '  "pr create") echo "https://github.com/o/r/pull/9";;\n'
-                         "esac\n")  # fmt: skip
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    return root
+    return pull_requests.make_repository(tmp_path / "repo", tmp_path, monkeypatch)
 
 
 def test_a_bump_is_locked_committed_pushed_and_opened_once(
@@ -373,20 +345,20 @@ def test_a_bump_is_locked_committed_pushed_and_opened_once(
     repository = Repository(repo.resolve(), "propose-peers")
     proposer = _proposer(pins, Seam(tags, SERVED), said, repository=repository, run=lock)
     [proposal] = proposer.propose()
-    assert "gpu-operator: v26.7.0: opened https://github.com/o/r/pull/9" in said
+    assert f"gpu-operator: v26.7.0: opened {pull_requests.URL}" in said
     assert [argv[-3:] for argv in locked] == [[str(pins.parent / "peers.py"), "lock",
                                                "gpu-operator"]]  # fmt: skip
     branch = "bump-peer/gpu-operator-v26.7.0"
     origin = tmp_path / "origin.git"
     path = "tests/integration/cluster"
-    assert _git(origin, "show", f"{branch}:{path}/peers.toml") == proposal.text
-    assert _git(origin, "show", f"{branch}:{path}/peers/gpu-operator/go.mod") == (
+    assert pull_requests.git(origin, "show", f"{branch}:{path}/peers.toml") == proposal.text
+    assert pull_requests.git(origin, "show", f"{branch}:{path}/peers/gpu-operator/go.mod") == (
         f"locked {OPERATOR_PSEUDO}\n")  # fmt: skip
-    assert _git(origin, "log", "-1", "--format=%s", branch).strip() == (
+    assert pull_requests.git(origin, "log", "-1", "--format=%s", branch).strip() == (
         "peers.toml: gpu-operator v26.7.0 replaces v25.3.4"
     )
-    assert _git(repo, "rev-parse", "--abbrev-ref", "HEAD").strip() == "main"
-    assert _git(repo, "status", "--porcelain") == ""
+    assert pull_requests.git(repo, "rev-parse", "--abbrev-ref", "HEAD").strip() == "main"
+    assert pull_requests.git(repo, "status", "--porcelain") == ""
     assert pins.read_text() == TODAY
     (tmp_path / "gh.prs").write_text("1\n")
     said.clear()
@@ -405,8 +377,8 @@ def test_a_failed_lock_leaves_the_repository_as_it_was(pins: Path, repo: Path) -
     with pytest.raises(peers.PeerError, match="2 of 4 peers"):
         _proposer(pins, Seam(TAGS, SERVED), said, repository=repository, run=lock).propose()
     assert "kube-apiserver: peers.py lock kube-apiserver exited 1" in said
-    assert _git(repo, "status", "--porcelain") == ""
-    assert _git(repo, "branch", "--list", "bump-peer/*") == ""
+    assert pull_requests.git(repo, "status", "--porcelain") == ""
+    assert pull_requests.git(repo, "branch", "--list", "bump-peer/*") == ""
 
 
 def test_uncommitted_changes_stop_it_before_any_lookup(pins: Path, repo: Path) -> None:
