@@ -10,6 +10,7 @@
     invoke sign    --registry R [--key K] [--no-sbom] [--require-cosign] [--syft-sha256 HEX]
     invoke record-driver VERSION [--verify]   (versions.toml's entry, from NVIDIA's own files)
     invoke propose-drivers [--dry-run]        (a pull request per newer point release)
+    invoke propose-peers [--dry-run]          (a pull request per newer release of a cluster peer)
 
 Defaults: the newest driver in versions.toml, Flatcar's current stable release (from the
 releases feed: $FLATCAR_RELEASES_URL or --releases-url for a mirror), this machine's arch.
@@ -39,6 +40,7 @@ from invoke.tasks import task  # noqa: E402
 
 from gdc import commands, images, matrix, plan, releases  # noqa: E402
 from gdc import compression as compressing  # noqa: E402
+from gdc import peers as peering  # noqa: E402
 from gdc import propose as proposing  # noqa: E402
 from gdc import publish as publishing  # noqa: E402
 from gdc import record as recording  # noqa: E402
@@ -572,4 +574,27 @@ def propose_drivers(  # noqa: PLR0917 - invoke maps each option to a parameter
     print(f"invoke propose-drivers: {_count(len(proposals), 'proposal')} ({opened})")
 
 
-ns = Collection(tags, build, push_, matrix_, publish, sign, record_driver, propose_drivers)
+@task(
+    help={
+        "dry_run": "print each change; lock, commit, push and open nothing",
+        "peers_file": f"the peers file (default: {peering.PEERS_FILE} in this repository)",
+    },
+    auto_shortflags=False,
+)
+def propose_peers(_c: Context, dry_run: bool = False, peers_file: str = "") -> None:
+    """Propose the cluster session's peers at their newest releases the Go module proxy serves,
+    each as a pull request (see tooling/gdc/peers.py)."""
+    path = Path(peers_file) if peers_file else _ROOT / peering.PEERS_FILE
+    try:
+        repository = None if dry_run else proposing.Repository.of(path, "propose-peers")
+        proposer = peering.PeerProposer(path, lambda line: print(f"invoke propose-peers: {line}"),
+                                        repository)  # fmt: skip
+        proposals = proposer.propose()
+    except (peering.PeerError, RecordError) as exc:
+        raise Exit(f"invoke propose-peers: {exc}", code=1) from None
+    opened = "dry run" if dry_run else _count(len(proposer.opened), "pull request") + " opened"
+    print(f"invoke propose-peers: {_count(len(proposals), 'proposal')} ({opened})")
+
+
+ns = Collection(tags, build, push_, matrix_, publish, sign, record_driver, propose_drivers,
+                propose_peers)  # fmt: skip

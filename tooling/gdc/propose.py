@@ -25,7 +25,7 @@ import json
 import shutil
 import tempfile
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -135,29 +135,38 @@ class Proposal:
         return f"versions.toml: driver {version}'s TODO values, from NVIDIA's files"
 
 
+def diff(before: str, after: str, name: str) -> str:
+    """The change from before to after of file name, as a unified diff."""
+    lines = difflib.unified_diff(
+        before.splitlines(keepends=True), after.splitlines(keepends=True), f"a/{name}", f"b/{name}"
+    )
+    return "".join(lines).rstrip("\n")
+
+
 @dataclass(frozen=True)
 class Repository:
     """git (in the versions file's repository) and gh, through the tooling's command seam."""
 
     root: Path
+    task: str = "propose-drivers"  # what the messages call the task that proposes
     run: commands.Runner = commands.run
     output: commands.Capture = commands.output
 
     @classmethod
-    def of(cls, path: Path) -> Repository:
+    def of(cls, path: Path, task: str = "propose-drivers") -> Repository:
         """The git work tree that holds path."""
         status, out = commands.output(
             ["git", "-C", str(path.parent), "rev-parse", "--show-toplevel"]
         )
         if status != 0 or not out.strip():
-            raise RecordError(f"{path} is not in a git work tree: propose-drivers commits to it")
-        return cls(Path(out.strip()).resolve())
+            raise RecordError(f"{path} is not in a git work tree: {task} commits to it")
+        return cls(Path(out.strip()).resolve(), task)
 
     def base(self) -> str:
         """The branch checked out, which pull requests go to; refused with local changes."""
         if self.git_output("status", "--porcelain"):
             raise RecordError(
-                f"{self.root} has uncommitted changes: propose-drivers commits on branches of its "
+                f"{self.root} has uncommitted changes: {self.task} commits on branches of its "
                 "own; commit or stash them first"
             )
         base = self.git_output("rev-parse", "--abbrev-ref", "HEAD")
@@ -188,6 +197,45 @@ class Repository:
                    "pull requests)?")
             )  # fmt: skip
         return out.strip()
+
+    def propose(
+        self,
+        branch: str,
+        base: str,
+        *,
+        title: str,
+        message: str,
+        body: str,
+        change: Callable[[], Sequence[Path]],
+    ) -> str | None:
+        """change() (it writes the files it returns) committed on branch, pushed, and opened as a
+        pull request to base: its URL. None, and nothing done, when a pull request from branch
+        exists (open, merged or closed). The work tree is left on base as it was, also on
+        failure."""
+        found = self.gh(
+            "pr", "list", "--head", branch, "--state", "all", "--json", "number", "--jq", "length"
+        )
+        if found not in {"", "0"}:
+            return None
+        self.git("switch", "--quiet", "--create", branch)
+        try:
+            changed = change()
+            self.git("add", "--", *(str(path.resolve().relative_to(self.root)) for path in changed))
+            self.git("-c", f"user.name={BOT[0]}", "-c", f"user.email={BOT[1]}", "commit",
+                     "--quiet", "--message", title, "--message", message)  # fmt: skip
+            # gh lends git its token for this one push, as `gh auth setup-git` would, without
+            # writing it into any git config.
+            # --force: no pull request comes from the branch (checked above), so one there is a
+            # failed run's, and this run's commit replaces it.
+            self.git("-c", "credential.helper=",
+                     "-c", "credential.helper=!gh auth git-credential",
+                     "push", "--quiet", "--force", "origin",
+                     f"{branch}:refs/heads/{branch}")  # fmt: skip
+            return self.gh("pr", "create", "--base", base, "--head", branch, "--title", title,
+                           "--body", body, hint=PR_CREATE_HINT)  # fmt: skip
+        finally:
+            self.git("switch", "--discard-changes", "--quiet", base)
+            self.git("branch", "--quiet", "-D", branch)
 
 
 @dataclass
@@ -258,44 +306,21 @@ class Proposer:
             after = copy.read_text()
         if tomllib.loads(after) == tomllib.loads(before):
             return None
-        name = self.path.name
-        diff = difflib.unified_diff(
-            before.splitlines(keepends=True),
-            after.splitlines(keepends=True),
-            f"a/{name}",
-            f"b/{name}",
-        )
-        return Proposal(candidate, record, after, "".join(diff).rstrip("\n"))
+        return Proposal(candidate, record, after, diff(before, after, self.path.name))
 
     def _pull_request(self, proposal: Proposal, repository: Repository, base: str) -> None:
-        branch, version = proposal.branch, proposal.record.version
-        found = repository.gh(
-            "pr", "list", "--head", branch, "--state", "all", "--json", "number", "--jq", "length"
-        )
-        if found not in {"", "0"}:
+        def change() -> list[Path]:
+            write_atomically(self.path, proposal.text, self.path.stat().st_mode & 0o777)
+            return [self.path]
+
+        version = proposal.record.version
+        branch = proposal.branch
+        url = repository.propose(branch, base, title=proposal.title,
+                                 message=proposal.record.summary(), body=self._body(proposal),
+                                 change=change)  # fmt: skip
+        if url is None:
             self.say(f"{version}: already proposed (a pull request from {branch} exists)")
             return
-        repository.git("switch", "--quiet", "--create", branch)
-        try:
-            write_atomically(self.path, proposal.text, self.path.stat().st_mode & 0o777)
-            repository.git("add", "--", str(self.path.resolve().relative_to(repository.root)))
-            repository.git("-c", f"user.name={BOT[0]}", "-c", f"user.email={BOT[1]}", "commit",
-                           "--quiet", "--message", proposal.title,
-                           "--message", proposal.record.summary())  # fmt: skip
-            # gh lends git its token for this one push, as `gh auth setup-git` would, without
-            # writing it into any git config.
-            # --force: no pull request comes from the branch (checked above), so one there is a
-            # failed run's, and this run's commit replaces it.
-            repository.git("-c", "credential.helper=",
-                           "-c", "credential.helper=!gh auth git-credential",
-                           "push", "--quiet", "--force", "origin",
-                           f"{branch}:refs/heads/{branch}")  # fmt: skip
-            url = repository.gh("pr", "create", "--base", base, "--head", branch, "--title",
-                                proposal.title, "--body", self._body(proposal),
-                                hint=PR_CREATE_HINT)  # fmt: skip
-        finally:
-            repository.git("switch", "--discard-changes", "--quiet", base)
-            repository.git("branch", "--quiet", "-D", branch)
         self.opened.append(url)
         self.say(f"{version}: opened {url}")
 

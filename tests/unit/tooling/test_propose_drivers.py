@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import os
 import re
-import stat
-import subprocess
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
 import nvidia_tree
+import pull_requests
 import pytest
 import tasks
 import yaml
@@ -24,7 +23,7 @@ from gdc.nvidia import RecordError, newest_releases
 TODAY_TEXT, TODAY, todo_entry = nvidia_tree.TODAY_TEXT, nvidia_tree.TODAY, nvidia_tree.todo_entry
 LTS = next(driver for driver in TODAY.drivers if driver.branch == "580")
 OLDER = "580.173.02"  # the 580 release before 580.178.04 in NVIDIA's list
-WORKFLOW = Path(__file__).parents[3] / ".github" / "workflows" / "drivers.yml"
+WORKFLOWS = Path(__file__).parents[3] / ".github" / "workflows"
 
 
 @pytest.fixture
@@ -169,40 +168,10 @@ def test_malformed_rows_and_releases_of_another_branch_are_skipped() -> None:
 # --- the pull request, with git and a stub gh ---------------------------------------------------
 
 
-def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-
-
 @pytest.fixture
 def repo(behind: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """behind's repository on main, pushed to a bare origin; gh a stub that logs its calls."""
-    root = behind.parent
-    origin = tmp_path / "origin.git"
-    subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(origin)], check=True)
-    _git(root, "init", "-q", "-b", "main")
-    _git(root, "add", "versions.toml")
-    _git(root, "commit", "-q", "-m", "start")
-    _git(root, "remote", "add", "origin", str(origin))
-    _git(root, "push", "-q", "origin", "main")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    gh = bin_dir / "gh"
-    gh.write_text(
-        "#!/bin/sh\n"
-        f'printf "%s\\n" "$*" >> {tmp_path / "gh.log"}\n'
-        'case "$1 $2" in\n'
-        f'  "pr list") cat {tmp_path / "gh.prs"} 2>/dev/null || echo 0;;\n'
-        '  "pr create") echo "https://github.com/o/gpu-driver-container/pull/7";;\n'
-        "esac\n"
-    )
-    gh.chmod(gh.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    return root
+    return pull_requests.make_repository(behind.parent, tmp_path, monkeypatch)
 
 
 def test_a_proposal_is_pushed_on_its_branch_and_opened_once(
@@ -219,16 +188,16 @@ def test_a_proposal_is_pushed_on_its_branch_and_opened_once(
     ) in out
     assert out[-1] == "invoke propose-drivers: 1 proposal (1 pull request opened)"
     origin = tmp_path / "origin.git"
-    proposed = _git(origin, "show", f"{branch}:versions.toml")
+    proposed = pull_requests.git(origin, "show", f"{branch}:versions.toml")
     assert tomllib.loads(proposed) == tomllib.loads(TODAY_TEXT)
-    assert _git(origin, "log", "-1", "--format=%s%n%an", branch).splitlines() == [
+    assert pull_requests.git(origin, "log", "-1", "--format=%s%n%an", branch).splitlines() == [
         f"versions.toml: driver {LTS.version} replaces {OLDER}",
         "github-actions[bot]",
     ]
     # Back where it started: main, versions.toml untouched, no branch left behind.
-    assert _git(repo, "rev-parse", "--abbrev-ref", "HEAD").strip() == "main"
+    assert pull_requests.git(repo, "rev-parse", "--abbrev-ref", "HEAD").strip() == "main"
     assert behind.read_text() == before
-    assert _git(repo, "branch", "--list", branch) == ""
+    assert pull_requests.git(repo, "branch", "--list", branch) == ""
     calls = (tmp_path / "gh.log").read_text().splitlines()
     assert calls[0] == f"pr list --head {branch} --state all --json number --jq length"
     assert calls[1].startswith(
@@ -258,7 +227,7 @@ def test_a_failed_record_leaves_the_repository_as_it_was(
         f"'580.65.06', not {LTS.version}: the manifest's versions disagree; nothing was written"
         in capsys.readouterr().out
     )
-    assert _git(repo, "status", "--porcelain") == ""
+    assert pull_requests.git(repo, "status", "--porcelain") == ""
     assert not (tmp_path / "gh.log").exists(), "recorded first, into a scratch copy"
 
 
@@ -267,15 +236,15 @@ def test_a_failed_push_leaves_the_repository_as_it_was(
 ) -> None:
     behind = repo / "versions.toml"
     before = behind.read_text()
-    _git(repo, "remote", "set-url", "origin", str(tmp_path / "gone.git"))
+    pull_requests.git(repo, "remote", "set-url", "origin", str(tmp_path / "gone.git"))
     with pytest.raises(Exit, match=r": 1 of 3 drivers were not recorded or proposed"):
         tasks.propose_drivers(MockContext(), **_options(nvidia, behind))
     branch = f"record-driver/{LTS.version}"
     assert f"{LTS.version}: git -c credential.helper= " in capsys.readouterr().out
-    assert _git(repo, "status", "--porcelain") == ""
+    assert pull_requests.git(repo, "status", "--porcelain") == ""
     assert behind.read_text() == before
-    assert _git(repo, "rev-parse", "--abbrev-ref", "HEAD").strip() == "main"
-    assert _git(repo, "branch", "--list", branch) == ""
+    assert pull_requests.git(repo, "rev-parse", "--abbrev-ref", "HEAD").strip() == "main"
+    assert pull_requests.git(repo, "branch", "--list", branch) == ""
     assert "pr create" not in (tmp_path / "gh.log").read_text()
 
 
@@ -290,14 +259,20 @@ def test_uncommitted_changes_stop_it_before_any_branch(nvidia: ReleaseServer, re
 # --- the workflow --------------------------------------------------------------------------------
 
 
-def test_the_workflow_only_calls_invoke_with_write_access_on_its_one_job() -> None:
-    workflow = yaml.safe_load(WORKFLOW.read_text())
+@pytest.mark.parametrize(
+    ("workflow_file", "command"),
+    [("drivers.yml", "invoke propose-drivers"), ("peers.yml", "invoke propose-peers")],
+)
+def test_the_workflow_only_calls_invoke_with_write_access_on_its_one_job(
+    workflow_file: str, command: str
+) -> None:
+    workflow = yaml.safe_load((WORKFLOWS / workflow_file).read_text())
     assert workflow["permissions"] == {}
     [(name, job)] = workflow["jobs"].items()
     assert name == "propose"
     assert job["permissions"] == {"contents": "write", "pull-requests": "write"}
     runs = [step["run"] for step in job["steps"] if "run" in step]
-    assert runs[-1] == "invoke propose-drivers"
+    assert runs[-1] == command
     assert all(
         line.startswith("python -m pip install --require-hashes --no-deps -r requirements/")
         for run in runs[:-1]
@@ -353,10 +328,10 @@ def test_a_stale_branch_of_a_failed_run_is_replaced_and_the_hint_names_the_setti
         tasks.propose_drivers(MockContext(), **_options(nvidia, behind))
     out = capsys.readouterr().out
     assert "Allow GitHub Actions to create and approve pull requests" in out
-    assert _git(tmp_path / "origin.git", "branch", "--list", branch).strip() == branch
+    assert pull_requests.git(tmp_path / "origin.git", "branch", "--list", branch).strip() == branch
     # The stale branch is pushed over on the next run, which opens the pull request.
-    _git(repo, "commit", "-q", "--allow-empty", "-m", "main moves on")
-    _git(repo, "push", "-q", "origin", "main")
+    pull_requests.git(repo, "commit", "-q", "--allow-empty", "-m", "main moves on")
+    pull_requests.git(repo, "push", "-q", "origin", "main")
     gh.write_text(working)
     tasks.propose_drivers(MockContext(), **_options(nvidia, behind))
     assert f"{LTS.version}: opened https://github.com/o/gpu-driver-container/pull/7" in (

@@ -350,7 +350,8 @@ def test_bad_options_are_an_exit_with_advice(
 
 def test_the_tasks_are_listed() -> None:
     assert set(tasks.ns.task_names) == {"build", "push", "tags", "matrix", "publish", "sign",
-                                        "record-driver", "propose-drivers"}  # fmt: skip
+                                        "record-driver", "propose-drivers",
+                                        "propose-peers"}  # fmt: skip
 
 
 def test_every_task_parses_its_options_as_invoke_does() -> None:
