@@ -134,3 +134,39 @@ def test_nvidia_driver_without_cluster_policy_holds_until_the_image_exists(
     assert allowed.returncode == 0, allowed.stderr
     assert annotations(cluster).get(APPROVAL) == "true", (annotations(cluster), allowed.stderr)
     assert "RebootAllowed" in [event["reason"] for event in node_events(cluster)]
+
+
+def test_use_precompiled_holds_a_release_that_shares_another_nodes_kernel(
+    nvidia_driver_only: Cluster, operator_module: Path, registry: Registry, releases_feed: str,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """A ClusterPolicy with usePrecompiled; gpu-other runs stable 4459.2.0 (kernel 6.12.54), and
+    the gate's node stages alpha 4515.0.0, on the same kernel: the real Operator would refuse the
+    whole ClusterPolicy (test_operator_renders.py shows it), so the gate holds, naming both."""
+    cluster = nvidia_driver_only
+    policy = sample(operator_module, "v1_clusterpolicy.yaml")
+    branch = DRIVER.split(".", maxsplit=1)[0]
+    policy["spec"]["driver"].update({"repository": f"{registry.address}/gdc", "image": "driver",
+                                     "version": branch, "usePrecompiled": True})  # fmt: skip
+    cluster.apply(policy)
+    register_node(cluster, flatcar_node("gpu-other", RUNNING, KERNEL))
+    try:
+        env = gate_env(cluster, NODE, releases_feed, tmp_path)
+        cluster.request("PATCH", f"/api/v1/nodes/{NODE}",
+                        {"metadata": {"annotations": {APPROVAL: None, VERDICT: None}}},
+                        content_type="application/merge-patch+json")  # fmt: skip
+        result = run_gate_once(cluster, env, tmp_path)
+        assert result.returncode == 0, result.stderr
+        said = annotations(cluster)
+        assert said.get(APPROVAL) != "true", said
+        line = said[VERDICT]
+        assert line.startswith(f"held: flatcar {STAGED}"), line
+        assert "gpu-other" in line, line
+        assert RUNNING in line, line
+        assert KERNEL in line, line
+        assert "NVIDIADriver" in line, line
+    finally:
+        cluster.request(
+            "DELETE", f"/apis/nvidia.com/v1/clusterpolicies/{policy['metadata']['name']}"
+        )
+        cluster.request("DELETE", "/api/v1/nodes/gpu-other")
