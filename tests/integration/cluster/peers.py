@@ -10,6 +10,7 @@ cache (``$GDC_CACHE/go/``): the Kubernetes libraries two peers share compile onc
 
     python tests/integration/cluster/peers.py lock    # after editing peers.toml
     python tests/integration/cluster/peers.py build   # what `nox -s cluster` does first
+    python tests/integration/cluster/peers.py list    # their names
 """
 
 from __future__ import annotations
@@ -194,10 +195,13 @@ def module_dir(peer: Peer) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 1 or argv[0] not in {"lock", "build"}:
-        print("usage: peers.py lock|build [name ...]", file=sys.stderr)
+    if len(argv) < 1 or argv[0] not in {"lock", "build", "list"}:
+        print("usage: peers.py lock|build|list [name ...]", file=sys.stderr)
         return 2
     peers = load()
+    if argv[0] == "list":
+        print("\n".join(peers))
+        return 0
     chosen = argv[1:] or list(peers)
     unknown = sorted(set(chosen) - set(peers))
     if unknown:
