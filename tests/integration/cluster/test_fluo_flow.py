@@ -45,6 +45,18 @@ NODE = "gpu-fluo"
 STEP_SECONDS = 75.0
 
 
+@pytest.fixture
+def scenario(cluster: Cluster) -> Iterator[Cluster]:
+    """The cluster, with the scenario's node, NVIDIADriver (and pod) deleted after it: the
+    Operator scenarios that follow render a DaemonSet for every driver resource and node."""
+    yield cluster
+    for path in (
+        f"/api/v1/nodes/{NODE}",
+        "/apis/nvidia.com/v1alpha1/nvidiadrivers/fluo-pool",
+    ):
+        cluster.delete(path)
+
+
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
     with local_registry(tmp_path_factory.mktemp("registry")) as running:
@@ -71,7 +83,7 @@ def node_events(cluster: Cluster) -> list[str]:
 
 
 def test_fluo_reboots_a_gpu_node_only_once_the_staged_release_has_its_image(
-    cluster: Cluster,
+    scenario: Cluster,
     operator_module: Path,
     *,
     peer_dirs: dict[str, Path],
@@ -79,6 +91,7 @@ def test_fluo_reboots_a_gpu_node_only_once_the_staged_release_has_its_image(
     releases_feed: str,
     tmp_path: Path,
 ) -> None:
+    cluster = scenario
     cluster.namespace(OPERATOR_NAMESPACE)
     install_crds(cluster, operator_module)
     install(cluster, "fluo")

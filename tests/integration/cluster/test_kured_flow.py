@@ -41,6 +41,19 @@ NODE = "gpu-kured"
 FIRST_LOOK_SECONDS = 150.0
 
 
+@pytest.fixture
+def scenario(cluster: Cluster) -> Iterator[Cluster]:
+    """The cluster, with the scenario's node, NVIDIADriver (and pod) deleted after it: the
+    Operator scenarios that follow render a DaemonSet for every driver resource and node."""
+    yield cluster
+    for path in (
+        f"/api/v1/nodes/{NODE}",
+        "/apis/nvidia.com/v1alpha1/nvidiadrivers/kured-pool",
+        f"/api/v1/namespaces/{GATE_NAMESPACE}/pods/{DAEMONSET}-{NODE}",
+    ):
+        cluster.delete(path)
+
+
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
     with local_registry(tmp_path_factory.mktemp("registry")) as running:
@@ -54,7 +67,7 @@ def node_events(cluster: Cluster) -> list[str]:
 
 
 def test_kured_reboots_a_gpu_node_only_once_the_staged_release_has_its_image(
-    cluster: Cluster,
+    scenario: Cluster,
     operator_module: Path,
     *,
     peer_dirs: dict[str, Path],
@@ -62,6 +75,7 @@ def test_kured_reboots_a_gpu_node_only_once_the_staged_release_has_its_image(
     releases_feed: str,
     tmp_path: Path,
 ) -> None:
+    cluster = scenario
     cluster.namespace(OPERATOR_NAMESPACE)
     install_crds(cluster, operator_module)
     install(cluster, "kured")
