@@ -142,6 +142,14 @@ class Cluster:
     def get(self, path: str, **kwargs: Any) -> dict[str, Any]:
         return self.request("GET", path, **kwargs)
 
+    def delete(self, path: str) -> None:
+        """DELETE the object at path; one already gone is fine."""
+        try:
+            self.request("DELETE", path)
+        except APIError as error:
+            if error.status != 404:
+                raise
+
     def items(self, path: str, selector: str = "") -> list[dict[str, Any]]:
         query = f"?labelSelector={urllib.parse.quote(selector)}" if selector else ""
         return list(self.get(path + query).get("items") or [])

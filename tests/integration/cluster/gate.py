@@ -58,23 +58,30 @@ def gate_env(cluster: Cluster, node: str, feed: str, cache: Path) -> dict[str, s
     }
 
 
-def run_gate_once(cluster: Cluster, env: dict[str, str], workdir: Path,
-                  manager: str = "fluo") -> subprocess.CompletedProcess[str]:  # fmt: skip
+def run_gate_once(cluster: Cluster, env: dict[str, str], workdir: Path, manager: str = "fluo",
+                  system_bus: Path | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
     """``nvidia-driver reboot-gate --manager <manager> --once`` with the ServiceAccount's
-    token, as the pod would run it."""
+    token, as the pod would run it; with ``system_bus`` (a directory holding a private bus's
+    ``system_bus_socket``) mounted at /run/dbus, as the kured variant mounts the host's
+    (deploy/reboot-gate/kured/0500_daemonset.yaml), so the gate finds it where it looks
+    (gate/updateengine.py SYSTEM_BUS)."""
     secrets = workdir / "serviceaccount"
     secrets.mkdir(parents=True, exist_ok=True)
     (secrets / "token").write_text(cluster.token(NAMESPACE, ACCOUNT))
     (secrets / "ca.crt").write_bytes(cluster.ca.read_bytes())
     (secrets / "namespace").write_text(NAMESPACE)
     # A tmpfs over /run (/var/run's target) in the gate's own mount namespace: the directory
-    # is made there, not on the host. The FLUO variant reads nothing else under /run.
+    # is made there, not on the host. The FLUO variant reads nothing else under /run; the
+    # kured variant reads the bus there, and gets only the private one (or none).
     script = (
         "set -e; mount -t tmpfs gdc-run /run; "
-        f'mkdir -p {SERVICE_ACCOUNT_DIR}; mount --bind "$1" {SERVICE_ACCOUNT_DIR}; shift; exec "$@"'
+        f'mkdir -p {SERVICE_ACCOUNT_DIR}; mount --bind "$1" {SERVICE_ACCOUNT_DIR}; '
+        'if [ -n "$2" ]; then mkdir -p /run/dbus; mount --bind "$2" /run/dbus; fi; '
+        'shift 2; exec "$@"'
     )
+    bus = str(system_bus) if system_bus is not None else ""
     argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", str(secrets),
-            sys.executable, "-m", "nvidia_driver", "reboot-gate", "--manager", manager,
+            bus, sys.executable, "-m", "nvidia_driver", "reboot-gate", "--manager", manager,
             "--once"]  # fmt: skip
     result = subprocess.run(argv, env=env, capture_output=True, text=True, check=False,
                             timeout=300)  # fmt: skip

@@ -50,6 +50,17 @@ def sample(module: Path, name: str) -> dict[str, Any]:
     return copy.deepcopy(loaded)
 
 
+def nvidia_driver(module: Path, name: str, repository: str, version: str,
+                  node: str) -> dict[str, Any]:  # fmt: skip
+    """An NVIDIADriver (the module's sample) that installs driver ``version`` from
+    ``repository``/driver on node alone."""
+    driver = sample(module, "nvidia_v1alpha1_nvidiadriver.yaml")
+    driver["metadata"]["name"] = name
+    driver["spec"].update({"repository": repository, "image": "driver", "version": version,
+                           "nodeSelector": {"kubernetes.io/hostname": node}})  # fmt: skip
+    return driver
+
+
 def flatcar_node(name: str, version: str, kernel: str, arch: str = "amd64",
                  containerd: str = "1.7.23") -> dict[str, Any]:  # fmt: skip
     """A Node as a Flatcar GPU node's kubelet registers it and NFD and the Operator label it."""

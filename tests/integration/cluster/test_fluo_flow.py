@@ -1,0 +1,163 @@
+"""FLUO's real flow with our gate: update_engine stages a release, FLUO's real agent and
+operator ask for the reboot, the gate holds it until the release's image exists, then lets it
+go, and the agent asks logind to reboot (a stand-in that records it: nothing reboots).
+
+Everything but update_engine and logind is the real thing: kube-apiserver, FLUO's
+update-operator and update-agent (v0.10.0-rc2, with its own examples' RBAC), and
+``nvidia-driver reboot-gate --manager fluo`` with deploy/reboot-gate's ServiceAccount and
+roles. update_engine and logind are stand-ins on a private dbus-daemon (system_bus.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import peers
+import pytest
+from apiserver import Cluster
+from fixtures.docker_env import Registry, local_registry
+from fluo import install as install_fluo
+from fluo import running_agent, running_operator
+from gate import gate_env, install, push_image, run_gate_once
+from gpu_operator import NAMESPACE as OPERATOR_NAMESPACE
+from gpu_operator import flatcar_node, install_crds, nvidia_driver, register_node, wait_for
+from system_bus import NEED_REBOOT, private_system_bus
+
+pytestmark = pytest.mark.cluster
+
+# FLUO's names (flatcar-linux-update-operator v0.10.0-rc2 pkg/constants/constants.go).
+FLUO = "flatcar-linux-update.v1.flatcar-linux.net"
+BEFORE_REBOOT = f"{FLUO}/before-reboot"
+REBOOT_NEEDED = f"{FLUO}/reboot-needed"
+REBOOT_OK = f"{FLUO}/reboot-ok"
+REBOOT_IN_PROGRESS = f"{FLUO}/reboot-in-progress"
+NEW_VERSION = f"{FLUO}/new-version"
+STATUS = f"{FLUO}/status"
+# The gate's names (gate/managers.py APPROVAL, VERDICT; deploy/reboot-gate/fluo).
+APPROVAL = "gpu-driver-container/reboot-gate-ok"
+VERDICT = "gpu-driver-container/reboot-gate"
+DRIVER = "595.91.07"
+RUNNING, STAGED, KERNEL = "4459.2.0", "4515.0.0", "6.12.54-flatcar"
+NODE = "gpu-fluo"
+# The operator's reconciliation is every 30 s (pkg/operator/operator.go), the agent answers at
+# once: a step waits for two of the operator's passes at most.
+STEP_SECONDS = 75.0
+
+
+@pytest.fixture
+def scenario(cluster: Cluster) -> Iterator[Cluster]:
+    """The cluster, with the scenario's node, NVIDIADriver (and pod) deleted after it: the
+    Operator scenarios that follow render a DaemonSet for every driver resource and node."""
+    yield cluster
+    for path in (
+        f"/api/v1/nodes/{NODE}",
+        "/apis/nvidia.com/v1alpha1/nvidiadrivers/fluo-pool",
+    ):
+        cluster.delete(path)
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    with local_registry(tmp_path_factory.mktemp("registry")) as running:
+        yield running
+
+
+def node(cluster: Cluster) -> dict[str, object]:
+    return cluster.get(f"/api/v1/nodes/{NODE}")
+
+
+def annotations(cluster: Cluster) -> dict[str, str]:
+    return dict(cluster.get(f"/api/v1/nodes/{NODE}")["metadata"].get("annotations") or {})
+
+
+def labels(cluster: Cluster) -> dict[str, str]:
+    return dict(cluster.get(f"/api/v1/nodes/{NODE}")["metadata"].get("labels") or {})
+
+
+def node_events(cluster: Cluster) -> list[str]:
+    """The reasons of the events about the node (what ``kubectl describe node`` lists)."""
+    return [event["reason"] for event in cluster.items("/api/v1/events")
+            if event["involvedObject"].get("kind") == "Node"
+            and event["involvedObject"].get("name") == NODE]  # fmt: skip
+
+
+def test_fluo_reboots_a_gpu_node_only_once_the_staged_release_has_its_image(
+    scenario: Cluster,
+    operator_module: Path,
+    *,
+    peer_dirs: dict[str, Path],
+    registry: Registry,
+    releases_feed: str,
+    tmp_path: Path,
+) -> None:
+    cluster = scenario
+    cluster.namespace(OPERATOR_NAMESPACE)
+    install_crds(cluster, operator_module)
+    install(cluster, "fluo")
+    install_fluo(cluster, peers.module_dir(peers.load()["fluo"]))
+    cluster.apply(nvidia_driver(operator_module, "fluo-pool", f"{registry.address}/gdc", DRIVER,
+                                NODE))  # fmt: skip
+    register_node(cluster, flatcar_node(NODE, RUNNING, KERNEL))
+    fluo = peer_dirs["fluo"]
+    operator_log = cluster.logs / "update-operator.log"
+    agent_log = cluster.logs / "update-agent.log"
+
+    with (
+        private_system_bus(tmp_path, cluster.logs) as bus,
+        running_operator(cluster, fluo, tmp_path, [APPROVAL]),
+        running_agent(cluster, fluo, tmp_path, NODE, bus=bus, version=RUNNING),
+    ):
+        # The agent reads update_engine's status (GetStatus) and puts it on its node.
+        wait_for("the agent's status annotation",
+                 lambda: annotations(cluster).get(STATUS), agent_log, 60)  # fmt: skip
+        assert bus.update_engine.calls, "the agent never asked update_engine"
+
+        # update_engine applies an update: StatusUpdate, and the agent asks for a reboot.
+        bus.update_engine.stage(STAGED)
+        wait_for("reboot-needed and new-version from the agent",
+                 lambda: annotations(cluster).get(REBOOT_NEEDED) == "true"
+                 and annotations(cluster).get(NEW_VERSION) == STAGED, agent_log, 60)  # fmt: skip
+        assert annotations(cluster)[STATUS] == NEED_REBOOT
+
+        # The operator picks the node: before-reboot, the gate's turn.
+        wait_for("the operator's before-reboot label",
+                 lambda: labels(cluster).get(BEFORE_REBOOT) == "true", operator_log,
+                 STEP_SECONDS)  # fmt: skip
+        env = gate_env(cluster, NODE, releases_feed, tmp_path)
+        held = run_gate_once(cluster, env, tmp_path)
+        assert held.returncode == 0, held.stderr
+        said = annotations(cluster)
+        assert said.get(APPROVAL) != "true", said
+        assert said.get(VERDICT, "").startswith("held"), said
+        assert STAGED in said[VERDICT], said
+        assert "RebootHeld" in node_events(cluster), held.stderr
+
+        # The hold holds: the operator passes over the node again and sets no reboot-ok.
+        passes = operator_log.read_text().count("rebooted nodes")
+        wait_for("another pass of the operator",
+                 lambda: operator_log.read_text().count("rebooted nodes") > passes,
+                 operator_log, STEP_SECONDS)  # fmt: skip
+        assert annotations(cluster).get(REBOOT_OK) != "true", annotations(cluster)
+        assert labels(cluster).get(BEFORE_REBOOT) == "true", labels(cluster)
+        assert bus.logind.reboots == []
+
+        # The staged release's image is published: the gate approves, FLUO lets the agent go.
+        push_image(registry.address, "gdc/driver", f"{DRIVER}-flatcar{STAGED}")
+        allowed = run_gate_once(cluster, env, tmp_path)
+        assert allowed.returncode == 0, allowed.stderr
+        assert annotations(cluster).get(APPROVAL) == "true", (annotations(cluster), allowed.stderr)
+        assert "RebootAllowed" in node_events(cluster)
+        wait_for("the operator's reboot-ok",
+                 lambda: annotations(cluster).get(REBOOT_OK) == "true", operator_log,
+                 STEP_SECONDS)  # fmt: skip
+        # The agent cordons, drains (nothing but DaemonSet pods would run here) and asks
+        # logind to reboot, not interactively (pkg/agent/agent.go: k.lc.Reboot(false)).
+        wait_for("the agent's call to logind's Reboot", lambda: bus.logind.reboots, agent_log,
+                 60)  # fmt: skip
+        assert bus.logind.reboots == [False]
+        done = node(cluster)
+        assert done["spec"].get("unschedulable") is True  # type: ignore[index]
+        assert annotations(cluster).get(REBOOT_IN_PROGRESS) == "true"
+        assert BEFORE_REBOOT not in labels(cluster)
+        assert APPROVAL not in annotations(cluster)  # the operator cleans up its hooks' answers

@@ -1,0 +1,139 @@
+"""kured's real flow with our gate: a reboot is required (kured's sentinel), and the real kured
+(1.16.1) reboots the node only once the gate's pod stops matching its
+``--blocking-pod-selector``, which the gate allows once the staged release's image exists. Its
+reboot command only records (kured.py); nothing reboots.
+
+The gate runs as ``nvidia-driver reboot-gate --manager kured`` with deploy/reboot-gate's
+ServiceAccount and roles, asks update_engine (a stand-in on a private dbus-daemon,
+system_bus.py) what it staged, and labels its own pod: the pod object is created as the
+DaemonSet controller would and its status written as the kubelet would (pods.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import peers
+import pytest
+from apiserver import Cluster
+from fixtures.docker_env import Registry, local_registry
+from gate import NAMESPACE as GATE_NAMESPACE
+from gate import gate_env, install, push_image, run_gate_once
+from gpu_operator import NAMESPACE as OPERATOR_NAMESPACE
+from gpu_operator import flatcar_node, install_crds, nvidia_driver, register_node, wait_for
+from kured import LOCK, running_kured
+from kured import NAMESPACE as KURED_NAMESPACE
+from kured import install as install_kured
+from pods import daemonset_pod
+from system_bus import private_system_bus
+
+pytestmark = pytest.mark.cluster
+
+# The gate's names (gate/managers.py POD_LABEL, HELD, OPEN, VERDICT; deploy/reboot-gate/kured).
+POD_LABEL = VERDICT = "gpu-driver-container/reboot-gate"
+SELECTOR = f"{POD_LABEL}=held"  # kured's --blocking-pod-selector (deploy/reboot-gate/kured)
+DAEMONSET = "nvidia-reboot-gate"  # deploy/reboot-gate/kured/0500_daemonset.yaml
+DRIVER = "595.91.07"
+RUNNING, STAGED, KERNEL = "4459.2.0", "4515.0.0", "6.12.54-flatcar"
+NODE = "gpu-kured"
+# kured waits 30 to 90 s before its first look (delaytick, kured.py), then every --period.
+FIRST_LOOK_SECONDS = 150.0
+
+
+@pytest.fixture
+def scenario(cluster: Cluster) -> Iterator[Cluster]:
+    """The cluster, with the scenario's node, NVIDIADriver (and pod) deleted after it: the
+    Operator scenarios that follow render a DaemonSet for every driver resource and node."""
+    yield cluster
+    for path in (
+        f"/api/v1/nodes/{NODE}",
+        "/apis/nvidia.com/v1alpha1/nvidiadrivers/kured-pool",
+        f"/api/v1/namespaces/{GATE_NAMESPACE}/pods/{DAEMONSET}-{NODE}",
+    ):
+        cluster.delete(path)
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    with local_registry(tmp_path_factory.mktemp("registry")) as running:
+        yield running
+
+
+def node_events(cluster: Cluster) -> list[str]:
+    return [event["reason"] for event in cluster.items("/api/v1/events")
+            if event["involvedObject"].get("kind") == "Node"
+            and event["involvedObject"].get("name") == NODE]  # fmt: skip
+
+
+def test_kured_reboots_a_gpu_node_only_once_the_staged_release_has_its_image(
+    scenario: Cluster,
+    operator_module: Path,
+    *,
+    peer_dirs: dict[str, Path],
+    registry: Registry,
+    releases_feed: str,
+    tmp_path: Path,
+) -> None:
+    cluster = scenario
+    cluster.namespace(OPERATOR_NAMESPACE)
+    install_crds(cluster, operator_module)
+    install(cluster, "kured")
+    install_kured(cluster, peers.module_dir(peers.load()["kured"]))
+    cluster.apply(nvidia_driver(operator_module, "kured-pool", f"{registry.address}/gdc", DRIVER,
+                                NODE))  # fmt: skip
+    register_node(cluster, flatcar_node(NODE, RUNNING, KERNEL))
+    daemonset = cluster.get(f"/apis/apps/v1/namespaces/{GATE_NAMESPACE}/daemonsets/{DAEMONSET}")
+    pod = daemonset_pod(cluster, daemonset, NODE)
+    pod_path = f"/api/v1/namespaces/{GATE_NAMESPACE}/pods/{pod['metadata']['name']}"
+    assert pod["metadata"]["labels"][POD_LABEL] == "held"  # from the template: held from the start
+    kured_log = cluster.logs / "kured.log"
+
+    def pod_label() -> str:
+        return str(cluster.get(pod_path)["metadata"]["labels"].get(POD_LABEL))
+
+    def verdict() -> str:
+        annotations = cluster.get(f"/api/v1/nodes/{NODE}")["metadata"].get("annotations") or {}
+        return str(annotations.get(VERDICT, ""))
+
+    with (
+        private_system_bus(tmp_path, cluster.logs, staged=STAGED) as bus,
+        running_kured(
+            cluster, peer_dirs["kured"], tmp_path, NODE, blocking_pod_selector=SELECTOR
+        ) as kured,  # fmt: skip
+    ):
+        kured.sentinel.touch()  # update_engine's postinst: a reboot is required
+        env = {
+            **gate_env(cluster, NODE, releases_feed, tmp_path),
+            "POD_NAME": pod["metadata"]["name"],
+        }  # the downward API's metadata.name
+        held = run_gate_once(cluster, env, tmp_path, "kured", bus.directory)
+        assert held.returncode == 0, held.stderr
+        assert bus.update_engine.calls, "the gate never asked update_engine"
+        assert pod_label() == "held"
+        assert verdict().startswith("held"), (verdict(), held.stderr)
+        assert STAGED in verdict()
+        assert "RebootHeld" in node_events(cluster)
+
+        # kured looks, finds the gate's pod, and does not reboot.
+        wait_for("kured blocked by the gate's pod",
+                 lambda: f"matching pods: [{pod['metadata']['name']}]" in kured_log.read_text(),
+                 kured_log, FIRST_LOOK_SECONDS)  # fmt: skip
+        assert kured.rebooted() == []
+        assert not cluster.get(f"/api/v1/nodes/{NODE}")["spec"].get("unschedulable")
+
+        push_image(registry.address, "gdc/driver", f"{DRIVER}-flatcar{STAGED}")
+        allowed = run_gate_once(cluster, env, tmp_path, "kured", bus.directory)
+        assert allowed.returncode == 0, allowed.stderr
+        assert pod_label() == "open", allowed.stderr
+        assert verdict().startswith("allowed"), verdict()
+        assert "RebootAllowed" in node_events(cluster)
+
+        # kured's next look: it takes its lock, cordons, drains (the gate's DaemonSet pod
+        # stays) and runs its reboot command, which here only records.
+        wait_for("kured's reboot command", kured.rebooted, kured_log, 60)
+        assert len(kured.rebooted()) == 1, kured.rebooted()
+        assert cluster.get(f"/api/v1/nodes/{NODE}")["spec"].get("unschedulable") is True
+        lock = cluster.get(f"/apis/apps/v1/namespaces/{KURED_NAMESPACE}/daemonsets/kured")
+        assert NODE in lock["metadata"]["annotations"][LOCK]
+        cluster.get(pod_path)  # not evicted
