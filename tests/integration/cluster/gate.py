@@ -124,3 +124,24 @@ def push_image(registry: str, repository: str, tag: str, arch: str = "amd64") ->
     )
     urllib.request.urlopen(request, timeout=30).close()  # noqa: S310 - loopback registry
     return f"{registry}/{repository}:{tag}"
+
+
+def kubelet_pulled(cluster: Cluster, node: str) -> list[str]:
+    """The gate's pre-pull pods on node, finished as the kubelet reports them once it has pulled
+    the image and run its no-op (``PATCH pods/<name>/status``: no kubelet runs here). The pods
+    must have passed the real API server's RBAC and the namespace's restricted Pod Security
+    admission to exist at all. Their images."""
+    pods = cluster.items(f"/api/v1/namespaces/{NAMESPACE}/pods",
+                         f"gpu-driver-container/prepull-node={node}")  # fmt: skip
+    for pod in pods:
+        assert pod["spec"]["nodeName"] == node
+        (container,) = pod["spec"]["containers"]
+        status = {"phase": "Succeeded", "containerStatuses": [{
+            "name": container["name"], "image": container["image"], "imageID": "",
+            "ready": False, "restartCount": 0,
+            "state": {"terminated": {"exitCode": 0, "reason": "Completed"}},
+        }]}  # fmt: skip
+        cluster.request("PATCH", f"/api/v1/namespaces/{NAMESPACE}/pods/{pod['metadata']['name']}"
+                        "/status", {"status": status},
+                        content_type="application/merge-patch+json")  # fmt: skip
+    return [pod["spec"]["containers"][0]["image"] for pod in pods]

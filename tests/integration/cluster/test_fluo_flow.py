@@ -19,7 +19,7 @@ from apiserver import Cluster
 from fixtures.docker_env import Registry, local_registry
 from fluo import install as install_fluo
 from fluo import running_agent, running_operator
-from gate import gate_env, install, push_image, run_gate_once
+from gate import gate_env, install, kubelet_pulled, push_image, run_gate_once
 from gpu_operator import NAMESPACE as OPERATOR_NAMESPACE
 from gpu_operator import flatcar_node, install_crds, nvidia_driver, register_node, wait_for
 from system_bus import NEED_REBOOT, private_system_bus
@@ -143,7 +143,10 @@ def test_fluo_reboots_a_gpu_node_only_once_the_staged_release_has_its_image(
         assert bus.logind.reboots == []
 
         # The staged release's image is published: the gate approves, FLUO lets the agent go.
-        push_image(registry.address, "gdc/driver", f"{DRIVER}-flatcar{STAGED}")
+        image = push_image(registry.address, "gdc/driver", f"{DRIVER}-flatcar{STAGED}")
+        pulling = run_gate_once(cluster, env, tmp_path)  # pre-pull: the image onto the node first
+        assert pulling.returncode == 0, pulling.stderr
+        assert kubelet_pulled(cluster, NODE) == [image]
         allowed = run_gate_once(cluster, env, tmp_path)
         assert allowed.returncode == 0, allowed.stderr
         assert annotations(cluster).get(APPROVAL) == "true", (annotations(cluster), allowed.stderr)

@@ -19,7 +19,7 @@ import pytest
 from apiserver import Cluster
 from fixtures.docker_env import Registry, local_registry
 from gate import NAMESPACE as GATE_NAMESPACE
-from gate import gate_env, install, push_image, run_gate_once
+from gate import gate_env, install, kubelet_pulled, push_image, run_gate_once
 from gpu_operator import NAMESPACE as OPERATOR_NAMESPACE
 from gpu_operator import flatcar_node, install_crds, nvidia_driver, register_node, wait_for
 from kured import LOCK, running_kured
@@ -122,7 +122,12 @@ def test_kured_reboots_a_gpu_node_only_once_the_staged_release_has_its_image(
         assert kured.rebooted() == []
         assert not cluster.get(f"/api/v1/nodes/{NODE}")["spec"].get("unschedulable")
 
-        push_image(registry.address, "gdc/driver", f"{DRIVER}-flatcar{STAGED}")
+        image = push_image(registry.address, "gdc/driver", f"{DRIVER}-flatcar{STAGED}")
+        pulling = run_gate_once(
+            cluster, env, tmp_path, "kured", bus.directory
+        )  # pre-pull: the image onto the node first
+        assert pulling.returncode == 0, pulling.stderr
+        assert kubelet_pulled(cluster, NODE) == [image]
         allowed = run_gate_once(cluster, env, tmp_path, "kured", bus.directory)
         assert allowed.returncode == 0, allowed.stderr
         assert pod_label() == "open", allowed.stderr

@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ BRANCH = DRIVER.split(".", 1)[0]
 # 4459.2.0 and alpha 4515.0.0 both run 6.12.54.
 STABLE, ALPHA, KERNEL = "4459.2.0", "4515.0.0", "6.12.54-flatcar"
 DRIVER_CONTAINER = "nvidia-driver-ctr"
+QUIET_LOOKS = 3  # seconds without a driver DaemonSet after a scenario: the Operator has settled
 # The driver container as this Operator renders it, which the docker harness runs.
 RENDERED = ROOT / "tests" / "integration" / "data" / "gpu-operator-v25.3.4-nvidia-driver-ctr.json"
 RENDERED_FIELDS = ("name", "command", "args", "env", "volumeMounts", "startupProbe", "lifecycle",
@@ -90,14 +92,30 @@ def clean(operator_running: Cluster) -> Iterator[Cluster]:
     """No policy, driver resource, DaemonSet or node left for the next scenario (no garbage
     collector runs here: the DaemonSets the Operator owned are deleted by hand)."""
     yield operator_running
+    daemonsets = f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets"
     for path in ("/apis/nvidia.com/v1/clusterpolicies", "/apis/nvidia.com/v1alpha1/nvidiadrivers",
-                 f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets", "/api/v1/nodes"):  # fmt: skip
-        for item in operator_running.items(path):
-            try:
-                operator_running.request("DELETE", f"{path}/{item['metadata']['name']}")
-            except APIError as error:
-                if error.status != 404:
-                    raise
+                 daemonsets, "/api/v1/nodes"):  # fmt: skip
+        _delete_all(operator_running, path)
+    # A reconcile in flight may write a DaemonSet after its owner is gone: until none is left
+    # for a few seconds, delete what appears.
+    quiet = 0
+    for _ in range(60):
+        quiet = 0 if _delete_all(operator_running, daemonsets) else quiet + 1
+        if quiet == QUIET_LOOKS:
+            break
+        time.sleep(1)
+
+
+def _delete_all(cluster: Cluster, path: str) -> int:
+    deleted = 0
+    for item in cluster.items(path):
+        try:
+            cluster.request("DELETE", f"{path}/{item['metadata']['name']}")
+            deleted += 1
+        except APIError as error:
+            if error.status != 404:
+                raise
+    return deleted
 
 
 def cluster_policy(module: Path, **driver: Any) -> dict[str, Any]:

@@ -19,8 +19,7 @@ from pathlib import Path
 import pytest
 from apiserver import APIError, Cluster
 from fixtures.docker_env import Registry, local_registry
-from gate import NAMESPACE as GATE_NAMESPACE
-from gate import gate_env, install, push_image, run_gate_once
+from gate import gate_env, install, kubelet_pulled, push_image, run_gate_once
 from gpu_operator import NAMESPACE as OPERATOR_NAMESPACE
 from gpu_operator import flatcar_node, install_crds, register_node, sample
 
@@ -116,19 +115,7 @@ def test_nvidia_driver_without_cluster_policy_holds_until_the_image_exists(
     assert pulling.returncode == 0, pulling.stderr
     assert f"pulling {image} onto the node" in annotations(cluster)[VERDICT], pulling.stdout
     assert annotations(cluster).get(APPROVAL) != "true"
-    # The pre-pull pod passed the real API server's RBAC and the namespace's restricted Pod
-    # Security admission; no kubelet runs here, so its status is written as the kubelet writes
-    # it once the image is pulled and the no-op has run (PATCH pods/<name>/status).
-    [pod] = cluster.items(f"/api/v1/namespaces/{GATE_NAMESPACE}/pods")
-    assert pod["spec"]["nodeName"] == NODE
-    assert pod["spec"]["containers"][0]["image"] == image
-    status = {"phase": "Succeeded", "containerStatuses": [{
-        "name": "pull", "image": image, "imageID": "", "ready": False, "restartCount": 0,
-        "state": {"terminated": {"exitCode": 0, "reason": "Completed"}},
-    }]}  # fmt: skip
-    cluster.request("PATCH", f"/api/v1/namespaces/{GATE_NAMESPACE}/pods/{pod['metadata']['name']}"
-                    "/status", {"status": status},
-                    content_type="application/merge-patch+json")  # fmt: skip
+    assert kubelet_pulled(cluster, NODE) == [image]
 
     allowed = run_gate_once(cluster, env, tmp_path)
     assert allowed.returncode == 0, allowed.stderr
