@@ -59,9 +59,11 @@ def gate_env(cluster: Cluster, node: str, feed: str, cache: Path) -> dict[str, s
 
 
 def run_gate_once(cluster: Cluster, env: dict[str, str], workdir: Path, manager: str = "fluo",
-                  system_bus: Path | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
+                  system_bus: Path | None = None, *, others: bool = False
+                  ) -> subprocess.CompletedProcess[str]:  # fmt: skip
     """``nvidia-driver reboot-gate --manager <manager> --once`` with the ServiceAccount's
-    token, as the pod would run it; with ``system_bus`` (a directory holding a private bus's
+    token, as the pod would run it (``--others``: as deploy/reboot-gate/fluo's Deployment runs
+    it); with ``system_bus`` (a directory holding a private bus's
     ``system_bus_socket``) mounted at /run/dbus, as the kured variant mounts the host's
     (deploy/reboot-gate/kured/0500_daemonset.yaml), so the gate finds it where it looks
     (gate/updateengine.py SYSTEM_BUS)."""
@@ -82,7 +84,7 @@ def run_gate_once(cluster: Cluster, env: dict[str, str], workdir: Path, manager:
     bus = str(system_bus) if system_bus is not None else ""
     argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", str(secrets),
             bus, sys.executable, "-m", "nvidia_driver", "reboot-gate", "--manager", manager,
-            "--once"]  # fmt: skip
+            "--once", *(["--others"] if others else [])]  # fmt: skip
     result = subprocess.run(argv, env=env, capture_output=True, text=True, check=False,
                             timeout=300)  # fmt: skip
     with (cluster.logs / "reboot-gate.log").open("a") as log:
