@@ -147,3 +147,11 @@ def kubelet_pulled(cluster: Cluster, node: str) -> list[str]:
                         "/status", {"status": status},
                         content_type="application/merge-patch+json")  # fmt: skip
     return [pod["spec"]["containers"][0]["image"] for pod in pods]
+
+
+def node_event_reasons(cluster: Cluster, node: str) -> list[str]:
+    """The reasons of the events about node, in every namespace: what ``kubectl describe node``
+    lists."""
+    return [event["reason"] for event in cluster.items("/api/v1/events")
+            if event["involvedObject"].get("kind") == "Node"
+            and event["involvedObject"].get("name") == node]  # fmt: skip

@@ -19,24 +19,27 @@ from apiserver import Cluster
 from fixtures.docker_env import Registry, local_registry
 from fluo import install as install_fluo
 from fluo import running_agent, running_operator
-from gate import gate_env, install, kubelet_pulled, push_image, run_gate_once
+from gate import gate_env, install, kubelet_pulled, node_event_reasons, push_image, run_gate_once
 from gpu_operator import NAMESPACE as OPERATOR_NAMESPACE
 from gpu_operator import flatcar_node, install_crds, nvidia_driver, register_node, wait_for
 from system_bus import NEED_REBOOT, private_system_bus
 
+from nvidia_driver.gate.managers import (
+    APPROVAL,
+    BEFORE_REBOOT,
+    FLUO_PREFIX,
+    NEW_VERSION,
+    REBOOT_NEEDED,
+    REBOOT_OK,
+    VERDICT,
+)
+
 pytestmark = pytest.mark.cluster
 
-# FLUO's names (flatcar-linux-update-operator v0.10.0-rc2 pkg/constants/constants.go).
-FLUO = "flatcar-linux-update.v1.flatcar-linux.net"
-BEFORE_REBOOT = f"{FLUO}/before-reboot"
-REBOOT_NEEDED = f"{FLUO}/reboot-needed"
-REBOOT_OK = f"{FLUO}/reboot-ok"
-REBOOT_IN_PROGRESS = f"{FLUO}/reboot-in-progress"
-NEW_VERSION = f"{FLUO}/new-version"
-STATUS = f"{FLUO}/status"
-# The gate's names (gate/managers.py APPROVAL, VERDICT; deploy/reboot-gate/fluo).
-APPROVAL = "gpu-driver-container/reboot-gate-ok"
-VERDICT = "gpu-driver-container/reboot-gate"
+# FLUO's names the gate does not use (flatcar-linux-update-operator v0.10.0-rc2
+# pkg/constants/constants.go); the others are the gate's (gate/managers.py).
+REBOOT_IN_PROGRESS = f"{FLUO_PREFIX}reboot-in-progress"
+STATUS = f"{FLUO_PREFIX}status"
 DRIVER = "595.91.07"
 RUNNING, STAGED, KERNEL = "4459.2.0", "4515.0.0", "6.12.54-flatcar"
 NODE = "gpu-fluo"
@@ -73,13 +76,6 @@ def annotations(cluster: Cluster) -> dict[str, str]:
 
 def labels(cluster: Cluster) -> dict[str, str]:
     return dict(cluster.get(f"/api/v1/nodes/{NODE}")["metadata"].get("labels") or {})
-
-
-def node_events(cluster: Cluster) -> list[str]:
-    """The reasons of the events about the node (what ``kubectl describe node`` lists)."""
-    return [event["reason"] for event in cluster.items("/api/v1/events")
-            if event["involvedObject"].get("kind") == "Node"
-            and event["involvedObject"].get("name") == NODE]  # fmt: skip
 
 
 def test_fluo_reboots_a_gpu_node_only_once_the_staged_release_has_its_image(
@@ -131,7 +127,7 @@ def test_fluo_reboots_a_gpu_node_only_once_the_staged_release_has_its_image(
         assert said.get(APPROVAL) != "true", said
         assert said.get(VERDICT, "").startswith("held"), said
         assert STAGED in said[VERDICT], said
-        assert "RebootHeld" in node_events(cluster), held.stderr
+        assert "RebootHeld" in node_event_reasons(cluster, NODE), held.stderr
 
         # The hold holds: the operator passes over the node again and sets no reboot-ok.
         passes = operator_log.read_text().count("rebooted nodes")
@@ -150,7 +146,7 @@ def test_fluo_reboots_a_gpu_node_only_once_the_staged_release_has_its_image(
         allowed = run_gate_once(cluster, env, tmp_path)
         assert allowed.returncode == 0, allowed.stderr
         assert annotations(cluster).get(APPROVAL) == "true", (annotations(cluster), allowed.stderr)
-        assert "RebootAllowed" in node_events(cluster)
+        assert "RebootAllowed" in node_event_reasons(cluster, NODE)
         wait_for("the operator's reboot-ok",
                  lambda: annotations(cluster).get(REBOOT_OK) == "true", operator_log,
                  STEP_SECONDS)  # fmt: skip

@@ -20,7 +20,9 @@ from fluo import running_agent, running_operator
 from gate import gate_env, install, run_gate_once
 from gpu_operator import GPU_PRESENT, flatcar_node, register_node, wait_for
 from system_bus import private_system_bus
-from test_fluo_flow import APPROVAL, BEFORE_REBOOT, REBOOT_NEEDED, REBOOT_OK, STEP_SECONDS
+from test_fluo_flow import STEP_SECONDS
+
+from nvidia_driver.gate.managers import APPROVAL, BEFORE_REBOOT, REBOOT_NEEDED, REBOOT_OK
 
 pytestmark = pytest.mark.cluster
 

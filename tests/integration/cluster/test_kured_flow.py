@@ -19,7 +19,7 @@ import pytest
 from apiserver import Cluster
 from fixtures.docker_env import Registry, local_registry
 from gate import NAMESPACE as GATE_NAMESPACE
-from gate import gate_env, install, kubelet_pulled, push_image, run_gate_once
+from gate import gate_env, install, kubelet_pulled, node_event_reasons, push_image, run_gate_once
 from gpu_operator import NAMESPACE as OPERATOR_NAMESPACE
 from gpu_operator import flatcar_node, install_crds, nvidia_driver, register_node, wait_for
 from kured import LOCK, running_kured
@@ -28,11 +28,11 @@ from kured import install as install_kured
 from pods import daemonset_pod
 from system_bus import private_system_bus
 
+from nvidia_driver.gate.managers import HELD, POD_LABEL, VERDICT
+
 pytestmark = pytest.mark.cluster
 
-# The gate's names (gate/managers.py POD_LABEL, HELD, OPEN, VERDICT; deploy/reboot-gate/kured).
-POD_LABEL = VERDICT = "gpu-driver-container/reboot-gate"
-SELECTOR = f"{POD_LABEL}=held"  # kured's --blocking-pod-selector (deploy/reboot-gate/kured)
+SELECTOR = f"{POD_LABEL}={HELD}"  # kured's --blocking-pod-selector (deploy/reboot-gate/kured)
 DAEMONSET = "nvidia-reboot-gate"  # deploy/reboot-gate/kured/0500_daemonset.yaml
 DRIVER = "595.91.07"
 RUNNING, STAGED, KERNEL = "4459.2.0", "4515.0.0", "6.12.54-flatcar"
@@ -58,12 +58,6 @@ def scenario(cluster: Cluster) -> Iterator[Cluster]:
 def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
     with local_registry(tmp_path_factory.mktemp("registry")) as running:
         yield running
-
-
-def node_events(cluster: Cluster) -> list[str]:
-    return [event["reason"] for event in cluster.items("/api/v1/events")
-            if event["involvedObject"].get("kind") == "Node"
-            and event["involvedObject"].get("name") == NODE]  # fmt: skip
 
 
 def test_kured_reboots_a_gpu_node_only_once_the_staged_release_has_its_image(
@@ -113,7 +107,7 @@ def test_kured_reboots_a_gpu_node_only_once_the_staged_release_has_its_image(
         assert pod_label() == "held"
         assert verdict().startswith("held"), (verdict(), held.stderr)
         assert STAGED in verdict()
-        assert "RebootHeld" in node_events(cluster)
+        assert "RebootHeld" in node_event_reasons(cluster, NODE)
 
         # kured looks, finds the gate's pod, and does not reboot.
         wait_for("kured blocked by the gate's pod",
@@ -132,7 +126,7 @@ def test_kured_reboots_a_gpu_node_only_once_the_staged_release_has_its_image(
         assert allowed.returncode == 0, allowed.stderr
         assert pod_label() == "open", allowed.stderr
         assert verdict().startswith("allowed"), verdict()
-        assert "RebootAllowed" in node_events(cluster)
+        assert "RebootAllowed" in node_event_reasons(cluster, NODE)
 
         # kured's next look: it takes its lock, cordons, drains (the gate's DaemonSet pod
         # stays) and runs its reboot command, which here only records.

@@ -19,19 +19,14 @@ from pathlib import Path
 import pytest
 from apiserver import APIError, Cluster
 from fixtures.docker_env import Registry, local_registry
-from gate import gate_env, install, kubelet_pulled, push_image, run_gate_once
+from gate import gate_env, install, kubelet_pulled, node_event_reasons, push_image, run_gate_once
 from gpu_operator import NAMESPACE as OPERATOR_NAMESPACE
 from gpu_operator import flatcar_node, install_crds, register_node, sample
 
+from nvidia_driver.gate.managers import APPROVAL, BEFORE_REBOOT, NEW_VERSION, VERDICT
+
 pytestmark = pytest.mark.cluster
 
-# FLUO's names (flatcar-linux-update-operator pkg/constants/constants.go).
-FLUO = "flatcar-linux-update.v1.flatcar-linux.net"
-BEFORE_REBOOT = f"{FLUO}/before-reboot"
-NEW_VERSION = f"{FLUO}/new-version"
-# The gate's annotations (deploy/reboot-gate/fluo/0500_daemonset.yaml, gate/managers.py).
-APPROVAL = "gpu-driver-container/reboot-gate-ok"
-VERDICT = "gpu-driver-container/reboot-gate"
 DRIVER = "595.91.07"
 RUNNING, STAGED, KERNEL = "4459.2.0", "4515.0.0", "6.12.54-flatcar"
 NODE = "gpu-v267"
@@ -70,16 +65,6 @@ def annotations(cluster: Cluster) -> dict[str, str]:
     return dict(cluster.get(f"/api/v1/nodes/{NODE}")["metadata"].get("annotations") or {})
 
 
-def node_events(cluster: Cluster) -> list[dict[str, object]]:
-    """What ``kubectl describe node`` lists: events in every namespace about the node."""
-    return [
-        event
-        for event in cluster.items("/api/v1/events")
-        if event["involvedObject"].get("kind") == "Node"
-        and event["involvedObject"].get("name") == NODE
-    ]
-
-
 def test_the_api_server_refuses_a_node_event_outside_default(cluster: Cluster) -> None:
     """The fact the gate's events depend on (legacyValidateEvent), checked on the real server."""
     cluster.namespace("gdc-events")
@@ -107,7 +92,7 @@ def test_nvidia_driver_without_cluster_policy_holds_until_the_image_exists(
     said = annotations(cluster)
     assert said.get(APPROVAL) != "true", said
     assert "held" in said.get(VERDICT, ""), said
-    reasons = [event["reason"] for event in node_events(cluster)]
+    reasons = node_event_reasons(cluster, NODE)
     assert "RebootHeld" in reasons, (reasons, held.stderr)
 
     image = push_image(registry.address, "gdc/driver", f"{DRIVER}-flatcar{STAGED}")
@@ -120,7 +105,7 @@ def test_nvidia_driver_without_cluster_policy_holds_until_the_image_exists(
     allowed = run_gate_once(cluster, env, tmp_path)
     assert allowed.returncode == 0, allowed.stderr
     assert annotations(cluster).get(APPROVAL) == "true", (annotations(cluster), allowed.stderr)
-    assert "RebootAllowed" in [event["reason"] for event in node_events(cluster)]
+    assert "RebootAllowed" in node_event_reasons(cluster, NODE)
 
 
 def test_use_precompiled_holds_a_release_that_shares_another_nodes_kernel(
