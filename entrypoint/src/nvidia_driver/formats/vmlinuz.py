@@ -44,6 +44,7 @@ _ZBOOT_COMPRESSION = 24  # NUL-terminated name, e.g. "gzip" or "zstd22"
 _ZBOOT_COMPRESSION_MAX = 32
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+LZ4_LEGACY_MAGIC = b"\x02\x21\x4c\x18"
 _ZSTD_BLOCK_HEADER = 3
 _ZSTD_RLE_BLOCK = 1  # stores the one byte it repeats
 _ZSTD_RESERVED_BLOCK = 3
@@ -152,8 +153,24 @@ def _unzstd(data: memoryview, commands: Commands) -> bytes:
     return _run_tool(commands, "zstd", _zstd_frames(data), ["-d", "-q", "-c"])
 
 
+def _lz4_legacy_blocks(data: memoryview) -> memoryview:
+    """The legacy lz4 frame at the start of ``data``: its magic, then blocks, each a 4-byte
+    little-endian size and that many bytes, without what follows.
+
+    The kernel build appends the uncompressed size, which lz4 1.10 (Debian forky's, the
+    images') reads as one more block header: it fails, and writes none of a stream of one block.
+    """
+    end = len(LZ4_LEGACY_MAGIC)
+    while end + 4 <= len(data):
+        size = int.from_bytes(data[end : end + 4], "little")
+        if size == 0 or end + 4 + size > len(data):
+            break
+        end += 4 + size
+    return data[:end]
+
+
 def _unlz4(data: memoryview, commands: Commands) -> bytes:
-    return _run_tool(commands, "lz4", data, ["-d", "-q", "-c"])
+    return _run_tool(commands, "lz4", _lz4_legacy_blocks(data), ["-d", "-q", "-c"])
 
 
 def _unlzo(data: memoryview, commands: Commands) -> bytes:
@@ -178,7 +195,7 @@ CODECS = (
     Codec("lzma", b"\x5d\x00\x00", _unlzma),
     Codec("xz", b"\xfd7zXZ\x00", _unxz),
     Codec("lzo", b"\x89LZO\x00\r\n\x1a\n", _unlzo, tool="lzop"),
-    Codec("lz4", b"\x02\x21\x4c\x18", _unlz4, tool="lz4"),  # legacy frame, as the kernel uses
+    Codec("lz4", LZ4_LEGACY_MAGIC, _unlz4, tool="lz4"),  # legacy frame, as the kernel uses
     Codec("zstd", ZSTD_MAGIC, _unzstd, tool="zstd"),
 )
 _CODEC_BY_NAME = {codec.name: codec for codec in CODECS}
