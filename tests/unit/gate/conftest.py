@@ -33,8 +33,6 @@ from nvidia_driver.sources.download import Backoff, Downloader, DownloadLimits
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy" / "reboot-gate"
 TOKEN = "gate-service-account-token"  # noqa: S105 - the fake API server's
-# fluo_sim.Client's: FLUO's own RBAC is not what is tested.
-FLUO_TOKEN = "fluo-service-account-token"  # noqa: S105
 NAMESPACE = "nvidia-reboot-gate"
 # Real releases (the feed's TSV): stable 4593.2.4 has 6.12.95, 4593.2.5 6.12.102; beta
 # 4628.1.1 has 6.12.87.
@@ -199,7 +197,7 @@ class Cluster:
 
 
 def _cluster(tmp_path: Path, *variants: str) -> Iterator[Cluster]:
-    users = {TOKEN: rbac_rules("common", *variants), FLUO_TOKEN: None}
+    users = {TOKEN: rbac_rules("common", *variants)}
     with FakeAPIServer(users=users) as api, OCIRegistry() as registry:
         yield Cluster(api, registry, tmp_path)
 
