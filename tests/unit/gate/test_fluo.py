@@ -122,20 +122,21 @@ def test_an_event_the_api_server_refuses_is_said_in_one_line(
 
 
 def test_a_node_that_changed_under_the_gate_is_read_and_judged_again(cluster: Cluster) -> None:
-    """The approval carries the resourceVersion it was decided on: the API server answers 409
-    when FLUO (or anyone) changed the node since, and the gate decides on the new node."""
+    """The approval carries the resourceVersion it was decided on, so the API server answers
+    409 when FLUO (or anyone) changed the node since; the gate decides on the new node. The
+    race is injected: the node changes just before the gate's write, which answers 409."""
     _asked_with_its_image_published(cluster)
-    changed = []
 
     def meanwhile(method: str, path: str) -> None:
-        if method == "PATCH" and path == "/api/v1/nodes/gpu-1" and not changed:
-            changed.append(path)  # the agent's next status update lands first
+        if method == "PATCH" and path == "/api/v1/nodes/gpu-1":
+            cluster.api.faults.append(Fault("PATCH", path, 409))
+            cluster.api.before_write = None
             cluster.api.edit(
                 path,
                 lambda n: n["metadata"]["annotations"].update(
                     {"flatcar-linux-update.v1.flatcar-linux.net/last-checked-time": "1786000300"}
                 ),
-            )
+            )  # the agent's next status update lands first
 
     cluster.api.before_write = meanwhile
     verdict = cluster.gate("gpu-1").step()
@@ -148,11 +149,13 @@ def test_a_node_that_changed_under_the_gate_is_read_and_judged_again(cluster: Cl
 
 
 def test_a_node_fluo_no_longer_asks_about_is_left_alone(cluster: Cluster) -> None:
-    """cleanupState took the label (and the annotations) while the gate looked."""
+    """cleanupState took the label (and the annotations) while the gate looked: a 409."""
     _asked_with_its_image_published(cluster)
 
     def cleanup(method: str, path: str) -> None:
         if method == "PATCH" and path == "/api/v1/nodes/gpu-1":
+            cluster.api.faults.append(Fault("PATCH", path, 409))
+            cluster.api.before_write = None
             cluster.api.edit(path, lambda n: n["metadata"]["labels"].pop(BEFORE_REBOOT))
 
     cluster.api.before_write = cleanup

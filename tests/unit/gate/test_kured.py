@@ -39,11 +39,10 @@ def bus(tmp_path: Path) -> Iterator[FakeSystemBus]:
 
 
 def test_with_nothing_staged_the_gate_holds_and_says_nothing(
-    kured_cluster: Cluster, bus: FakeSystemBus
+    cluster: Cluster, bus: FakeSystemBus
 ) -> None:
     """No release waits for a reboot: the pod stays held, the node says why, and no event is
     recorded; the D-Bus exchange is made as the pod's uid."""
-    cluster = kured_cluster
     cluster.add_node("gpu-1")
     cluster.cluster_policy("610.57.04")
     cluster.api.put(f"{PODS}/nvidia-reboot-gate-gpu-1", gate_pod("gpu-1"))
@@ -59,10 +58,9 @@ def test_with_nothing_staged_the_gate_holds_and_says_nothing(
 
 
 def test_a_restarted_gate_blocks_before_it_looks_again(
-    kured_cluster: Cluster, bus: FakeSystemBus
+    cluster: Cluster, bus: FakeSystemBus
 ) -> None:
     """Pod labels outlive a container restart: the gate holds first, then decides."""
-    cluster = kured_cluster
     cluster.add_node("gpu-1")
     pod = gate_pod("gpu-1")
     pod["metadata"]["labels"][POD_LABEL] = OPEN
