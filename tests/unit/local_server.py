@@ -4,7 +4,7 @@
 exit: the one start and stop of every fake server (the system bus of fake_dbus.py too).
 :class:`LocalServer` is an HTTP server on 127.0.0.1, on a free port, that hands each request
 to ``answer``: fetch_server.py (a Flatcar release server), oci_registry.py (an OCI registry)
-and fake_apiserver.py (a Kubernetes API server) are built on it.
+and fake_apiserver.py (a Kubernetes API server, for fault injection) are built on it.
 """
 
 from __future__ import annotations

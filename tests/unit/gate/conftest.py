@@ -1,5 +1,8 @@
 """A cluster for the reboot gate: an API server, a registry, Flatcar's feed, GPU nodes.
 
+The API server is fake_apiserver.py: a store of objects with faults to inject, and none of the
+real server's semantics (RBAC, validation, conflicts), which tests/integration/cluster tests.
+
 The nodes carry the labels NFD and the GPU Operator give a Flatcar GPU node
 (``feature.node.kubernetes.io/system-os_release.ID`` and ``.VERSION_ID``,
 ``kernel-version.full``, ``nvidia.com/gpu.present``); the releases and kernels are real ones,
@@ -32,9 +35,7 @@ from nvidia_driver.kbuild.release import FlatcarReleases
 from nvidia_driver.sources.download import Backoff, Downloader, DownloadLimits
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy" / "reboot-gate"
-TOKEN = "gate-service-account-token"  # noqa: S105 - the fake API server's
-# fluo_sim.Client's: FLUO's own RBAC is not what is tested.
-FLUO_TOKEN = "fluo-service-account-token"  # noqa: S105
+TOKEN = "gate-service-account-token"  # noqa: S105 - a test's, sent to the fake API server
 NAMESPACE = "nvidia-reboot-gate"
 # Real releases (the feed's TSV): stable 4593.2.4 has 6.12.95, 4593.2.5 6.12.102; beta
 # 4628.1.1 has 6.12.87.
@@ -198,19 +199,7 @@ class Cluster:
         return sorted(found, key=lambda event: event["metadata"]["resourceVersion"].zfill(8))
 
 
-def _cluster(tmp_path: Path, *variants: str) -> Iterator[Cluster]:
-    users = {TOKEN: rbac_rules("common", *variants), FLUO_TOKEN: None}
-    with FakeAPIServer(users=users) as api, OCIRegistry() as registry:
-        yield Cluster(api, registry, tmp_path)
-
-
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    """The FLUO variant's RBAC."""
-    yield from _cluster(tmp_path, "fluo")
-
-
-@pytest.fixture
-def kured_cluster(tmp_path: Path) -> Iterator[Cluster]:
-    """The kured variant's RBAC."""
-    yield from _cluster(tmp_path, "kured")
+    with FakeAPIServer() as api, OCIRegistry() as registry:
+        yield Cluster(api, registry, tmp_path)

@@ -1,4 +1,5 @@
-"""The gate's HTTP exchanges: bounded in time and bytes; the Kubernetes API's semantics."""
+"""The gate's HTTP exchanges: bounded in time and bytes; the answers it retries, and how it
+reads a failure."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Cluster
-from fake_apiserver import FakeAPIServer, Fault
+from conftest import TOKEN, Cluster
+from fake_apiserver import Fault
 
 from nvidia_driver.errors import DriverError
 from nvidia_driver.gate.gate import Settings
@@ -62,30 +63,13 @@ def test_an_answer_over_its_byte_limit_is_refused(cluster: Cluster) -> None:
         api.list("/api/v1/nodes")
 
 
-def test_a_stale_resource_version_is_a_conflict(cluster: Cluster) -> None:
-    stored = cluster.add_node("gpu-1")
-    cluster.api.edit("/api/v1/nodes/gpu-1", lambda _: None)  # someone else wrote meanwhile
-    patch = {
-        "metadata": {
-            "resourceVersion": stored["metadata"]["resourceVersion"],
-            "annotations": {"a": "b"},
-        }
-    }
-    with pytest.raises(
-        ConflictError, match=r"answered 409: Operation cannot be fulfilled on nodes"
-    ):
-        cluster.api_client().merge_patch("/api/v1/nodes/gpu-1", patch)
-
-
-def test_a_merge_patch_merges_and_null_deletes(cluster: Cluster) -> None:
-    """RFC 7386, as the fake API server applies it."""
-    cluster.add_node("gpu-1", labels={"drop": "me"})
-    api = cluster.api_client()
-    api.merge_patch("/api/v1/nodes/gpu-1", {"metadata": {"labels": {"drop": None, "new": "x"}}})
-    labels = cluster.node("gpu-1")["metadata"]["labels"]
-    assert "drop" not in labels
-    assert labels["new"] == "x"
-    assert labels["nvidia.com/gpu.present"] == "true"
+def test_a_409_is_a_conflict_and_not_retried(cluster: Cluster) -> None:
+    """The gate's caller reads the object again and decides again (test_fluo.py)."""
+    cluster.add_node("gpu-1")
+    cluster.api.faults.append(Fault("PATCH", "/api/v1/nodes/gpu-1", 409))
+    with pytest.raises(ConflictError, match=r"answered 409: injected fault$"):
+        cluster.api_client().merge_patch("/api/v1/nodes/gpu-1", {"metadata": {}})
+    assert cluster.sleeps == []
 
 
 def test_5xx_answers_are_retried_a_bounded_number_of_times(cluster: Cluster) -> None:
@@ -127,26 +111,28 @@ def test_lists_are_read_page_by_page(cluster: Cluster) -> None:
     assert len(pages) == -(-260 // PAGE_SIZE)
 
 
-def test_a_missing_object_and_a_refused_one_say_so(cluster: Cluster) -> None:
+@pytest.mark.parametrize("status", [401, 403])
+def test_a_missing_object_and_a_refused_one_say_so(cluster: Cluster, status: int) -> None:
     api = cluster.api_client()
     with pytest.raises(NotFoundError, match=r'answered 404: nodes "nope" not found$'):
         api.get("/api/v1/nodes/nope")
+    cluster.api.faults.append(Fault("DELETE", "/api/v1/nodes/nope", status))
     with pytest.raises(DriverError) as caught:
         api._answer("DELETE", "/api/v1/nodes/nope")
-    assert str(caught.value).endswith(
-        'cannot delete resource "nodes" in API group "" at the cluster scope; check the gate\'s '
-        "service account and RBAC (deploy/reboot-gate)"
+    assert str(caught.value) == (
+        f"Kubernetes API: DELETE /api/v1/nodes/nope answered {status}: injected fault; check "
+        "the gate's service account and RBAC (deploy/reboot-gate)"
     )
 
 
-def test_the_token_is_read_at_every_request(cluster: Cluster, tmp_path: Path) -> None:
+def test_the_token_is_read_at_every_request(cluster: Cluster) -> None:
+    """Kubernetes rotates a projected service account token: never one read at the start."""
     cluster.add_node("gpu-1")
     api = cluster.api_client()
+    api.get("/api/v1/nodes/gpu-1")
     cluster.token_file.write_text("rotated\n")
-    with pytest.raises(DriverError, match="answered 401"):
-        api.get("/api/v1/nodes/gpu-1")
-    cluster.api.users["rotated"] = None
-    assert api.get("/api/v1/nodes/gpu-1")["metadata"]["name"] == "gpu-1"
+    api.get("/api/v1/nodes/gpu-1")
+    assert cluster.api.tokens == [TOKEN, "rotated"]
 
 
 def test_the_token_never_crosses_the_network_in_clear() -> None:
@@ -192,20 +178,6 @@ def test_a_name_from_the_environment_outside_kubernetes_names_is_refused(
     with pytest.raises(DriverError) as raised:
         Settings.from_env(env, Manager.KURED, 60)
     assert str(raised.value).startswith(f"{name} {value!r}, which is not {accepted} (")
-
-
-def test_the_fake_refuses_patch_types_it_does_not_implement() -> None:
-    """A client sending another patch type would fail here, not pass on missing semantics."""
-    with FakeAPIServer() as server:
-        server.put("/api/v1/nodes/n", {"metadata": {}})
-        api = KubeAPI(server.url, backoff=Backoff(attempts=1))
-        with pytest.raises(DriverError, match="answered 415"):
-            api._answer(
-                "PATCH",
-                "/api/v1/nodes/n",
-                body={},
-                content_type="application/strategic-merge-patch+json",
-            )
 
 
 @pytest.mark.parametrize(

@@ -1,162 +1,142 @@
-"""The gate as FLUO's before-reboot hook: FLUO's flow, conflicts, failures that hold."""
+"""The gate as FLUO's before-reboot hook: races, failures that hold, the Deployment's share.
+
+FLUO's own flow (its agent's and operator's labels and annotations, its selectors, its
+maxRebootingNodes) runs for real in tests/integration/cluster (test_fluo_flow.py,
+test_fluo_without_gpus.py). Here a node is asked about as FLUO leaves it when the gate's turn
+comes: labelled before-reboot=true, with the agent's new-version annotation.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 import yaml
 from conftest import DEPLOY, STAGED, Cluster
 from fake_apiserver import Fault
-from fluo_sim import BEFORE_REBOOT, NEW_VERSION, Agent, Client, Operator
 
 from nvidia_driver.cli import parser
 from nvidia_driver.gate.gate import Gate
-from nvidia_driver.gate.managers import APPROVAL, VERDICT, Manager
+from nvidia_driver.gate.managers import APPROVAL, BEFORE_REBOOT, NEW_VERSION, VERDICT, Manager
 
 NEW = "610.57.04-flatcar4593.2.5"
+# What answers 404 when the GPU Operator's CRDs are not installed.
+OPERATOR_CRDS = (
+    "/apis/nvidia.com/v1/clusterpolicies",
+    "/apis/nvidia.com/v1alpha1/nvidiadrivers",
+    "/apis/nvidia.com/v1alpha1/gpuclusters",
+)
 
 
-def _fluo(cluster: Cluster) -> tuple[Operator, Client]:
-    client = Client(cluster.api.url)
-    return Operator(client, before_reboot_annotations=[APPROVAL]), client
+def _asked(node: dict[str, Any]) -> None:
+    """FLUO's operator asking: before-reboot=true, and the agent's new-version."""
+    node["metadata"]["labels"][BEFORE_REBOOT] = "true"
+    node["metadata"]["annotations"][NEW_VERSION] = STAGED
 
 
 def _asked_with_its_image_published(cluster: Cluster) -> None:
-    """gpu-1's agent stages 4593.2.5, whose image exists; FLUO labels it before-reboot."""
     cluster.add_node("gpu-1")
     cluster.cluster_policy("610.57.04")
     cluster.publish(NEW)
-    operator, client = _fluo(cluster)
-    Agent(client, "gpu-1").update_engine_staged(STAGED)
-    operator.process()
+    cluster.api.edit("/api/v1/nodes/gpu-1", _asked)
 
 
-def _deployed(cluster: Cluster) -> list[Gate]:
-    """The FLUO variant's gate pods, placed as the scheduler places deploy/reboot-gate/fluo on
-    the cluster's nodes: a DaemonSet's on every node its nodeSelector takes, a Deployment's
-    replicas on any node; each runs as its container's args say."""
-    nodes = cluster.api.items("/api/v1/nodes")
-    gates = []
-    for path in sorted((DEPLOY / "fluo").glob("*.yaml")):
-        document = yaml.safe_load(path.read_text())
-        if document["kind"] not in {"DaemonSet", "Deployment"}:
-            continue
-        pod = document["spec"]["template"]["spec"]
-        [container] = pod["containers"]
-        args = parser().parse_args(container["args"])
-        selector = pod.get("nodeSelector", {})
-        taking = [
-            node["metadata"]["name"]
-            for node in nodes
-            if all(node["metadata"]["labels"].get(k) == v for k, v in selector.items())
-        ]
-        if document["kind"] == "Deployment":
-            taking = taking[:1] * document["spec"]["replicas"]
-        gates += [cluster.gate(name, Manager(args.manager), others=args.others) for name in taking]
-    return gates
+def _deployment(cluster: Cluster) -> Gate:
+    """The FLUO variant's Deployment (``reboot-gate --others``), run as its container's args
+    say."""
+    document = yaml.safe_load((DEPLOY / "fluo" / "0600_deployment.yaml").read_text())
+    [container] = document["spec"]["template"]["spec"]["containers"]
+    args = parser().parse_args(container["args"])
+    assert args.others
+    return cluster.gate("", Manager(args.manager), others=args.others)
 
 
-def _update(cluster: Cluster, names: list[str]) -> list[str]:
-    """Every node stages STAGED; FLUO and the deployed gates run until no node may reboot any
-    more: the nodes in the order they rebooted."""
-    operator, client = _fluo(cluster)
-    for name in names:
-        Agent(client, name).update_engine_staged(STAGED)
-    rebooted: list[str] = []
-    for _ in range(4 * len(names)):
-        operator.process()
-        for gate in _deployed(cluster):
-            gate.step()
-        for name in names:
-            if name not in rebooted and Agent(client, name).may_reboot():
-                Agent(client, name).rebooted()
-                rebooted.append(name)
-    return rebooted
-
-
-def test_a_cluster_without_gpu_nodes_updates_under_fluo(cluster: Cluster) -> None:
-    """No GPU node (a GPU pool scaled to zero): no DaemonSet gate runs, and FLUO still waits
-    for the gate's annotation on every node it picks. The Deployment approves them."""
-    names = ["cpu-1", "cpu-2", "cpu-3"]
-    for name in names:
-        cluster.add_node(name, gpu=False)
-    assert sorted(_update(cluster, names)) == names
-    annotations = cluster.node("cpu-1")["metadata"]["annotations"]
-    assert annotations[VERDICT] == "allowed: not a GPU node (no nvidia.com/gpu.present=true label)"
-
-
-def test_gpu_nodes_the_operator_installs_no_driver_on_update_without_their_gates(
+def test_the_deployment_approves_gpu_nodes_the_operator_installs_no_driver_on(
     cluster: Cluster,
 ) -> None:
-    """The Operator not installed, and the gate's DaemonSet gone: the Deployment approves."""
-    names = ["gpu-1", "gpu-2"]
-    for name in names:
-        cluster.add_node(name)
-    cluster.api.not_installed |= {"clusterpolicies", "nvidiadrivers", "gpuclusters"}
-    operator, client = _fluo(cluster)
-    Agent(client, "gpu-1").update_engine_staged(STAGED)
-    operator.process()
-    [deployment] = [gate for gate in _deployed(cluster) if gate.settings.others]
-    deployment.step()
-    assert cluster.node("gpu-1")["metadata"]["annotations"][VERDICT] == (
+    """The Operator not installed (its CRDs answer 404), and so no gate DaemonSet pod."""
+    cluster.add_node("gpu-1")
+    cluster.api.edit("/api/v1/nodes/gpu-1", _asked)
+    cluster.api.faults += [Fault("GET", path, 404, times=10) for path in OPERATOR_CRDS]
+    _deployment(cluster).step()
+    annotations = cluster.node("gpu-1")["metadata"]["annotations"]
+    assert annotations[VERDICT] == (
         "allowed: the GPU Operator is not installed (no ClusterPolicy or NVIDIADriver CRD)"
     )
+    assert annotations[APPROVAL] == "true"
 
 
 def test_the_deployment_leaves_a_gpu_node_with_a_driver_to_its_own_gate(cluster: Cluster) -> None:
     """Only the node's own gate may approve it: the Deployment never judges an image."""
-    cluster.add_node("gpu-1")
-    cluster.add_node("cpu-1", gpu=False)
+    for name, gpu in (("gpu-1", True), ("cpu-1", False)):
+        cluster.add_node(name, gpu=gpu)
+        cluster.api.edit(f"/api/v1/nodes/{name}", _asked)
     cluster.cluster_policy("610.57.04")
-    # cpu-1 goes (the Deployment), then gpu-1 is held (its own gate): FLUO halts there
-    assert _update(cluster, ["gpu-1", "cpu-1"]) == ["cpu-1"]
+    cluster.publish(NEW)
+    _deployment(cluster).step()
+    assert cluster.node("cpu-1")["metadata"]["annotations"][VERDICT] == (
+        "allowed: not a GPU node (no nvidia.com/gpu.present=true label)"
+    )
+    assert cluster.node("cpu-1")["metadata"]["annotations"][APPROVAL] == "true"
     assert APPROVAL not in cluster.node("gpu-1")["metadata"]["annotations"]
-    cluster.publish(NEW)
-    operator, client = _fluo(cluster)
-    for gate in _deployed(cluster):
-        gate.step()
-    operator.process()
-    assert Agent(client, "gpu-1").may_reboot()
-
-
-def test_a_held_gpu_node_halts_fluo_until_its_image_is_published(cluster: Cluster) -> None:
-    """maxRebootingNodes is 1: a node with before-reboot=true keeps the others waiting."""
-    cluster.add_node("gpu-1")
-    cluster.add_node("gpu-2")
-    cluster.cluster_policy("610.57.04")
-    operator, client = _fluo(cluster)
-    for name in ("gpu-1", "gpu-2"):
-        Agent(client, name).update_engine_staged(STAGED)
-    operator.process()
-    labelled = [
-        name
-        for name in ("gpu-1", "gpu-2")
-        if BEFORE_REBOOT in cluster.node(name)["metadata"]["labels"]
-    ]
-    assert labelled == ["gpu-1"]
-    for name in ("gpu-1", "gpu-2"):
-        cluster.gate(name).step()
-    operator.process()
-    assert BEFORE_REBOOT not in cluster.node("gpu-2")["metadata"]["labels"]
-    cluster.publish(NEW)
     cluster.gate("gpu-1").step()
-    operator.process()
-    assert Agent(client, "gpu-1").may_reboot()
+    assert cluster.node("gpu-1")["metadata"]["annotations"][APPROVAL] == "true"
+
+
+def test_a_verdict_is_said_once_until_it_changes(cluster: Cluster) -> None:
+    """One RebootHeld while the image is missing, however often the gate looks; then one
+    RebootAllowed."""
+    cluster.add_node("gpu-1")
+    cluster.cluster_policy("610.57.04")
+    cluster.api.edit("/api/v1/nodes/gpu-1", _asked)
+    gate = cluster.gate("gpu-1")
+    held = gate.step()
+    assert gate.step() == held
+    assert [e["reason"] for e in cluster.events()] == ["RebootHeld"]
+    cluster.publish(NEW)
+    assert gate.step() is not None
+    assert [e["reason"] for e in cluster.events()] == ["RebootHeld", "RebootAllowed"]
+    [event] = cluster.events()[1:]
+    assert event["involvedObject"] == {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "name": "gpu-1",
+        "uid": "gpu-1",
+    }
+    assert gate.step() is None  # approved: the gate waits for FLUO's next question
+
+
+def test_an_event_the_api_server_refuses_is_said_in_one_line(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The annotation carries the verdict still; the lost event is not lost silently."""
+    cluster.add_node("gpu-1")
+    cluster.cluster_policy("610.57.04")
+    cluster.api.edit("/api/v1/nodes/gpu-1", _asked)
+    cluster.api.faults.append(Fault("POST", "/api/v1/namespaces/default/events", 403))
+    verdict = cluster.gate("gpu-1").step()
+    assert verdict is not None
+    assert not verdict.allowed
+    [line] = [line for line in capsys.readouterr().out.splitlines() if "event" in line]
+    assert line.startswith("WARNING: reboot gate: cannot record the event: Kubernetes API: POST ")
 
 
 def test_a_node_that_changed_under_the_gate_is_read_and_judged_again(cluster: Cluster) -> None:
-    """The approval carries the resourceVersion it was decided on: the API server answers 409
-    when FLUO (or anyone) changed the node since, and the gate decides on the new node."""
+    """The approval carries the resourceVersion it was decided on, so the API server answers
+    409 when FLUO (or anyone) changed the node since; the gate decides on the new node. The
+    race is injected: the node changes just before the gate's write, which answers 409."""
     _asked_with_its_image_published(cluster)
-    changed = []
 
     def meanwhile(method: str, path: str) -> None:
-        if method == "PATCH" and path == "/api/v1/nodes/gpu-1" and not changed:
-            changed.append(path)  # the agent's next status update lands first
+        if method == "PATCH" and path == "/api/v1/nodes/gpu-1":
+            cluster.api.faults.append(Fault("PATCH", path, 409))
+            cluster.api.before_write = None
             cluster.api.edit(
                 path,
                 lambda n: n["metadata"]["annotations"].update(
                     {"flatcar-linux-update.v1.flatcar-linux.net/last-checked-time": "1786000300"}
                 ),
-            )
+            )  # the agent's next status update lands first
 
     cluster.api.before_write = meanwhile
     verdict = cluster.gate("gpu-1").step()
@@ -169,11 +149,13 @@ def test_a_node_that_changed_under_the_gate_is_read_and_judged_again(cluster: Cl
 
 
 def test_a_node_fluo_no_longer_asks_about_is_left_alone(cluster: Cluster) -> None:
-    """cleanupState took the label (and the annotations) while the gate looked."""
+    """cleanupState took the label (and the annotations) while the gate looked: a 409."""
     _asked_with_its_image_published(cluster)
 
     def cleanup(method: str, path: str) -> None:
         if method == "PATCH" and path == "/api/v1/nodes/gpu-1":
+            cluster.api.faults.append(Fault("PATCH", path, 409))
+            cluster.api.before_write = None
             cluster.api.edit(path, lambda n: n["metadata"]["labels"].pop(BEFORE_REBOOT))
 
     cluster.api.before_write = cleanup
