@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import ssl
 import subprocess
 import threading
@@ -13,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import pytest
+from tools import require
 
 
 @dataclass(frozen=True)
@@ -26,8 +25,7 @@ class TLSServer:
 @contextmanager
 def tls_server(directory: Path, body: bytes) -> Iterator[TLSServer]:
     """Serves body at /file, keeping connections alive, over TLS for the name 127.0.0.1."""
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl not installed")
+    require("openssl")
     key, certificate = directory / "key.pem", directory / "certificate.pem"
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",

@@ -16,6 +16,7 @@ PACKAGES = {
     "gpg": "gnupg",
     "gpgconf": "gnupg",
     "gpgv": "gpgv",
+    "openssl": "openssl",
     "patch": "patch",
     "zstd": "zstd",
     "lz4": "lz4",
