@@ -49,18 +49,12 @@ from gdc import tags as tag_rules  # noqa: E402
 from gdc.builder import BuildSettings, DockerBuilder  # noqa: E402
 from gdc.docker_api import Buildx, Docker, DockerError, DockerSDK  # noqa: E402
 from gdc.nvidia import NvidiaUpstream, RecordError  # noqa: E402
-from gdc.registry import (  # noqa: E402
-    Registry,
-    RegistryError,
-    Repository,
-    RetryBudget,
-    credentials_for,
-    token_hosts,
-)
+from gdc.registry import Registry, Repository, RetryBudget, credentials_for  # noqa: E402
 from gdc.releases import ReleaseError  # noqa: E402
 from gdc.tags import TagError, Variant, check_repository  # noqa: E402
 from gdc.versions import VERSIONS_FILE, Versions, VersionsError, load_versions  # noqa: E402
 from nvidia_driver.errors import DriverError  # noqa: E402
+from nvidia_driver.formats.oci import token_hosts  # noqa: E402
 
 FAILURES = (
     DriverError,  # the entrypoint's parsers the tooling reuses (a version, a kernel release)
@@ -68,7 +62,6 @@ FAILURES = (
     ReleaseError,
     TagError,
     DockerError,
-    RegistryError,
     publishing.BuildError,
 )
 

@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from oci_registry import OCIRegistry
 from record import REPOSITORY, Report, add_record_option
 
+from nvidia_driver.formats.oci import Credentials
 from nvidia_driver.gate import registry as after
 from nvidia_driver.gate.gate import DEFAULT_INTERVAL
 from nvidia_driver.sources.download import Backoff
@@ -108,7 +109,7 @@ def main() -> int:
     backoff = Backoff(attempts=1)
     with Report("gate_requests", record=args.record), OCIRegistry() as registry:
         registry.username, registry.password = "robot", "s3cret"
-        secret = {registry.host: after.Credentials("robot", "s3cret")}
+        secret = {registry.host: Credentials("robot", "s3cret")}
         image = after.ImageRef.parse(f"{registry.host}/o/driver:{TAG}")
         old_image = before.ImageRef.parse(str(image))
         old_secret = {registry.host: before.Credentials("robot", "s3cret")}

@@ -60,7 +60,8 @@ from fixtures.release_server import TEST_RELEASE, FlatcarReleaseServer
 from flatcar_feed import feed_entry, with_markers
 
 from gdc import context
-from gdc.registry import Manifest, Registry
+from gdc.registry import Registry
+from nvidia_driver.formats.oci import Manifest
 
 pytestmark = pytest.mark.integration
 

@@ -22,8 +22,9 @@ import pytest
 from fixtures.docker_env import DOCKER_HOST, DockerDaemon, Registry
 from fixtures.shell import run
 
-from gdc.compression import ZSTD_LAYER, recompress
+from gdc.compression import recompress
 from gdc.registry import Registry as RegistryClient
+from nvidia_driver.formats.oci import ZSTD_LAYER
 
 pytestmark = pytest.mark.integration
 

@@ -24,7 +24,7 @@ from raw_server import raw_server
 
 from gdc.download import DownloadError, read_text
 from gdc.download import Limits as FeedLimits
-from gdc.registry import Registry, RegistryError
+from gdc.registry import Registry
 from gdc.transport import Limits as TransportLimits
 from gdc.transport import deadline_session
 from nvidia_driver.commands import Commands
@@ -99,7 +99,7 @@ def _gate_registry(url: str) -> object:
 _CLIENTS: dict[str, tuple[Attempt, type[Exception]]] = {
     "download": (_entrypoint, DriverError),
     "feed": (_feed, DownloadError),
-    "registry": (_registry, RegistryError),
+    "registry": (_registry, DriverError),
     "gate-api": (_gate_api, DriverError),
     "gate-registry": (_gate_registry, DriverError),
 }

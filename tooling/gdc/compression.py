@@ -32,7 +32,7 @@ bytes, so a layer two images share (a precompiled image's base layers) is one bl
 it twice. Readers: containerd >= 1.5 (Flatcar ships 1.7.17 and later), CRI-O >= 1.21, Docker
 Engine >= 23; dockerd 20.10 cannot pull zstd layers (:func:`check_dockerd`).
 
-Errors are :class:`CompressionError` (a :class:`~gdc.registry.RegistryError`), one line; an
+Errors are :class:`CompressionError` (a :class:`~nvidia_driver.errors.DriverError`), one line; an
 image whose own bytes cannot be recompressed (a layer that is no whole gzip stream or not its
 diff_id) is a :class:`DamagedImageError`, which only a new build mends. A layer decompresses to
 at most :data:`MAX_UNCOMPRESSED_BYTES` or the free space of the temporary directory, whichever
@@ -57,30 +57,23 @@ from typing import Any
 
 from gdc import commands
 from gdc.docker_api import split_reference
-from gdc.registry import (
+from gdc.registry import Registry, Repository, full_disk
+from nvidia_driver.errors import DriverError
+from nvidia_driver.formats.oci import (
+    GZIP_TYPES,
+    IMAGE_TYPES,
+    INDEX_TYPES,
     MAX_CONFIG_BYTES,
+    OCI_CONFIG,
+    OCI_INDEX,
+    OCI_MANIFEST,
+    OCI_NAMES,
+    ZSTD_LAYER,
     Manifest,
-    Registry,
-    RegistryError,
-    Repository,
     checked_digest,
-    full_disk,
+    digest_of,
 )
-from nvidia_driver.gate.registry import IMAGE_TYPES, INDEX_TYPES
 
-DOCKER_GZIP = "application/vnd.docker.image.rootfs.diff.tar.gzip"
-OCI_GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"
-GZIP_TYPES = frozenset({DOCKER_GZIP, OCI_GZIP})
-ZSTD_LAYER = "application/vnd.oci.image.layer.v1.tar+zstd"
-OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
-OCI_INDEX = "application/vnd.oci.image.index.v1+json"
-# Kept layers' Docker types, by their OCI names (an OCI manifest lists OCI types).
-OCI_NAMES = {
-    "application/vnd.docker.image.rootfs.diff.tar": "application/vnd.oci.image.layer.v1.tar",
-    "application/vnd.docker.image.rootfs.foreign.diff.tar.gzip":
-        "application/vnd.oci.image.layer.nondistributable.v1.tar+gzip",
-}  # fmt: skip
 LEVELS = range(1, 23)
 DEFAULT_LEVEL = 19
 ULTRA_LEVEL = 20  # from here zstd needs --ultra, and would use up to a 128 MiB window
@@ -95,7 +88,7 @@ _VERSION = re.compile(r"([0-9]+)\.[0-9]+")
 Cache = dict[str, dict[str, Any]]
 
 
-class CompressionError(RegistryError):
+class CompressionError(DriverError):
     """An image that could not be recompressed; the message is one line saying why."""
 
 
@@ -200,13 +193,9 @@ def _put(registry: Registry, name: str, reference: str, manifest: Manifest) -> s
     return digest
 
 
-def _digest(body: bytes) -> str:
-    return "sha256:" + hashlib.sha256(body).hexdigest()
-
-
 def _encode(document: dict[str, Any], media_type: str) -> Manifest:
     body = json.dumps(document, separators=(",", ":")).encode()
-    return Manifest(media_type, body, _digest(body))
+    return Manifest(media_type, body, digest_of(body))
 
 
 def _size(descriptor: dict[str, Any], bound: int, what: str) -> int:
@@ -247,7 +236,8 @@ class _Work:
             if not isinstance(platform, dict) or platform.get("os") == "unknown":
                 listed.append(entry)  # an attestation (or no image at all): kept
                 continue
-            digest = checked_digest(str(entry.get("digest", "")))
+            digest = checked_digest(str(entry.get("digest", "")),
+                                    f"the index {self.name}@{manifest.digest}")  # fmt: skip
             child = self.registry.manifest(self.name, digest)  # checked against digest
             new = self.convert(child)
             if new.digest != child.digest:

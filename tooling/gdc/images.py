@@ -21,7 +21,7 @@ from gdc import context, inputs
 from gdc.docker_api import BuildJob, Docker, DockerError, ImageInfo, Progress
 from gdc.plan import Request
 from gdc.tags import ImageTags, Variant, build_image_tags, precompiled_tags, repository
-from nvidia_driver.sources.gpuoperator import DIGEST
+from nvidia_driver.formats.oci import DIGEST
 
 PRECOMPILED_DIR = "/opt/nvidia/precompiled"
 FLATCAR_VERSION_LABEL = "gpu-driver-container.flatcar-version"

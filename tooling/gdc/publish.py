@@ -56,7 +56,6 @@ a run cut short is completed by the next.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections.abc import Callable, Iterable
@@ -75,13 +74,19 @@ from gdc.compression import (
 )
 from gdc.images import Base
 from gdc.matrix import Exclusion, Image, Matrix
-from gdc.registry import Manifest, Registry, RegistryError, Repository, RetryBudget
+from gdc.registry import Registry, Repository, RetryBudget
 from gdc.table import format_table
 from gdc.tags import Variant
-from nvidia_driver.gate.registry import IMAGE_TYPES, INDEX_TYPES
+from nvidia_driver.errors import DriverError
+from nvidia_driver.formats.oci import (
+    DOCKER_LIST,
+    DOCKER_MANIFEST,
+    INDEX_TYPES,
+    OCI_INDEX,
+    Manifest,
+    digest_of,
+)
 
-OCI_INDEX, DOCKER_LIST = INDEX_TYPES
-_, DOCKER_MANIFEST = IMAGE_TYPES
 # What a node of each arch runs, as an image config says it (the OCI image index spec's
 # platform values: arm64 is variant v8; containerd takes an arm64 image without one for v8).
 PLATFORMS = {"amd64": ("linux", "amd64", ("",)), "arm64": ("linux", "arm64", ("v8", ""))}
@@ -182,7 +187,7 @@ def index_for(descriptors: Iterable[Descriptor]) -> Manifest:
     body = json.dumps({"schemaVersion": 2, "mediaType": media_type,
                        "manifests": [d.json() for d in listed]},
                       sort_keys=True, separators=(",", ":")).encode()  # fmt: skip
-    return Manifest(media_type, body, "sha256:" + hashlib.sha256(body).hexdigest())
+    return Manifest(media_type, body, digest_of(body))
 
 
 @dataclass
@@ -380,7 +385,7 @@ class Publisher:
             for arch in (a for a in image.arches if a in arches):
                 try:
                     status, why = self.stage(image, arch)
-                except (BuildError, RegistryError) as exc:
+                except (BuildError, DriverError) as exc:
                     failed = True
                     details.append(f"{arch}: {_one_line(exc)}")
                     if image.variant is Variant.BUILD:
@@ -395,7 +400,7 @@ class Publisher:
         elif step is not Step.STAGE and not failed:
             try:
                 merged, why = self.merge(image)
-            except (BuildError, RegistryError) as exc:
+            except (BuildError, DriverError) as exc:
                 merged, why = Status.FAILED, _one_line(exc)
             if merged is not Status.SKIPPED or not details:
                 details.append(why)

@@ -8,27 +8,23 @@ the client's :class:`RetryBudget` lasts (``invoke publish`` gives its whole run 
 the answer stands, and a 429, the registry's or its token service's, is reported as a rate
 limit, never as a credentials problem.
 
-Every answer is read as sent (``Accept-Encoding: identity``; one that comes compressed anyway is
-refused, never inflated) and within a byte bound: :data:`MAX_MANIFEST_BYTES` for a manifest,
-:data:`MAX_CONFIG_BYTES` for a config blob, :data:`MAX_ANSWER_BYTES` for a token or an error.
-A manifest is a JSON object of a known media type (:data:`MANIFEST_TYPES`, the body's
-``mediaType`` agreeing with ``Content-Type``) whose config, layers or entries are JSON objects;
-its digest is its bytes' (a ``Docker-Content-Digest`` that differs is refused, as is a manifest
-asked for by digest whose bytes are another's); a config blob is checked against its digest
-too. A reference is a tag or a digest before it becomes part of a URL. Redirects are followed
-only to https (or within a loopback registry), with no credentials but to the registry itself.
+Every answer is read as sent (``Accept-Encoding: identity``) and within a byte bound, then
+checked as the reboot gate checks it (:mod:`nvidia_driver.formats.oci`, the one reader of a
+registry's answers): a manifest's and a config blob's digest, media type and shape, a reference
+or digest before it becomes part of a URL, redirects followed only to https (or within a
+loopback registry), with no credentials but to the registry itself. Failures are DriverErrors.
 
 On a 401 the client follows the ``WWW-Authenticate`` challenge: for ``Bearer`` (ghcr.io, Docker
 Hub, registry:2 with token auth) it asks the realm for a token for the challenge's service and
 scope, for ``Basic`` it sends the credentials. The realm must be https (plain http only when it
-and the registry are on the loopback, :func:`~nvidia_driver.gate.registry.plain_http`), and it
-is sent credentials only on the registry's own host or a host ``REGISTRY_TOKEN_HOSTS`` names
-(comma-separated: Docker Hub's is ``auth.docker.io``). Credentials, first found wins:
+and the registry are on the loopback), and it is sent credentials only on the registry's own
+host or a host ``REGISTRY_TOKEN_HOSTS`` names (:func:`~nvidia_driver.formats.oci.check_realm`).
+Credentials, first found wins:
 
 1. ``REGISTRY_USERNAME`` and ``REGISTRY_PASSWORD``;
 2. the registry's entry in the docker config (``$DOCKER_CONFIG/config.json`` or
    ``~/.docker/config.json``, as ``docker login`` writes it without a credential helper), read
-   as the reboot gate reads a pull secret (``nvidia_driver.gate.registry``);
+   as the reboot gate reads a pull secret (``nvidia_driver.formats.oci``);
 3. for ghcr.io, ``GITHUB_TOKEN`` (user ``$GITHUB_ACTOR``);
 4. none: anonymous tokens, enough to read public images.
 
@@ -59,20 +55,34 @@ import requests
 import urllib3.exceptions
 
 from gdc.transport import Limits, deadline_session
-from nvidia_driver.gate.http import retry_after
-from nvidia_driver.gate.registry import ACCEPT as MANIFEST_ACCEPT
-from nvidia_driver.gate.registry import (
-    IMAGE_TYPES,
-    INDEX_TYPES,
+from nvidia_driver.errors import DriverError
+from nvidia_driver.formats.oci import (
+    ACCEPT,
+    MAX_ANSWER_BYTES,
+    MAX_CONFIG_BYTES,
+    MAX_MANIFEST_BYTES,
+    MAX_REDIRECTS,
     Credentials,
+    Manifest,
+    base_url,
+    check_identity,
+    check_realm,
+    checked_digest,
+    checked_reference,
+    config_digest,
     credentials_from_docker_config,
+    error_detail,
+    index_platforms,
+    on_registry,
     parse_challenge,
-    plain_http,
+    read_config,
+    read_manifest,
+    redirect_target,
+    retry_after,
+    token_of,
 )
-from nvidia_driver.gate.registry import LIMITS as GATE_LIMITS
 from nvidia_driver.safetext import shown
 from nvidia_driver.sources.exchange import ExchangeError
-from nvidia_driver.sources.gpuoperator import DIGEST, TAG
 
 TIMEOUT_SECONDS = 60
 RETRIES = 4  # after the first attempt: 1 + 2 + 4 + 8 s of backoff at most, Retry-After aside
@@ -81,20 +91,11 @@ MAX_RETRY_AFTER_SECONDS = 60.0
 RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})
 BLOB_DEADLINE_SECONDS = 3600.0  # one blob, down or up: a precompiled image's layer is ~1 GB
 CHUNK_BYTES = 1 << 20
-MANIFEST_TYPES = (*INDEX_TYPES, *IMAGE_TYPES)
-MAX_MANIFEST_BYTES = GATE_LIMITS.max_bytes  # as the reboot gate reads one
-MAX_CONFIG_BYTES = 4 << 20
-MAX_ANSWER_BYTES = 1 << 20  # a token, an error
-MAX_REDIRECTS = 5
 _HOST = re.compile(r"[^/]*[.:][^/]*|localhost")
 _NOT_FOUND = 404
 _UNAUTHORIZED = 401
 _TOO_MANY_REQUESTS = 429
 _SERVER_ERROR = 500
-
-
-class RegistryError(RuntimeError):
-    """The registry could not answer; the message says which, why and what to do."""
 
 
 @dataclass
@@ -130,7 +131,7 @@ class Repository:
     def parse(cls, repository: str) -> Repository:
         host, _, name = repository.partition("/")
         if not name or not _HOST.fullmatch(host):
-            raise RegistryError(
+            raise DriverError(
                 f"{repository!r} names no registry host: pass --registry with one, "
                 "e.g. ghcr.io/<owner> or 127.0.0.1:5000/gdc"
             )
@@ -138,21 +139,6 @@ class Repository:
 
     def __str__(self) -> str:
         return f"{self.host}/{self.name}"
-
-
-@dataclass(frozen=True)
-class Manifest:
-    media_type: str
-    body: bytes
-    digest: str
-
-    @property
-    def is_index(self) -> bool:
-        return self.media_type in INDEX_TYPES
-
-    def json(self) -> dict[str, Any]:
-        document = json.loads(self.body)
-        return document if isinstance(document, dict) else {}
 
 
 def docker_config_path(env: Mapping[str, str]) -> Path:
@@ -174,12 +160,6 @@ def credentials_for(
     return None
 
 
-def token_hosts(env: Mapping[str, str]) -> frozenset[str]:
-    """The token services' hosts the user trusts with credentials besides the registry's own
-    (``REGISTRY_TOKEN_HOSTS``, comma-separated)."""
-    return frozenset(h.strip() for h in env.get("REGISTRY_TOKEN_HOSTS", "").split(",") if h.strip())
-
-
 def _docker_config_auth(host: str, config: Path) -> Credentials | None:
     try:
         document = json.loads(config.read_text())
@@ -190,12 +170,12 @@ def _docker_config_auth(host: str, config: Path) -> Credentials | None:
     return credentials_from_docker_config(document).get(host)
 
 
-def full_disk(error: BaseException, path: Path) -> RegistryError | None:
+def full_disk(error: BaseException, path: Path) -> DriverError | None:
     """The one line for a write to path that failed for want of space, else None."""
     if not isinstance(error, OSError) or error.errno not in {errno.ENOSPC, errno.EDQUOT}:
         return None
-    return RegistryError(f"no space left on the disk of {path} ({_first_line(error)}): free "
-                         "space there, or set TMPDIR to a larger disk")  # fmt: skip
+    return DriverError(f"no space left on the disk of {path} ({_first_line(error)}): free "
+                       "space there, or set TMPDIR to a larger disk")  # fmt: skip
 
 
 def _one_line(text: str) -> str:
@@ -225,7 +205,7 @@ class Registry:
     ) -> None:
         self.host = host
         self.token_hosts = token_hosts
-        self.base_url = f"{'http' if plain_http(host) else 'https'}://{host}"
+        self.base_url = base_url(host)
         self.credentials = credentials
         self.session = session or deadline_session()  # each request within one deadline
         # Blobs: a longer deadline, the same session when one is given (tests, adapters).
@@ -262,41 +242,26 @@ class Registry:
     def config(self, name: str, manifest: Manifest) -> dict[str, Any]:
         """The image config an image manifest points at (labels, os, architecture), checked
         against its digest."""
-        descriptor = manifest.json().get("config")
-        digest = str(descriptor.get("digest", "")) if isinstance(descriptor, dict) else ""
-        response = self._send("GET", name, f"blobs/{checked_digest(digest)}", "pull")
+        digest = config_digest(manifest, f"the config blob of {self.host}/{name}")
+        response = self._send("GET", name, f"blobs/{digest}", "pull")
         self._check(response, "GET", name, digest)
         body = self._body(response, MAX_CONFIG_BYTES, f"the config blob {digest} of {name}")
-        if _digest(body) != digest:
-            raise RegistryError(f"the registry {self.host} sent {_digest(body)} for the config "
-                                f"blob {digest} of {name}: refused; the registry's copy is "
-                                "damaged or not what its manifest names")  # fmt: skip
-        try:
-            config = json.loads(body)
-        except ValueError:
-            config = None
-        if not isinstance(config, dict):
-            raise RegistryError(f"the registry {self.host} returned a config blob {digest} of "
-                                f"{name} that is not a JSON object: refused")  # fmt: skip
-        return config
+        what = f"the registry {self.host}'s config blob {digest} of {name}"
+        return read_config(body, digest, what)
 
     def platforms(self, name: str, reference: str) -> frozenset[str]:
         """``os/arch`` of each image behind name:reference (attestation entries left out)."""
         manifest = self.manifest(name, reference)
-        document = manifest.json()
         if manifest.is_index:
-            return frozenset(
-                f"{p.get('os')}/{p.get('architecture')}"
-                for entry in document["manifests"]
-                if isinstance(p := entry.get("platform"), dict) and p.get("os") != "unknown"
-            )
+            found = index_platforms(manifest)
+            return frozenset(f"{os}/{arch}" for os, arch in found if os != "unknown")
         config = self.config(name, manifest)
         return frozenset({f"{config.get('os')}/{config.get('architecture')}"})
 
     def put_manifest(self, name: str, tag: str, manifest: Manifest) -> str:
         """Tag manifest as name:tag (a copy within the repository: no blob moves)."""
-        response = self._send("PUT", name, f"manifests/{_reference(tag)}", "pull,push",
-                              data=manifest.body,
+        checked_reference(tag, f"{self.host}/{name}")
+        response = self._send("PUT", name, f"manifests/{tag}", "pull,push", data=manifest.body,
                               headers={"Content-Type": manifest.media_type})  # fmt: skip
         self._check(response, "PUT", name, tag)
         response.close()
@@ -304,7 +269,8 @@ class Registry:
 
     def blob_exists(self, name: str, digest: str) -> bool:
         """Whether the registry has blob digest in name (a HEAD)."""
-        response = self._send("HEAD", name, f"blobs/{checked_digest(digest)}", "pull")
+        checked_digest(digest, f"a blob of {self.host}/{name}")
+        response = self._send("HEAD", name, f"blobs/{digest}", "pull")
         response.close()
         if response.status_code == _NOT_FOUND:
             return False
@@ -314,8 +280,8 @@ class Registry:
     def fetch_blob(self, name: str, digest: str, size: int, destination: Path) -> None:
         """Write blob digest of name to destination: at most size bytes, streamed, its size and
         SHA-256 checked before this returns (a mismatch leaves no file)."""
-        response = self._send("GET", name, f"blobs/{checked_digest(digest)}", "pull",
-                              session=self.blob_session)  # fmt: skip
+        checked_digest(digest, f"a blob of {self.host}/{name}")
+        response = self._send("GET", name, f"blobs/{digest}", "pull", session=self.blob_session)
         with closing(response):
             self._check(response, "GET", name, digest)
             hasher, count = hashlib.sha256(), 0
@@ -330,29 +296,29 @@ class Registry:
             except (requests.RequestException, urllib3.exceptions.HTTPError, ExchangeError,
                     OSError) as exc:  # fmt: skip
                 destination.unlink(missing_ok=True)
-                broke = RegistryError(f"the registry {self.host} broke off blob {digest} of "
-                                      f"{name} ({_first_line(exc)}): retry")  # fmt: skip
+                broke = DriverError(f"the registry {self.host} broke off blob {digest} of "
+                                    f"{name} ({_first_line(exc)}): retry")  # fmt: skip
                 raise full_disk(exc, destination) or broke from None
         found = "sha256:" + hasher.hexdigest()
         if count != size or found != digest:
             destination.unlink(missing_ok=True)
             got = f"more than {size} bytes" if count > size else f"{count} bytes, {found}"
-            raise RegistryError(f"the registry {self.host} sent {got} for blob {digest} of "
-                                f"{name} ({size} bytes): refused, nothing read from it; the "
-                                "registry's copy is damaged or not what its manifest "
-                                "names")  # fmt: skip
+            raise DriverError(f"the registry {self.host} sent {got} for blob {digest} of "
+                              f"{name} ({size} bytes): refused, nothing read from it; the "
+                              "registry's copy is damaged or not what its manifest "
+                              "names")  # fmt: skip
 
     def upload_blob(self, name: str, path: Path, digest: str) -> None:
         """Upload the file path as blob digest of name: POST for a location, then one PUT."""
-        checked_digest(digest)
+        checked_digest(digest, f"a blob of {self.host}/{name}")
         started = self._send("POST", name, "blobs/uploads/", "pull,push",
                              headers={"Content-Length": "0"})  # fmt: skip
         self._check(started, "POST", name, "blobs/uploads/")
         started.close()
         location = started.headers.get("Location", "")
         if not location:
-            raise RegistryError(f"the registry {self.host} started an upload to {name} but gave "
-                                "no Location: check the registry")  # fmt: skip
+            raise DriverError(f"the registry {self.host} started an upload to {name} but gave "
+                              "no Location: check the registry")  # fmt: skip
         url = urllib.parse.urljoin(f"{self.base_url}/v2/{name}/blobs/uploads/", location)
         url += f"{'&' if urllib.parse.urlsplit(url).query else '?'}digest={digest}"
         with path.open("rb") as body:
@@ -366,70 +332,37 @@ class Registry:
     # --- reading an answer -----------------------------------------------------------------
 
     def _manifest_of(self, name: str, reference: str, *, missing_ok: bool) -> Manifest | None:
-        response = self._send("GET", name, f"manifests/{_reference(reference)}", "pull")
+        checked_reference(reference, f"{self.host}/{name}")
+        response = self._send("GET", name, f"manifests/{reference}", "pull")
         if response.status_code == _NOT_FOUND and missing_ok:
             response.close()
             return None
         self._check(response, "GET", name, reference)
         what = f"{name}{'@' if reference.startswith('sha256:') else ':'}{reference}"
         body = self._body(response, MAX_MANIFEST_BYTES, f"the manifest {what}")
-        return self._manifest(what, reference, body, response.headers)
+        return read_manifest(body, content_type=response.headers.get("Content-Type", ""),
+                             claimed=response.headers.get("Docker-Content-Digest", ""),
+                             reference=reference, what=f"the registry {self.host} answered GET "
+                             f"{what}: the manifest")  # fmt: skip
 
     def _body(self, response: requests.Response, limit: int, what: str) -> bytes:
         """response's body as sent, at most limit bytes; the response is closed."""
         with closing(response):
-            encoding = response.headers.get("Content-Encoding", "").strip().lower()
-            if encoding not in {"", "identity"}:
-                raise RegistryError(f"the registry {self.host} sent {what} with Content-Encoding "
-                                    f"{_one_line(encoding)}, though asked for none: refused, "
-                                    "not inflated; check the registry or the proxy before "
-                                    "it")  # fmt: skip
+            check_identity(response.headers.get("Content-Encoding", ""),
+                           f"the registry {self.host} sent {what}")  # fmt: skip
             chunks, count = [], 0
             try:
                 for chunk in response.raw.stream(CHUNK_BYTES, decode_content=False):
                     count += len(chunk)
                     if count > limit:
-                        raise RegistryError(f"the registry {self.host} sent more than {limit} "
-                                            f"bytes for {what}: refused")  # fmt: skip
+                        raise DriverError(f"the registry {self.host} sent more than {limit} "
+                                          f"bytes for {what}: refused")  # fmt: skip
                     chunks.append(chunk)
             except (requests.RequestException, urllib3.exceptions.HTTPError, ExchangeError,
                     OSError) as exc:  # fmt: skip
-                raise RegistryError(f"the registry {self.host} broke off {what} "
-                                    f"({_first_line(exc)}): retry") from None  # fmt: skip
+                raise DriverError(f"the registry {self.host} broke off {what} "
+                                  f"({_first_line(exc)}): retry") from None  # fmt: skip
         return b"".join(chunks)
-
-    def _manifest(self, what: str, reference: str, body: bytes,
-                  headers: Mapping[str, str]) -> Manifest:  # fmt: skip
-        """The manifest body, once its digest, media type and shape are known good."""
-        digest = _digest(body)
-        answered = f"the registry {self.host} answered {what} with a manifest"
-        if reference.startswith("sha256:") and digest != reference:
-            raise RegistryError(f"{answered} that is {digest}, not {reference}: refused; the "
-                                "registry's copy is damaged")  # fmt: skip
-        claimed = headers.get("Docker-Content-Digest", "")
-        if claimed and claimed != digest:
-            raise RegistryError(f"{answered} that is {digest}, though its Docker-Content-Digest "
-                                f"{_one_line(claimed)} names another: refused; check the "
-                                "registry and any cache before it")  # fmt: skip
-        header = headers.get("Content-Type", "").split(";")[0].strip()
-        try:
-            document = json.loads(body)
-        except ValueError:
-            raise RegistryError(f"{answered} that is not JSON (Content-Type "
-                                f"{_one_line(header) or 'none'}): check the registry, or the "
-                                "proxy before it") from None  # fmt: skip
-        if not isinstance(document, dict):
-            raise RegistryError(f"{answered} that is not a JSON object: refused")
-        declared = document.get("mediaType")
-        media_type = declared if isinstance(declared, str) and declared else header
-        if media_type not in MANIFEST_TYPES or header not in {"", media_type}:
-            types = f"{_one_line(str(declared or ''))} (body), {_one_line(header)} (Content-Type)"
-            raise RegistryError(f"{answered} of media type {types}: refused; only Docker "
-                                "schema 2 and OCI images and indexes are read")  # fmt: skip
-        problem = _shape_problem(document, media_type in INDEX_TYPES)
-        if problem:
-            raise RegistryError(f"{answered} whose {problem}: refused")
-        return Manifest(media_type, body, digest)
 
     # --- transport and auth ----------------------------------------------------------------
 
@@ -440,10 +373,10 @@ class Registry:
         followed (module docstring). The credentials go to this registry only: a location on
         another host is sent none."""
         url = url or f"{self.base_url}/v2/{name}/{path}"
-        headers = {"Accept": MANIFEST_ACCEPT, "Accept-Encoding": "identity",
+        headers = {"Accept": ACCEPT, "Accept-Encoding": "identity",
                    **kwargs.pop("headers", {})}  # fmt: skip
         key = f"{name}:{actions}"
-        ours = self._ours(url)
+        ours = on_registry(url, self.host)
         response = self._request(method, url, headers=self._with_auth(headers, key, ours),
                                  **kwargs)  # fmt: skip
         if response.status_code == _UNAUTHORIZED and ours:
@@ -454,25 +387,14 @@ class Registry:
             if not response.is_redirect or method not in {"GET", "HEAD"}:
                 return response
             response.close()
-            target = urllib.parse.urljoin(url, response.headers["Location"])
-            if urllib.parse.urlsplit(target).scheme != "https" and not self._ours(target):
-                raise RegistryError(f"the registry {self.host} redirected {method} {name}/{path} "
-                                    f"to {_one_line(target)}: only https redirects are "
-                                    "followed; check the registry")  # fmt: skip
-            url = target
-            response = self._request(method, url, headers=self._with_auth(headers, key,
-                                                                          self._ours(url)),
-                                     **kwargs)  # fmt: skip
+            url = redirect_target(url, response.headers.get("Location", ""), self.host,
+                                  f"the registry {self.host} redirected {method} "
+                                  f"{name}/{path}")  # fmt: skip
+            response = self._request(method, url, headers=self._with_auth(
+                headers, key, on_registry(url, self.host)), **kwargs)  # fmt: skip
         response.close()
-        raise RegistryError(f"the registry {self.host} redirected {method} {name}/{path} more "
-                            f"than {MAX_REDIRECTS} times: check the registry")  # fmt: skip
-
-    @property
-    def _hostname(self) -> str | None:
-        return urllib.parse.urlsplit(self.base_url).hostname
-
-    def _ours(self, url: str) -> bool:
-        return urllib.parse.urlsplit(url).netloc == urllib.parse.urlsplit(self.base_url).netloc
+        raise DriverError(f"the registry {self.host} redirected {method} {name}/{path} more "
+                          f"than {MAX_REDIRECTS} times: check the registry")  # fmt: skip
 
     def _with_auth(self, headers: dict[str, str], key: str, ours: bool = True) -> dict[str, str]:
         if ours and key in self._auth:
@@ -494,7 +416,7 @@ class Registry:
                                                              timeout=TIMEOUT_SECONDS,
                                                              **kwargs)  # fmt: skip
             except requests.RequestException as exc:
-                raise RegistryError(
+                raise DriverError(
                     f"cannot reach the registry {self.host} ({_first_line(exc)}): check "
                     "--registry and that the registry is up"
                 ) from None
@@ -517,7 +439,8 @@ class Registry:
             raise self._denied(f"it asks for {header or 'authentication'!r}")
         query = {"service": params.get("service", self.host),
                  "scope": params.get("scope", f"repository:{name}:{actions}")}  # fmt: skip
-        self._check_realm(params["realm"])
+        check_realm(params["realm"], self.host, credentials=self.credentials is not None,
+                    trusted=self.token_hosts, what=f"the registry {self.host}")  # fmt: skip
         auth = (self.credentials.username, self.credentials.password) if self.credentials else None
         response = self._request("GET", params["realm"], params=query, auth=auth,
                                  headers={"Accept-Encoding": "identity"})  # fmt: skip
@@ -529,38 +452,17 @@ class Registry:
             raise _rate_limited(f"the registry {self.host}'s token service {realm} answered 429 "
                                 f"{reason}{self.budget.waited()}")  # fmt: skip
         if response.status_code >= _SERVER_ERROR:
-            raise RegistryError(f"the registry {self.host} could not authorize: {answered}"
-                                f"{self.budget.waited()}; the registry is in trouble, retry "
-                                "later")  # fmt: skip
+            raise DriverError(f"the registry {self.host} could not authorize: {answered}"
+                              f"{self.budget.waited()}; the registry is in trouble, retry "
+                              "later")  # fmt: skip
         if not response.ok:
             raise self._denied(answered)
         body = self._body(response, MAX_ANSWER_BYTES, f"a token from {realm}")
-        try:
-            document = json.loads(body)
-            token = document.get("token") or document.get("access_token")
-        except (ValueError, AttributeError):
-            token = None
-        if not isinstance(token, str) or not token:
-            raise self._denied(f"its token service {realm} returned no token")
+        token, _ = token_of(body, f"the registry {self.host}'s token service {realm}")
         return f"Bearer {token}"
 
-    def _check_realm(self, realm: str) -> None:
-        """A token realm fit for this registry's credentials (module docstring)."""
-        parts = urllib.parse.urlsplit(realm)
-        loopback = plain_http(self.host) and plain_http(parts.netloc)
-        if parts.scheme != "https" and not (parts.scheme == "http" and loopback):
-            why = "it is not https"
-        elif self.credentials and parts.hostname not in {self._hostname, *self.token_hosts}:
-            why = "credentials go only to the registry's own host or one REGISTRY_TOKEN_HOSTS names"
-        else:
-            return
-        raise RegistryError(f"the registry {self.host} named a token service, and this client "
-                            f"refused the token realm {_one_line(realm)}: {why}; if it is the "
-                            "registry's own token service, add its host to "
-                            "REGISTRY_TOKEN_HOSTS")  # fmt: skip
-
-    def _denied(self, why: str) -> RegistryError:
-        return RegistryError(
+    def _denied(self, why: str) -> DriverError:
+        return DriverError(
             f"the registry {self.host} refused access: {why}; set REGISTRY_USERNAME and "
             "REGISTRY_PASSWORD (for ghcr.io: GITHUB_TOKEN with packages: write) or docker login"
         )
@@ -569,8 +471,8 @@ class Registry:
         if response.ok:
             return
         try:  # read, which also closes it
-            detail = _error_detail(self._body(response, MAX_ANSWER_BYTES, "an error"))
-        except RegistryError:
+            detail = error_detail(self._body(response, MAX_ANSWER_BYTES, "an error"))
+        except DriverError:
             detail = ""  # the status says enough
         if response.status_code == _UNAUTHORIZED:
             raise self._denied(f"{method} {name}:{ref} is still 401 with the credentials given")
@@ -578,61 +480,18 @@ class Registry:
         if response.status_code == _TOO_MANY_REQUESTS:
             raise _rate_limited(f"the registry {self.host} answered {method} {name}:{ref} with "
                                 f"429 {reason}{self.budget.waited()}")  # fmt: skip
-        raise RegistryError(
+        raise DriverError(
             f"the registry {self.host} answered {method} {name}:{ref} with "
             f"{response.status_code} {reason}{detail}: check the registry and the "
             "credentials' permissions"
         )
 
 
-def checked_digest(digest: str) -> str:
-    """digest, if it is a SHA-256 digest (the only kind this client can check), before it
-    becomes part of a URL."""
-    if not DIGEST.fullmatch(digest):
-        raise RegistryError(f"{_one_line(digest)!r} is not a sha256:<64 hex> digest: only "
-                            "SHA-256 blobs and manifests are fetched or uploaded")  # fmt: skip
-    return digest
-
-
-def _reference(reference: str) -> str:
-    """reference, if it is a tag or a digest (the OCI grammar's), before it becomes a path."""
-    if not (TAG.fullmatch(reference) or DIGEST.fullmatch(reference)):
-        raise RegistryError(f"{_one_line(reference)!r} is not a tag nor a sha256:<64 hex> "
-                            "digest: refused before any request")  # fmt: skip
-    return reference
-
-
-def _digest(body: bytes) -> str:
-    return "sha256:" + hashlib.sha256(body).hexdigest()
-
-
-def _shape_problem(document: dict[str, Any], index: bool) -> str:
-    """What in a manifest is not the JSON objects a reader takes it for; "" if nothing."""
-    if not index and not isinstance(document.get("config"), dict):
-        return "config is not a JSON object"
-    key = "manifests" if index else "layers"
-    listed = document.get(key)
-    if not isinstance(listed, list) or not all(isinstance(entry, dict) for entry in listed):
-        return f"{key} is not a list of JSON objects"
-    return ""
-
-
-def _rate_limited(what: str) -> RegistryError:
-    return RegistryError(f"{what}: rate-limited by the registry (HTTP 429), retry later")
+def _rate_limited(what: str) -> DriverError:
+    return DriverError(f"{what}: rate-limited by the registry (HTTP 429), retry later")
 
 
 def _retry_after(response: requests.Response, backoff: float) -> float:
     """Seconds to wait before the next attempt: Retry-After when the answer has one."""
     seconds = retry_after(response.headers.get("Retry-After", ""))
     return backoff if seconds is None else seconds
-
-
-def _error_detail(body: bytes) -> str:
-    """The first error of an OCI error body, as ``(CODE: message)``."""
-    try:
-        errors = json.loads(body).get("errors", [])
-        first = errors[0]
-        detail = _one_line(f"{first.get('code')}: {first.get('message')}")
-    except (ValueError, AttributeError, IndexError, TypeError):
-        return ""
-    return f" ({detail})"

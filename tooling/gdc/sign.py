@@ -36,10 +36,11 @@ from pathlib import Path
 from gdc import commands
 from gdc.commands import Runner
 from gdc.matrix import Matrix
-from gdc.registry import Registry, RegistryError, Repository
+from gdc.registry import Registry, Repository
 from gdc.table import format_table
 from nvidia_driver.digests import SHA256_HEX
-from nvidia_driver.gate.registry import plain_http
+from nvidia_driver.errors import DriverError
+from nvidia_driver.formats.oci import plain_http
 
 NO_COSIGN = (
     "cosign is not on PATH: nothing signed; install it "
@@ -197,7 +198,7 @@ def sign_images(
                     continue
                 say(f"Signing {repository}:{tag} ({digest})")
                 status, detail = _sign_one(signer, registry, digest, sbom, Path(scratch))
-            except (RegistryError, SignError) as exc:
+            except (DriverError, SignError) as exc:
                 status, detail = Status.FAILED, str(exc)
             seen[digest or tag] = Signed(tag, digest or "", status, detail)
             results.append(seen[digest or tag])

@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from gdc.versions import driver_branch
+from nvidia_driver.formats.oci import REPOSITORY, TAG
 from nvidia_driver.sources import gpuoperator
 from nvidia_driver.sources.gpuoperator import OS_ID, kernel_in_tag
 
 DEFAULT_IMAGE = "driver"  # the Operator's default driver.image
-_TAG = gpuoperator.TAG
 _PREFIX = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 _FLATCAR_VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+")
 
@@ -69,7 +69,7 @@ def _prefixed(prefix: str, tag: str) -> str:
     if prefix and not _PREFIX.fullmatch(prefix):
         raise TagError(f"invalid tag prefix {prefix!r}: use letters, digits, '_', '.' and '-'")
     full = f"{prefix.rstrip('-')}-{tag}" if prefix else tag
-    if not _TAG.fullmatch(full):
+    if not TAG.fullmatch(full):
         raise TagError(f"invalid tag {full!r}: at most 128 of [A-Za-z0-9_.-], not starting '.-'")
     return full
 
@@ -132,13 +132,10 @@ def repository(registry: str, image: str = DEFAULT_IMAGE) -> str:
     return (f"{registry.rstrip('/')}/{image}" if registry else image).lower()
 
 
-_REPOSITORY = gpuoperator.REPOSITORY  # the OCI distribution reference grammar
-
-
 def check_repository(registry: str, image: str = DEFAULT_IMAGE) -> str:
     """``<registry>/<image>`` if it is a valid repository name, else a TagError saying why."""
     joined = repository(registry, image)
-    if not _REPOSITORY.fullmatch(joined) or len(joined) > 255:  # noqa: PLR2004 - its limit
+    if not REPOSITORY.fullmatch(joined) or len(joined) > 255:  # noqa: PLR2004 - its limit
         what = f"--registry {registry!r}" if registry else f"--image {image!r}"
         raise TagError(
             f"{what} is not a valid repository (host[:port]/path, path of lower-case letters, "

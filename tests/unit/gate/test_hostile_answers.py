@@ -59,8 +59,8 @@ def test_a_feed_the_gate_cannot_read_holds(cluster: Cluster, feed: bytes, reason
     ("media_type", "manifest", "reason"),
     [
         (INDEX, DEEP, "nested deeper"),
-        (INDEX, b'{"manifests": 5}', "lists no manifests"),
-        (IMAGE, b'{"config": []}', "names no config blob"),
+        (INDEX, b'{"manifests": 5}', "manifests is not a list of JSON objects"),
+        (IMAGE, b'{"config": []}', "config is not a JSON object"),
         (INDEX, b'{"manifests": [{"platform": []}]}', "no linux/amd64 image"),
     ],
     ids=["deep", "manifests-5", "config-list", "platform-list"],

@@ -10,11 +10,11 @@ from conftest import STAGED, Cluster
 from oci_registry import OCIRegistry
 
 from nvidia_driver.errors import DriverError
+from nvidia_driver.formats.oci import Credentials
 from nvidia_driver.gate.registry import (
     PUBLISHED_FOR,
     QUIET_FIRST,
     TOKEN_LIFETIME,
-    Credentials,
     ImageRef,
     Presence,
     Registry,

@@ -292,7 +292,7 @@ def test_a_registry_that_wants_credentials_the_gate_lacks_holds(cluster: Cluster
     assert _judge(cluster) == held(
         f"flatcar {B}: cannot check its driver image: "
         f"{cluster.repository}/driver:610.57.04-flatcar{B}: the registry gives no "
-        "anonymous token (401: DENIED): set the GPU Operator's "
+        "anonymous token, 401 (DENIED): set the GPU Operator's "
         "driver.imagePullSecrets and let the gate read them (docs/gpu-operator.md, "
         "the reboot gate's RBAC)"
     )

@@ -16,10 +16,6 @@ from oci_registry import INDEX, OCIRegistry, digest_of, tar_layer
 
 from gdc import compression
 from gdc.compression import (
-    OCI_CONFIG,
-    OCI_INDEX,
-    OCI_MANIFEST,
-    ZSTD_LAYER,
     CompressionError,
     check_dockerd,
     check_level,
@@ -27,7 +23,9 @@ from gdc.compression import (
     recompress,
     recompress_references,
 )
-from gdc.registry import Registry, RegistryError
+from gdc.registry import Registry
+from nvidia_driver.errors import DriverError
+from nvidia_driver.formats.oci import OCI_CONFIG, OCI_INDEX, OCI_MANIFEST, ZSTD_LAYER
 
 NAME = "gdc/driver"
 BASE = tar_layer({"etc/os-release": b"ID=debian\n", "usr/bin/tool": b"\x7fELF" + b"x" * 5000})
@@ -113,7 +111,7 @@ def test_a_tampered_blob_is_refused_before_it_is_decompressed(
         gunzip(source, destination, digest, diff_id)
 
     monkeypatch.setattr(compression, "_gunzip", spy)
-    with pytest.raises(RegistryError) as error:
+    with pytest.raises(DriverError) as error:
         recompress(Registry(registry.host), NAME, "t")
     message = str(error.value)
     assert "\n" not in message
@@ -128,7 +126,7 @@ def test_a_blob_longer_than_its_descriptor_is_cut_off_and_refused(registry: OCIR
     registry.add_layered_image(NAME, ["t"], [BASE])
     layer = _manifest(registry, "t")["layers"][0]["digest"]
     registry.blobs[layer] += b"\0" * (4 << 20)
-    with pytest.raises(RegistryError, match=r"sent more than \d+ bytes for blob"):
+    with pytest.raises(DriverError, match=r"sent more than \d+ bytes for blob"):
         recompress(Registry(registry.host), NAME, "t")
 
 

@@ -19,7 +19,7 @@ from invoke.runners import Result
 from oci_registry import IMAGE, INDEX, OCIRegistry, tar_layer
 
 from gdc import inputs, matrix, publish
-from gdc.compression import ZSTD_LAYER, Compression
+from gdc.compression import Compression
 from gdc.coverage import LtsInfo, parse_lts_info
 from gdc.docker_api import BuildJob, DockerError, ImageInfo, Progress
 from gdc.images import Base
@@ -28,6 +28,7 @@ from gdc.publish import BuildError, Status, Step
 from gdc.registry import Registry, Repository
 from gdc.tags import Variant
 from gdc.versions import Versions, parse_versions
+from nvidia_driver.formats.oci import ZSTD_LAYER
 
 SUM = "ab" * 32
 NAME = "gdc/driver"
@@ -481,7 +482,7 @@ def test_a_registry_that_answers_one_image_badly_fails_that_image_only(
         (BUILD, False), (LTS_IMAGE, True), (KERNEL_IMAGE, False)]  # fmt: skip
     assert said[3].startswith(f"[2/3] {failed} in ")
     assert "amd64: the registry" in said[3]
-    assert "is not JSON" in said[3]
+    assert "the manifest: not JSON" in said[3]
     lines = publish.summary(outcomes, covered.excluded, "r").splitlines()
     assert next(line for line in lines if LTS_IMAGE in line).startswith(failed)
     assert lines[-1].startswith(f"{done} 2, {failed} 1")

@@ -14,18 +14,16 @@ from pathlib import Path
 import pytest
 from oci_registry import IMAGE, INDEX, OCIRegistry, digest_of
 
-from gdc.registry import (
-    MANIFEST_ACCEPT,
+from gdc.registry import Registry, Repository, credentials_for
+from nvidia_driver.errors import DriverError
+from nvidia_driver.formats.oci import (
+    ACCEPT,
     MAX_MANIFEST_BYTES,
     Credentials,
     Manifest,
-    Registry,
-    RegistryError,
-    Repository,
-    credentials_for,
+    plain_http,
     token_hosts,
 )
-from nvidia_driver.gate.registry import plain_http
 from nvidia_driver.safetext import unsafe
 
 NAME = "gdc/driver"
@@ -68,7 +66,7 @@ def test_manifest_requests_accept_oci_and_docker_types() -> None:
         "application/vnd.docker.distribution.manifest.list.v2+json",
         "application/vnd.docker.distribution.manifest.v2+json",
     ):
-        assert media_type in MANIFEST_ACCEPT
+        assert media_type in ACCEPT
 
 
 def test_a_401_is_answered_with_a_token_for_the_challenge_scope(ghcr_like: OCIRegistry) -> None:
@@ -106,7 +104,7 @@ def test_platforms_of_an_index_and_of_a_single_image(registry: OCIRegistry) -> N
 
 def test_wrong_credentials_are_one_line_saying_what_to_set(ghcr_like: OCIRegistry) -> None:
     client = Registry(ghcr_like.host, credentials=Credentials("me", "wrong"))
-    with pytest.raises(RegistryError) as error:
+    with pytest.raises(DriverError) as error:
         client.digest(NAME, "t")
     message = str(error.value)
     assert "\n" not in message
@@ -121,10 +119,10 @@ def test_a_server_error_is_one_line_with_the_registry_s_own_words(
 ) -> None:
     registry.status = 503
     waits: list[float] = []  # the retries' backoff, recorded instead of slept (1 + 2 + 4 + 8 s)
-    with pytest.raises(RegistryError, match=r"answered GET gdc/driver:t with 503") as error:
+    with pytest.raises(DriverError, match=r"answered GET gdc/driver:t with 503") as error:
         Registry(registry.host, sleep=waits.append).digest(NAME, "t")
     registry.status = 500
-    with pytest.raises(RegistryError, match=r"\(UNAVAILABLE: down\)"):
+    with pytest.raises(DriverError, match=r"\(UNAVAILABLE: down\)"):
         Registry(registry.host, sleep=waits.append).manifest(NAME, "t")
     assert waits == [1, 2, 4, 8] * 2
     assert "\n" not in str(error.value)
@@ -134,7 +132,7 @@ def test_an_unreachable_registry_says_so_in_one_line() -> None:
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    with pytest.raises(RegistryError, match=r"cannot reach the registry 127\.0\.0\.1:\d+") as err:
+    with pytest.raises(DriverError, match=r"cannot reach the registry 127\.0\.0\.1:\d+") as err:
         Registry(f"127.0.0.1:{port}").digest(NAME, "t")
     assert "\n" not in str(err.value)
     assert "check --registry" in str(err.value)
@@ -153,9 +151,9 @@ def test_plain_http_only_on_the_loopback(host: str, plain: bool) -> None:
 def test_a_repository_needs_a_registry_host() -> None:
     assert Repository.parse("ghcr.io/me/driver") == Repository("ghcr.io", "me/driver")
     assert str(Repository.parse("127.0.0.1:5000/gdc/driver")) == "127.0.0.1:5000/gdc/driver"
-    with pytest.raises(RegistryError, match=r"pass --registry with one, e\.g\. ghcr\.io/<owner>"):
+    with pytest.raises(DriverError, match=r"pass --registry with one, e\.g\. ghcr\.io/<owner>"):
         Repository.parse("driver")
-    with pytest.raises(RegistryError, match="names no registry host"):
+    with pytest.raises(DriverError, match="names no registry host"):
         Repository.parse("me/driver")
 
 
@@ -213,7 +211,7 @@ def test_a_rate_limited_token_service_is_a_rate_limit_not_a_credentials_problem(
         waits: list[float] = []
         client = Registry(server.host, credentials=Credentials("me", PASSWORD),
                           sleep=waits.append, retry_budget=2)  # fmt: skip
-        with pytest.raises(RegistryError) as error:
+        with pytest.raises(DriverError) as error:
             client.digest(NAME, "t")
         assert waits == [1.0, 1.0]  # within the budget, then the answer stands
         assert str(error.value) == (
@@ -222,7 +220,7 @@ def test_a_rate_limited_token_service_is_a_rate_limit_not_a_credentials_problem(
             "429), retry later"
         )
         server.token_status = 503
-        with pytest.raises(RegistryError, match="the registry is in trouble, retry later"):
+        with pytest.raises(DriverError, match="the registry is in trouble, retry later"):
             Registry(server.host, credentials=Credentials("me", PASSWORD),
                      sleep=waits.append).digest(NAME, "t")  # fmt: skip
 
@@ -279,7 +277,7 @@ def test_every_registry_error_is_one_line(answer: tuple[int, bytes, dict[str, st
             "put": lambda: client.put_manifest(NAME, "t", IMAGE_MANIFEST),
             "config": lambda: client.config(NAME, IMAGE_MANIFEST),
         }
-        with pytest.raises(RegistryError) as error:
+        with pytest.raises(DriverError) as error:
             calls[call]()
     message = str(error.value)
     assert "\n" not in message, message
@@ -291,7 +289,7 @@ def test_a_registry_s_error_and_status_line_reach_the_message_escaped() -> None:
     with Broken() as server:
         server.answer_with = (500, CONTROLS, {})
         server.reason = "Oops\x85ERROR: forged\x1b[2J"  # \x85 is a blank to str.split()
-        with pytest.raises(RegistryError) as error:
+        with pytest.raises(DriverError) as error:
             Registry(server.host, sleep=lambda _seconds: None).manifest(NAME, "t")
     assert str(error.value) == (
         f"the registry {server.host} answered GET {NAME}:t with 500 Oops ERROR: forged"
@@ -305,7 +303,7 @@ def test_a_registry_s_error_and_status_line_reach_the_message_escaped() -> None:
 
 
 def test_a_digest_other_than_sha256_is_refused(registry: OCIRegistry) -> None:
-    with pytest.raises(RegistryError, match="is not a sha256:<64 hex> digest"):
+    with pytest.raises(DriverError, match="is not a sha256:<64 hex> digest"):
         Registry(registry.host).blob_exists(NAME, "sha512:" + "a" * 128)
     assert registry.log == []
 
@@ -318,7 +316,7 @@ def test_an_upload_is_checked_by_the_registry(registry: OCIRegistry, tmp_path: P
     client.upload_blob(NAME, blob, digest)
     assert registry.blobs[digest] == b"bytes"
     assert client.blob_exists(NAME, digest)
-    with pytest.raises(RegistryError, match="DIGEST_INVALID"):
+    with pytest.raises(DriverError, match="DIGEST_INVALID"):
         client.upload_blob(NAME, blob, "sha256:" + "1" * 64)
 
 
@@ -381,7 +379,7 @@ def test_a_manifest_of_the_wrong_shape_or_type_is_one_line(
     registry: OCIRegistry, body: bytes, headers: dict[str, str], why: str
 ) -> None:
     registry.spoiled[f"/v2/{NAME}/manifests/t"] = (200, body, headers)
-    with pytest.raises(RegistryError, match=why) as error:
+    with pytest.raises(DriverError, match=why) as error:
         Registry(registry.host).manifest(NAME, "t")
     assert str(error.value).splitlines() == [str(error.value)]
     assert str(error.value).startswith(f"the registry {registry.host} ")
@@ -391,11 +389,11 @@ def test_a_config_that_is_not_a_json_object_is_one_line(registry: OCIRegistry) -
     config = b'"linux/amd64"'
     registry.blobs[digest_of(config)] = config
     manifest = Manifest(IMAGE, _image({"digest": digest_of(config), "size": len(config)}), "")
-    with pytest.raises(RegistryError, match="is not a JSON object"):
+    with pytest.raises(DriverError, match="is not a JSON object"):
         Registry(registry.host).config(NAME, manifest)
     registry.add_image(NAME, ["t"], index=False)
     registry.spoiled[f"/v2/{NAME}/manifests/t"] = (200, manifest.body, {"Content-Type": IMAGE})
-    with pytest.raises(RegistryError, match="is not a JSON object"):
+    with pytest.raises(DriverError, match="is not a JSON object"):
         Registry(registry.host).platforms(NAME, "t")
 
 
@@ -404,7 +402,7 @@ def test_a_config_blob_is_checked_against_its_digest(registry: OCIRegistry) -> N
     other = b'{"os": "linux", "architecture": "arm64"}'
     registry.blobs[digest_of(config)] = other  # the registry's copy is not what it names
     manifest = Manifest(IMAGE, _image({"digest": digest_of(config), "size": len(config)}), "")
-    with pytest.raises(RegistryError, match="refused"):
+    with pytest.raises(DriverError, match="refused"):
         Registry(registry.host).config(NAME, manifest)
 
 
@@ -415,13 +413,13 @@ def test_a_manifest_s_digest_is_its_body_s_not_a_header_s(registry: OCIRegistry)
     headers = {"Content-Type": IMAGE, "Docker-Content-Digest": amd64}
     registry.spoiled[f"/v2/{NAME}/manifests/arm64"] = (200, body, headers)
     client = Registry(registry.host)
-    with pytest.raises(RegistryError, match=f"Docker-Content-Digest {amd64}"):
+    with pytest.raises(DriverError, match=f"Docker-Content-Digest {amd64}"):
         client.manifest(NAME, "arm64")
-    with pytest.raises(RegistryError, match=f"Docker-Content-Digest {amd64}"):
+    with pytest.raises(DriverError, match=f"Docker-Content-Digest {amd64}"):
         client.digest(NAME, "arm64")
     # By digest: the body must be that digest's, whatever the headers say.
     registry.spoiled[f"/v2/{NAME}/manifests/{amd64}"] = (200, body, {"Content-Type": IMAGE})
-    with pytest.raises(RegistryError, match=f"is {digest_of(body)}, not {amd64}"):
+    with pytest.raises(DriverError, match=f"is {digest_of(body)}, not {amd64}"):
         client.manifest(NAME, amd64)
 
 
@@ -432,10 +430,10 @@ def test_a_reference_that_is_neither_a_tag_nor_a_digest_makes_no_request(
     registry: OCIRegistry, reference: str
 ) -> None:
     client = Registry(registry.host)
-    with pytest.raises(RegistryError, match="is not a tag nor a sha256:<64 hex> digest"):
+    with pytest.raises(DriverError, match="is not a tag nor a sha256:<64 hex> digest"):
         client.manifest(NAME, reference)
     manifest = Manifest(IMAGE, _image({"digest": reference, "size": 2}), "")
-    with pytest.raises(RegistryError, match="digest"):
+    with pytest.raises(DriverError, match="digest"):
         client.config(NAME, manifest)
     assert registry.log == []
 
@@ -448,9 +446,9 @@ def test_an_answer_is_read_bounded_and_never_inflated(registry: OCIRegistry) -> 
     huge = b'{"schemaVersion": 2, "pad": "' + b"x" * (MAX_MANIFEST_BYTES) + b'"}'
     registry.spoiled[f"/v2/{NAME}/manifests/huge"] = (200, huge, {"Content-Type": IMAGE})
     client = Registry(registry.host)
-    with pytest.raises(RegistryError, match="Content-Encoding gzip"):
+    with pytest.raises(DriverError, match="Content-Encoding gzip"):
         client.manifest(NAME, "gz")
-    with pytest.raises(RegistryError, match=f"more than {MAX_MANIFEST_BYTES} bytes"):
+    with pytest.raises(DriverError, match=f"more than {MAX_MANIFEST_BYTES} bytes"):
         client.manifest(NAME, "huge")
 
 
@@ -460,7 +458,7 @@ def test_a_redirect_is_followed_only_to_https(registry: OCIRegistry) -> None:
     with OCIRegistry(username="me", password=PASSWORD) as server:
         server.spoiled[f"/v2/{NAME}/manifests/t"] = (307, b"", {"Location": elsewhere})
         client = Registry(server.host, credentials=Credentials("me", PASSWORD))
-        with pytest.raises(RegistryError, match=r"redirected .* to http://localhost:\d+/v2/.*: "
+        with pytest.raises(DriverError, match=r"redirected .* to http://localhost:\d+/v2/.*: "
                            "only https redirects are followed") as error:  # fmt: skip
             client.manifest(NAME, "t")
     assert registry.log == []
@@ -473,14 +471,14 @@ def test_credentials_go_only_to_a_token_realm_on_the_registry_s_host() -> None:
         challenge = {"WWW-Authenticate": f'Bearer realm="{realm}",service="x"'}
         server.spoiled[f"/v2/{NAME}/manifests/t"] = (401, b"", challenge)
         client = Registry(server.host, credentials=Credentials("me", PASSWORD))
-        with pytest.raises(RegistryError, match="refused the token realm http://localhost") as err:
+        with pytest.raises(DriverError, match="refused the token realm http://localhost") as err:
             client.manifest(NAME, "t")
         assert tokens.log == []
         assert "REGISTRY_TOKEN_HOSTS" in str(err.value)
         # One the user names is trusted (plain http: both on the loopback).
         trusting = Registry(server.host, credentials=Credentials("me", PASSWORD),
                             token_hosts=frozenset({"localhost"}))  # fmt: skip
-        with pytest.raises(RegistryError, match="still 401 with the credentials given"):
+        with pytest.raises(DriverError, match="still 401 with the credentials given"):
             trusting.manifest(NAME, "t")
         assert [auth for _, path, auth in tokens.log if path == "/token"] == [
             "Basic " + base64.b64encode(b"me:s3cret").decode()]  # fmt: skip

@@ -12,7 +12,6 @@ is returned whatever its status; failures to exchange at all raise :class:`Unrea
 
 from __future__ import annotations
 
-import email.utils
 import http.client
 import random
 import ssl
@@ -22,6 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from nvidia_driver.errors import DriverError
+from nvidia_driver.formats.oci import retry_after
 from nvidia_driver.limits import MiB
 from nvidia_driver.safetext import ANNOTATION_SHOWN, shown
 from nvidia_driver.sources.download import Backoff
@@ -177,17 +177,3 @@ def send_retried(
         asked = retry_after(response.header("Retry-After")) or 0.0
         sleep(max(jitter(delay), min(asked, MAX_RETRY_AFTER)))
     return send()
-
-
-def retry_after(value: str) -> float | None:
-    """The seconds a ``Retry-After`` value asks for (RFC 9110: ASCII digits, or an HTTP date),
-    never below 0; None when it is neither. Each client caps and defaults it its own way (the
-    tooling's registry client too)."""
-    value = value.strip()
-    if value.isascii() and value.isdigit():
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())

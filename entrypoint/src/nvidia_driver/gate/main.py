@@ -5,7 +5,9 @@ The environment (deploy/reboot-gate sets it): ``NODE_NAME``, ``POD_NAMESPACE`` a
 secrets are, default ``gpu-operator``); ``REBOOT_GATE_ANNOTATION`` (FLUO's before-reboot
 annotation, default :data:`~.managers.APPROVAL`); ``DRIVER_VERSION`` (the build image's own);
 ``FLATCAR_RELEASES_URL``, ``FLATCAR_RELEASE_BASE_URL`` and ``FLATCAR_KEYRING`` for mirrors; the
-``NVIDIA_DRIVER_DOWNLOAD_*`` limits.
+``NVIDIA_DRIVER_DOWNLOAD_*`` limits; ``REGISTRY_TOKEN_HOSTS``, the token services besides a
+registry's own host that may be sent the pull secrets' credentials (Docker Hub's:
+``auth.docker.io``).
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ from pathlib import Path
 from types import FrameType
 
 from nvidia_driver.commands import Commands
+from nvidia_driver.formats.oci import token_hosts
 from nvidia_driver.gate.buildcheck import BuildImage
 from nvidia_driver.gate.gate import Gate, Settings
 from nvidia_driver.gate.kubeapi import KubeAPI, namespace
 from nvidia_driver.gate.managers import Manager
 from nvidia_driver.gate.prepull import PrePull
+from nvidia_driver.gate.registry import Registry
 from nvidia_driver.gate.verdict import Checker, Releases
 from nvidia_driver.kbuild.cachedirs import cache_dir, work_dir
 from nvidia_driver.kbuild.release import FlatcarReleases
@@ -55,6 +59,7 @@ def make_gate(
             "GPU_OPERATOR_NAMESPACE",
             "set it to the namespace the GPU Operator runs in",
         ),
+        registry=Registry(token_hosts=token_hosts(env)),
     )
     # The --others Deployment judges no node's own reboot: nothing of its own to pull.
     on_node = settings.prepull and not settings.others

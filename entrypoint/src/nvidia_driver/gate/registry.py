@@ -12,61 +12,63 @@ themselves.
 
 Registries on 127.0.0.1, ::1 or localhost are spoken to over plain http, all others over https,
 as gdc.registry does. Credentials come from the GPU Operator's pull secrets (docker config
-JSON, as ``kubectl create secret docker-registry`` writes it).
+JSON, as ``kubectl create secret docker-registry`` writes it); they go to a token realm on the
+registry's own host, or on one ``REGISTRY_TOKEN_HOSTS`` names (Docker Hub's: ``auth.docker.io``).
 
-The media types, the challenge's reading and the docker config's credentials are the
-project's one definition of them: gdc.registry, the tooling's client, takes them from here.
+Every answer is read and checked as the tooling's client reads it
+(:mod:`nvidia_driver.formats.oci`): bounded, never inflated, a manifest's and a blob's bytes
+checked against their digest, a manifest's media type and shape checked.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
 import math
-import re
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
 
 from nvidia_driver.errors import DriverError
-from nvidia_driver.formats import jsontext
+from nvidia_driver.formats.oci import (
+    ACCEPT,
+    DIGEST,
+    DOCKER_HUB,
+    MAX_MANIFEST_BYTES,
+    MAX_REDIRECTS,
+    REPOSITORY,
+    TAG,
+    Credentials,
+    check_identity,
+    check_realm,
+    config_digest,
+    error_detail,
+    index_platforms,
+    parse_challenge,
+    plain_http,
+    read_config,
+    read_manifest,
+    redirect_target,
+    retry_after,
+    token_of,
+    verified,
+)
 from nvidia_driver.gate.http import (
     Client,
     Limits,
     Response,
     UnreachableError,
     jittered,
-    retry_after,
     retryable,
     send_retried,
 )
-from nvidia_driver.limits import MiB
 from nvidia_driver.safetext import ANNOTATION_SHOWN, shown
 from nvidia_driver.sources.download import Backoff
-from nvidia_driver.sources.gpuoperator import DIGEST, REPOSITORY, TAG
 
-INDEX_TYPES = (
-    "application/vnd.oci.image.index.v1+json",
-    "application/vnd.docker.distribution.manifest.list.v2+json",
-)
-IMAGE_TYPES = (
-    "application/vnd.oci.image.manifest.v1+json",
-    "application/vnd.docker.distribution.manifest.v2+json",
-)
-ACCEPT = ", ".join((*INDEX_TYPES, *IMAGE_TYPES))
-LIMITS = Limits(timeout=20.0, deadline=60.0, max_bytes=4 * MiB)  # manifests are a few KiB
-DOCKER_HUB = "docker.io"
+LIMITS = Limits(timeout=20.0, deadline=60.0, max_bytes=MAX_MANIFEST_BYTES)
 _DOCKER_HUB_API = "registry-1.docker.io"  # where docker.io's API is
-_DOCKER_HUB_KEYS = ("https://index.docker.io/v1/", "index.docker.io", "docker.io")
-_PLAIN_HTTP = frozenset({"127.0.0.1", "localhost", "::1"})
-_CHALLENGE_PARAM = re.compile(r'(\w+)="([^"]*)"')
 _NOT_FOUND, _UNAUTHORIZED = 404, 401
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
-MAX_REDIRECTS = 3  # a blob's: registry -> storage (-> a signed URL)
 _OK = range(200, 300)
 _HEAD_REFUSED = frozenset({405, 501})  # a registry that answers no HEAD: asked with GET
 PUBLISHED_FOR = 600.0  # seconds a published verdict is kept (a held one is asked every look)
@@ -80,17 +82,6 @@ class Presence(Enum):
     PUBLISHED = "published"
     MISSING = "not published yet"
     NO_ARCH = "published without this arch"
-
-
-@dataclass(frozen=True)
-class Credentials:
-    username: str
-    password: str
-
-    @property
-    def basic(self) -> str:
-        """The ``Authorization`` header's value for a ``Basic`` challenge."""
-        return "Basic " + base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
 
 
 @dataclass(frozen=True)
@@ -137,54 +128,6 @@ def _split_reference(text: str) -> tuple[str, str]:
     return text, ""
 
 
-def plain_http(host: str) -> bool:
-    """Whether a registry host (``127.0.0.1:5000``, ``[::1]:5000``) is spoken to in plain
-    http: only on the loopback, so that credentials and layers never cross a network in clear.
-    The tooling's client (gdc.registry) decides with it too."""
-    return (urllib.parse.urlsplit(f"//{host}").hostname or "") in _PLAIN_HTTP
-
-
-def parse_challenge(header: str) -> tuple[str, dict[str, str]]:
-    """A ``WWW-Authenticate`` header's scheme (lower-cased) and parameters:
-    ``Bearer realm="...",service="...",scope="..."`` -> ``("bearer", {"realm": ...})``."""
-    scheme, _, params = header.partition(" ")
-    return scheme.lower(), dict(_CHALLENGE_PARAM.findall(params))
-
-
-def credentials_from_docker_config(document: Mapping[str, Any]) -> dict[str, Credentials]:
-    """host -> credentials from a docker config (``{"auths": {...}}``, or a .dockercfg's map).
-
-    A host's own key (``ghcr.io``) wins over its URL forms (``https://ghcr.io``).
-    """
-    auths = document.get("auths", document)
-    found: dict[str, Credentials] = {}
-    if not isinstance(auths, Mapping):
-        return found
-    keys = [key for key in auths if isinstance(key, str)]
-    for key in sorted(keys, key=lambda key: "://" not in key):  # a host's own key last: it wins
-        entry = auths[key]
-        if not isinstance(entry, Mapping):
-            continue
-        username, password = entry.get("username"), entry.get("password")
-        encoded = entry.get("auth")
-        if isinstance(encoded, str) and encoded:
-            try:
-                username, _, password = base64.b64decode(encoded).decode().partition(":")
-            except (binascii.Error, UnicodeDecodeError):
-                continue
-        if isinstance(username, str) and isinstance(password, str) and username:
-            found[_registry_key(key)] = Credentials(username, password)
-    return found
-
-
-def _registry_key(key: str) -> str:
-    """``https://ghcr.io/v1/`` -> ``ghcr.io``; Docker Hub's keys -> ``docker.io``."""
-    if key in _DOCKER_HUB_KEYS:
-        return DOCKER_HUB
-    parsed = urllib.parse.urlsplit(key if "://" in key else f"//{key}")
-    return parsed.netloc or key
-
-
 @dataclass
 class Registry:
     """Asks registries about manifests. One per gate process: its tokens, the arches of the
@@ -196,6 +139,7 @@ class Registry:
     sleep: Callable[[float], None] = time.sleep
     clock: Callable[[], float] = time.monotonic
     jitter: Callable[[float], float] = jittered
+    token_hosts: frozenset[str] = frozenset()  # besides the registry's own: REGISTRY_TOKEN_HOSTS
     _challenges: dict[tuple[str, str], str] = field(default_factory=dict)  # repository's
     _tokens: dict[tuple[str, str, str], tuple[str, float]] = field(default_factory=dict)
     _arches: dict[str, frozenset[str]] = field(default_factory=dict)  # manifest digest ->
@@ -242,53 +186,46 @@ class Registry:
         response = self._get(image, path, ACCEPT, basic)
         if response.status == _NOT_FOUND:
             return None
-        return self._read_arches(image, response, basic, "")
+        return self._read_arches(image, response, basic, image.reference)
 
     def _read_arches(
-        self, image: ImageRef, response: Response, basic: str, digest: str
+        self, image: ImageRef, response: Response, basic: str, reference: str
     ) -> frozenset[str]:
         """The linux arches of an index, or the arch in a single image's config."""
-        if response.status == _NOT_FOUND or (
-            digest and f"sha256:{hashlib.sha256(response.body).hexdigest()}" != digest
-        ):
-            raise DriverError(f"{image}: the manifest the registry named, {digest}, is not served")
-        manifest = _json(response, image)
-        media_type = response.header("Content-Type").split(";")[0].strip()
-        media_type = media_type or str(manifest.get("mediaType", ""))
-        if media_type in INDEX_TYPES or "manifests" in manifest:
-            entries = manifest.get("manifests")
-            if not isinstance(entries, list):
-                raise DriverError(f"{image}: the registry's index lists no manifests")
-            platforms = [entry.get("platform") for entry in entries if isinstance(entry, Mapping)]
-            return frozenset(
-                str(p.get("architecture"))
-                for p in platforms
-                if isinstance(p, Mapping) and p.get("os") == "linux"
-            )
-        config = manifest.get("config")
-        blob_digest = config.get("digest", "") if isinstance(config, Mapping) else ""
-        if not isinstance(blob_digest, str) or not DIGEST.fullmatch(blob_digest):
-            raise DriverError(f"{image}: the manifest names no config blob")  # it goes in a URL
-        architecture = _json(self._blob(image, blob_digest, basic), image).get("architecture")
+        if response.status == _NOT_FOUND:
+            raise DriverError(f"{image}: the manifest the registry named, {reference}, is not "
+                              "served")  # fmt: skip
+        manifest = read_manifest(
+            response.body,
+            content_type=response.header("Content-Type"),
+            claimed=response.header("Docker-Content-Digest"),
+            reference=reference,
+            what=f"{image}: the registry's manifest",
+        )
+        if manifest.is_index:
+            return frozenset(arch for os, arch in index_platforms(manifest) if os == "linux")
+        digest = config_digest(manifest, f"{image}: the manifest's config")  # it goes in a URL
+        what = f"{image}: the config blob {digest}"
+        architecture = read_config(self._blob(image, digest, basic).body, digest, what).get(
+            "architecture"
+        )
         return frozenset({architecture} if isinstance(architecture, str) else ())
 
     def _blob(self, image: ImageRef, digest: str, basic: str) -> Response:
         """A blob, wherever the registry sends it: ghcr.io and Docker Hub answer 307 to their
         storage host. Followed to https only, with no credentials (they are the registry's),
         and what arrives must be the digest asked for."""
+        url = f"{self._url(image)}/blobs/{digest}"
         response = self._get(image, f"blobs/{digest}", "*/*", basic, also=_REDIRECTS)
         for _ in range(MAX_REDIRECTS):
             if response.status not in _REDIRECTS:
                 break
-            location = response.header("Location")
-            if urllib.parse.urlsplit(location).scheme != "https":
-                where = shown(location, ANNOTATION_SHOWN)
-                raise DriverError(f"{image}: refusing the blob's redirect to {where}: not https")
-            response = self._send("GET", location, "*/*", "")
+            what = f"{image}: the registry redirected the blob {digest}"
+            url = redirect_target(url, response.header("Location"), image.api_host, what)
+            response = self._send(image, "GET", url, "*/*", "")
         if response.status not in _OK:
             raise DriverError(f"{image}: the blob {digest} answered {response.status}")
-        if f"sha256:{hashlib.sha256(response.body).hexdigest()}" != digest:
-            raise DriverError(f"{image}: the blob {digest} does not match its digest")
+        verified(response.body, digest, f"{image}: the blob {digest}")
         return response
 
     # --- a registry that answered 429 or 5xx is left alone a while ---------------------------
@@ -315,6 +252,10 @@ class Registry:
 
     # --- the exchange, with the token dance ------------------------------------------------
 
+    def _url(self, image: ImageRef) -> str:
+        scheme = "http" if plain_http(image.api_host) else "https"
+        return f"{scheme}://{image.api_host}/v2/{image.name}"
+
     def _get(
         self,
         image: ImageRef,
@@ -326,24 +267,27 @@ class Registry:
         also: frozenset[int] = frozenset(),
     ) -> Response:
         """The answer if OK, 404 or one of ``also``; a DriverError otherwise."""
-        scheme = "http" if plain_http(image.api_host) else "https"
-        url = f"{scheme}://{image.api_host}/v2/{image.name}/{path}"
-        response = self._send(method, url, accept, self._authorization(image, basic, scheme))
+        url = f"{self._url(image)}/{path}"
+        response = self._send(image, method, url, accept, self._authorization(image, basic))
         if response.status == _UNAUTHORIZED:
             self._challenges[image.host, image.name] = response.header("WWW-Authenticate")
             self._tokens.pop((image.host, image.name, basic), None)
-            response = self._send(method, url, accept, self._authorization(image, basic, scheme))
+            response = self._send(image, method, url, accept, self._authorization(image, basic))
         self._answered(image, response)
         if response.status in _OK or response.status == _NOT_FOUND or response.status in also:
             return response
-        raise DriverError(f"{image}: the registry answered {response.status}{_errors(response)}")
+        raise DriverError(
+            f"{image}: the registry answered {response.status}{error_detail(response.body)}"
+        )
 
-    def _send(self, method: str, url: str, accept: str, authorization: str) -> Response:
-        headers = {"Accept": accept}
+    def _send(
+        self, image: ImageRef, method: str, url: str, accept: str, authorization: str
+    ) -> Response:
+        headers = {"Accept": accept, "Accept-Encoding": "identity"}
         if authorization:
             headers["Authorization"] = authorization
         try:
-            return send_retried(
+            response = send_retried(
                 lambda: self.client.send(method, url, headers),
                 self.backoff,
                 self.sleep,
@@ -351,8 +295,11 @@ class Registry:
             )
         except UnreachableError as exc:
             raise DriverError(f"{exc}; check the node's network and proxy") from None
+        if response.status in _OK:
+            check_identity(response.header("Content-Encoding"), f"{image}: the registry's answer")
+        return response
 
-    def _authorization(self, image: ImageRef, basic: str, scheme: str) -> str:
+    def _authorization(self, image: ImageRef, basic: str) -> str:
         """The kept token while it lives, else a new one for the repository's challenge (no
         401 first when the challenge is known); "" before any challenge."""
         key = (image.host, image.name, basic)
@@ -362,13 +309,11 @@ class Registry:
         challenge = self._challenges.get((image.host, image.name))
         if challenge is None:
             return ""
-        authorization, lifetime = self._authorize(image, challenge, basic, scheme)
+        authorization, lifetime = self._authorize(image, challenge, basic)
         self._tokens[key] = (authorization, self.clock() + lifetime)
         return authorization
 
-    def _authorize(
-        self, image: ImageRef, header: str, basic: str, scheme: str
-    ) -> tuple[str, float]:
+    def _authorize(self, image: ImageRef, header: str, basic: str) -> tuple[str, float]:
         """The Authorization a challenge asks for, and how many seconds it may be reused."""
         kind, fields = parse_challenge(header)
         if kind == "basic":
@@ -380,52 +325,23 @@ class Registry:
             raise DriverError(
                 f"{image}: the registry's challenge '{shown(header, ANNOTATION_SHOWN)}' is unknown"
             )
-        if urllib.parse.urlsplit(realm).scheme != scheme and not plain_http(image.api_host):
-            raise DriverError(
-                f"{image}: refusing the token realm {shown(realm, ANNOTATION_SHOWN)}: not https"
-            )
+        check_realm(realm, image.api_host, credentials=bool(basic), trusted=self.token_hosts,
+                    what=f"{image}: the registry")  # fmt: skip
         query = {"service": fields.get("service", "")}
         query["scope"] = fields.get("scope") or f"repository:{image.name}:pull"
         url = f"{realm}?{urllib.parse.urlencode(query)}"
-        response = self._send("GET", url, "application/json", basic)
+        response = self._send(image, "GET", url, "application/json", basic)
         if response.status not in _OK:
             why = "refused the pull secret's credentials" if basic else "gives no anonymous token"
             raise DriverError(
-                f"{image}: the registry {why} ({response.status}{_errors(response)}): "
-                f"{_SET_PULL_SECRETS}"
+                f"{image}: the registry {why}, {response.status}"
+                f"{error_detail(response.body)}: {_SET_PULL_SECRETS}"
             )
-        document = _json(response, image)
-        token = document.get("token") or document.get("access_token")
-        if not isinstance(token, str) or not token:
-            raise DriverError(f"{image}: the registry's token endpoint answered no token")
-        lifetime = document.get("expires_in")
-        if not isinstance(lifetime, int) or isinstance(lifetime, bool) or lifetime <= 0:
-            lifetime = TOKEN_LIFETIME
-        return f"Bearer {token}", max(lifetime - TOKEN_MARGIN, 0.0)
+        token, lifetime = token_of(response.body, f"{image}: the registry's token endpoint")
+        return f"Bearer {token}", max((lifetime or TOKEN_LIFETIME) - TOKEN_MARGIN, 0.0)
 
 
 _SET_PULL_SECRETS = (
     "set the GPU Operator's driver.imagePullSecrets and let the gate read them "
     "(docs/gpu-operator.md, the reboot gate's RBAC)"
 )
-
-
-def _json(response: Response, image: ImageRef) -> dict[str, Any]:
-    document = jsontext.parse(response.body, f"{image}: the registry's answer")
-    if not isinstance(document, dict):
-        raise DriverError(f"{image}: the registry answered no JSON object")
-    return document
-
-
-def _errors(response: Response) -> str:
-    """``: <code> <message>`` of the first error an OCI error body lists, or ""."""
-    try:
-        document = jsontext.parse(response.body, "the error body")
-    except DriverError:
-        return ""
-    errors = document.get("errors") if isinstance(document, dict) else None
-    first = errors[0] if isinstance(errors, list) and errors else None
-    if not isinstance(first, dict):
-        return ""
-    text = f"{first.get('code', '')} {first.get('message', '')}".strip()
-    return f": {shown(text, 120)}" if text else ""

@@ -28,6 +28,7 @@ from typing import Any
 
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats import jsontext
+from nvidia_driver.formats.oci import Credentials, credentials_from_docker_config
 from nvidia_driver.gate.buildcheck import BuildImage, Outcome
 from nvidia_driver.gate.kubeapi import KubeAPI, object_name
 from nvidia_driver.gate.operator import DriverSpec as Spec
@@ -40,13 +41,7 @@ from nvidia_driver.gate.operator import (
     shared_kernel,
     wanted_images,
 )
-from nvidia_driver.gate.registry import (
-    Credentials,
-    ImageRef,
-    Presence,
-    Registry,
-    credentials_from_docker_config,
-)
+from nvidia_driver.gate.registry import ImageRef, Presence, Registry
 from nvidia_driver.gate.updateengine import PREFS, VERSION_ZERO, staged_from_prefs
 from nvidia_driver.limits import MiB
 from nvidia_driver.safetext import ANNOTATION_SHOWN, shown

@@ -22,22 +22,11 @@ from __future__ import annotations
 
 import re
 
-from nvidia_driver.digests import SHA256_HEX
 from nvidia_driver.sources.flatcar import FlatcarVersion
 
 OS_ID = "flatcar"  # /etc/os-release ID, as NFD's system-os_release.ID label carries it
 DIGEST_PREFIX = "sha256:"  # a version the Operator takes as a digest: nothing is appended
 _NOT_IN_TAG = re.compile(r"[^A-Za-z0-9_.-]")
-
-# The OCI distribution reference grammar (distribution/reference, regexp.go), which the
-# Operator parses the image with (ref.New): a host with an optional port, then path components
-# of lower-case letters and digits joined by ".", "_", "__" or dashes; a tag of at most 128.
-_DOMAIN = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
-_HOST = rf"(?:{_DOMAIN}(?:\.{_DOMAIN})*|\[[0-9a-fA-F:]+\])(?::[0-9]+)?"
-_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-REPOSITORY = re.compile(rf"(?:{_HOST}/)?{_COMPONENT}(?:/{_COMPONENT})*")
-TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
-DIGEST = re.compile(f"sha256:{SHA256_HEX.pattern}")
 
 
 def os_tag(flatcar_version: str) -> str:
