@@ -18,9 +18,11 @@ from gdc.registry import Registry, Repository, credentials_for
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats.oci import (
     ACCEPT,
+    DOCKER_HUB_API,
     MAX_MANIFEST_BYTES,
     Credentials,
     Manifest,
+    check_realm,
     plain_http,
     token_hosts,
 )
@@ -488,3 +490,16 @@ def test_token_hosts_come_from_the_environment() -> None:
     assert token_hosts({"REGISTRY_TOKEN_HOSTS": "auth.docker.io, auth.example"}) == {
         "auth.docker.io", "auth.example"}  # fmt: skip
     assert token_hosts({}) == frozenset()
+
+
+def test_docker_hub_s_token_service_is_its_own_and_no_other_host_is() -> None:
+    """Docker Hub's API (registry-1.docker.io) names realm https://auth.docker.io/token: its
+    pull secrets go there without REGISTRY_TOKEN_HOSTS; another registry's do not."""
+    hub = "https://auth.docker.io/token"
+    assert check_realm(hub, DOCKER_HUB_API, credentials=True, trusted=frozenset(),
+                       what="docker.io") == hub  # fmt: skip
+    with pytest.raises(DriverError, match="REGISTRY_TOKEN_HOSTS"):
+        check_realm(hub, "ghcr.io", credentials=True, trusted=frozenset(), what="ghcr.io")
+    with pytest.raises(DriverError, match="not https"):
+        check_realm("http://auth.docker.io/token", DOCKER_HUB_API, credentials=True,
+                    trusted=frozenset(), what="docker.io")  # fmt: skip

@@ -77,6 +77,11 @@ TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 DIGEST = re.compile(f"sha256:{SHA256_HEX.pattern}")
 
 DOCKER_HUB = "docker.io"
+DOCKER_HUB_API = "registry-1.docker.io"  # where docker.io's API is
+# A registry's own token service on another host of the same operator, trusted without
+# REGISTRY_TOKEN_HOSTS: Docker Hub's API answers 401 with realm="https://auth.docker.io/token"
+# (docs.docker.com/registry/spec/auth/token, "How to authenticate").
+OWN_TOKEN_HOSTS = {DOCKER_HUB_API: frozenset({"auth.docker.io"})}
 _DOCKER_HUB_KEYS = ("https://index.docker.io/v1/", "index.docker.io", "docker.io")
 _PLAIN_HTTP = frozenset({"127.0.0.1", "localhost", "::1"})
 _CHALLENGE_PARAM = re.compile(r'(\w+)="([^"]*)"')
@@ -294,7 +299,7 @@ def parse_challenge(header: str) -> tuple[str, dict[str, str]]:
 
 def token_hosts(env: Mapping[str, str]) -> frozenset[str]:
     """The token services' hosts the user trusts with credentials besides the registry's own
-    (``REGISTRY_TOKEN_HOSTS``, comma-separated: Docker Hub's is ``auth.docker.io``)."""
+    (``REGISTRY_TOKEN_HOSTS``, comma-separated; Docker Hub's is built in: OWN_TOKEN_HOSTS)."""
     return frozenset(h.strip() for h in env.get("REGISTRY_TOKEN_HOSTS", "").split(",") if h.strip())
 
 
@@ -307,7 +312,7 @@ def check_realm(
     own = urllib.parse.urlsplit(f"//{host}").hostname
     if parts.scheme != "https" and not (parts.scheme == "http" and loopback):
         why = "it is not https"
-    elif credentials and parts.hostname not in {own, *trusted}:
+    elif credentials and parts.hostname not in {own, *OWN_TOKEN_HOSTS.get(host, ()), *trusted}:
         why = "credentials go only to the registry's own host or one REGISTRY_TOKEN_HOSTS names"
     else:
         return realm

@@ -13,7 +13,8 @@ themselves.
 Registries on 127.0.0.1, ::1 or localhost are spoken to over plain http, all others over https,
 as gdc.registry does. Credentials come from the GPU Operator's pull secrets (docker config
 JSON, as ``kubectl create secret docker-registry`` writes it); they go to a token realm on the
-registry's own host, or on one ``REGISTRY_TOKEN_HOSTS`` names (Docker Hub's: ``auth.docker.io``).
+registry's own host (Docker Hub's ``auth.docker.io`` counts as its own), or on one
+``REGISTRY_TOKEN_HOSTS`` names.
 
 Every answer is read and checked as the tooling's client reads it
 (:mod:`nvidia_driver.formats.oci`): bounded, never inflated, a manifest's and a blob's bytes
@@ -34,6 +35,7 @@ from nvidia_driver.formats.oci import (
     ACCEPT,
     DIGEST,
     DOCKER_HUB,
+    DOCKER_HUB_API,
     MAX_MANIFEST_BYTES,
     MAX_REDIRECTS,
     REPOSITORY,
@@ -66,7 +68,6 @@ from nvidia_driver.safetext import ANNOTATION_SHOWN, shown
 from nvidia_driver.sources.download import Backoff
 
 LIMITS = Limits(timeout=20.0, deadline=60.0, max_bytes=MAX_MANIFEST_BYTES)
-_DOCKER_HUB_API = "registry-1.docker.io"  # where docker.io's API is
 _NOT_FOUND, _UNAUTHORIZED = 404, 401
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _OK = range(200, 300)
@@ -114,7 +115,7 @@ class ImageRef:
 
     @property
     def api_host(self) -> str:
-        return _DOCKER_HUB_API if self.host == DOCKER_HUB else self.host
+        return DOCKER_HUB_API if self.host == DOCKER_HUB else self.host
 
 
 def _split_reference(text: str) -> tuple[str, str]:
