@@ -8,13 +8,8 @@ from gdc.coverage import LTS_INFO_URL, LTS_INFO_URL_ENV, LtsInfo, ReleaseError, 
 from gdc.coverage import read_feed as _read_feed
 from gdc.download import DownloadError, read_text
 from nvidia_driver.errors import DriverError
-from nvidia_driver.sources.flatcar import (
-    RELEASES_URL_ENV,
-    Channel,
-    FlatcarVersion,
-    Release,
-    releases_url_from_env,
-)
+from nvidia_driver.settings import FLATCAR_RELEASES_URL
+from nvidia_driver.sources.flatcar import Channel, FlatcarVersion, Release, releases_url_from_env
 
 __all__ = ["FeedReader", "ReleaseError", "current_stable", "find_release", "load_feed"]
 
@@ -41,7 +36,7 @@ def load_feed(url: str, reader: FeedReader = read_url) -> str:
         return reader(url)
     except (DownloadError, OSError) as exc:
         raise ReleaseError(
-            f"cannot read the Flatcar releases feed ({exc}); set {RELEASES_URL_ENV} or pass "
+            f"cannot read the Flatcar releases feed ({exc}); set {FLATCAR_RELEASES_URL} or pass "
             "--releases-url for a mirror"
         ) from None
 

@@ -160,7 +160,9 @@ def _init_options(args: argparse.Namespace, env: dict[str, str]) -> None:
     threads = getattr(args, "max_threads", None)
     if threads is not None:
         say(f"Using {threads} parallel compile jobs for a runtime build (--max-threads)")
-        env["MAX_THREADS"] = str(threads)
+        from nvidia_driver.settings import MAX_THREADS  # noqa: PLC0415
+
+        env[MAX_THREADS] = str(threads)
 
 
 def reboot_gate(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import IO
 
 from nvidia_driver.errors import DriverError
+from nvidia_driver.settings import PATH
 
 FILTER_EXIT_GRACE_SECONDS = 1.0
 # What a filter may still write once its reader has what it wanted, drained so that the filter
@@ -39,13 +40,13 @@ class Commands:
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
 
     def which(self, name: str) -> str | None:
-        return shutil.which(name, path=self.env.get("PATH", os.defpath))
+        return shutil.which(name, path=self.env.get(PATH, os.defpath))
 
     def require(self, name: str) -> str:
         found = self.which(name)
         if found is None:
             raise DriverError(
-                f"{name} not found on PATH ({self.env.get('PATH', '')}): "
+                f"{name} not found on PATH ({self.env.get(PATH, '')}): "
                 "the image is incomplete; rebuild it or report a bug"
             )
         return found

@@ -9,13 +9,26 @@ from dataclasses import dataclass, field
 
 from nvidia_driver.errors import DriverError
 from nvidia_driver.safetext import check, config_entry, shown
+from nvidia_driver.settings import (
+    ALLOW_NON_FLATCAR,
+    DRIVER_BRANCH,
+    DRIVER_CONFIG_DIGEST,
+    DRIVER_VERSION,
+    GPU_DIRECT_RDMA_ENABLED,
+    KERNEL_MODULE_TYPE,
+    MAX_THREADS,
+    NODE_NAME,
+    NVFM_CONFIG_,
+    OPEN_KERNEL_MODULES_ENABLED,
+    TARGETARCH,
+    USE_HOST_MOFED,
+)
 
 MODULE_TYPES = ("auto", "open", "proprietary")
 ARCHES = {"amd64": "x86_64", "arm64": "aarch64"}
 _MACHINE_TO_ARCH = {"x86_64": "amd64", "aarch64": "arm64", "arm64": "arm64", "amd64": "amd64"}
 _VERSION = re.compile(r"[0-9]{3,}\.[0-9]+(\.[0-9]+)?")  # ASCII: str.isdigit() takes "²"
 _NUMBER = re.compile(r"[0-9]+")
-_NVFM_PREFIX = "NVFM_CONFIG_"
 _TRUE = ("true", "1", "yes")
 _FALSE = ("false", "0", "no", "")
 
@@ -34,17 +47,17 @@ def _flag(env: Mapping[str, str], variable: str) -> bool:
 
 
 def _module_type(env: Mapping[str, str]) -> str:
-    requested = env.get("KERNEL_MODULE_TYPE", "").strip().lower()
+    requested = env.get(KERNEL_MODULE_TYPE, "").strip().lower()
     if requested:
         if requested not in MODULE_TYPES:
-            raise _invalid("KERNEL_MODULE_TYPE", env["KERNEL_MODULE_TYPE"], ", ".join(MODULE_TYPES))
+            raise _invalid(KERNEL_MODULE_TYPE, env[KERNEL_MODULE_TYPE], ", ".join(MODULE_TYPES))
         return requested
     # Kept by the Operator for backwards compatibility: it means "open".
-    return "open" if _flag(env, "OPEN_KERNEL_MODULES_ENABLED") else "auto"
+    return "open" if _flag(env, OPEN_KERNEL_MODULES_ENABLED) else "auto"
 
 
 def _driver_version(env: Mapping[str, str], *, required: bool) -> str:
-    version = env.get("DRIVER_VERSION", "").strip()
+    version = env.get(DRIVER_VERSION, "").strip()
     if not version:
         if required:
             raise DriverError(
@@ -53,7 +66,7 @@ def _driver_version(env: Mapping[str, str], *, required: bool) -> str:
             )
         return ""
     if not _VERSION.fullmatch(version):
-        raise _invalid("DRIVER_VERSION", version, "a driver version such as 580.105.08")
+        raise _invalid(DRIVER_VERSION, version, "a driver version such as 580.105.08")
     return version
 
 
@@ -66,23 +79,23 @@ def driver_branch(version: str) -> int:
 
 
 def _driver_branch(env: Mapping[str, str], version: str) -> int:
-    raw = env.get("DRIVER_BRANCH", "").strip()
+    raw = env.get(DRIVER_BRANCH, "").strip()
     derived = str(driver_branch(version)) if version else ""
     if not raw:
         return int(derived) if derived else 0
     if not _NUMBER.fullmatch(raw):
-        raise _invalid("DRIVER_BRANCH", raw, "the driver's major version, such as 580")
+        raise _invalid(DRIVER_BRANCH, raw, "the driver's major version, such as 580")
     if derived and raw != derived:
-        raise _invalid("DRIVER_BRANCH", raw, f"{derived}, the branch of DRIVER_VERSION {version}")
+        raise _invalid(DRIVER_BRANCH, raw, f"{derived}, the branch of DRIVER_VERSION {version}")
     return int(raw)
 
 
 def _target_arch(env: Mapping[str, str]) -> str:
-    raw = env.get("TARGETARCH", "").strip()
+    raw = env.get(TARGETARCH, "").strip()
     if not raw:
         return _MACHINE_TO_ARCH.get(platform.machine(), platform.machine())
     if raw not in ARCHES:
-        raise _invalid("TARGETARCH", raw, ", ".join(ARCHES))
+        raise _invalid(TARGETARCH, raw, ", ".join(ARCHES))
     return raw
 
 
@@ -91,16 +104,16 @@ def _fabricmanager_overrides(env: Mapping[str, str]) -> dict[str, str]:
     overrides = {}
     fix = "set NVFM_CONFIG_<FIELD>=<value>, FIELD a fabric manager option, the value on one line"
     for key, value in sorted(env.items()):
-        if key.startswith(_NVFM_PREFIX) and len(key) > len(_NVFM_PREFIX):
+        if key.startswith(NVFM_CONFIG_) and len(key) > len(NVFM_CONFIG_):
             what = f"invalid value for {shown(key)}: the option"  # the name is not checked yet
-            field_name, checked = config_entry(key[len(_NVFM_PREFIX) :], value, what, fix)
+            field_name, checked = config_entry(key[len(NVFM_CONFIG_) :], value, what, fix)
             overrides[field_name] = checked
     return overrides
 
 
 def _digest(env: Mapping[str, str]) -> str:
     # Written to /run/nvidia/nvidia-driver.state and logged.
-    digest = env.get("DRIVER_CONFIG_DIGEST", "").strip()
+    digest = env.get(DRIVER_CONFIG_DIGEST, "").strip()
     fix = "set it to the GPU Operator's digest, on one line"
     return check(digest, "invalid value for DRIVER_CONFIG_DIGEST:", fix)
 
@@ -122,20 +135,20 @@ class DriverConfig:
     @classmethod
     def from_env(cls, env: Mapping[str, str], *, require_version: bool = True) -> DriverConfig:
         version = _driver_version(env, required=require_version)
-        threads = env.get("MAX_THREADS", "").strip()
+        threads = env.get(MAX_THREADS, "").strip()
         if threads and not _NUMBER.fullmatch(threads):
-            raise _invalid("MAX_THREADS", threads, "a positive number of parallel compile jobs")
+            raise _invalid(MAX_THREADS, threads, "a positive number of parallel compile jobs")
         return cls(
             driver_version=version,
             driver_branch=_driver_branch(env, version),
             target_arch=_target_arch(env),
             kernel_module_type=_module_type(env),
             driver_config_digest=_digest(env),
-            gpu_direct_rdma=_flag(env, "GPU_DIRECT_RDMA_ENABLED"),
-            use_host_mofed=_flag(env, "USE_HOST_MOFED"),
+            gpu_direct_rdma=_flag(env, GPU_DIRECT_RDMA_ENABLED),
+            use_host_mofed=_flag(env, USE_HOST_MOFED),
             fabricmanager_overrides=_fabricmanager_overrides(env),
-            node_name=env.get("NODE_NAME", ""),
-            allow_non_flatcar=_flag(env, "ALLOW_NON_FLATCAR"),
+            node_name=env.get(NODE_NAME, ""),
+            allow_non_flatcar=_flag(env, ALLOW_NON_FLATCAR),
             max_threads=int(threads) if threads else 0,
         )
 

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nvidia_driver.safetext import check
-
-HOST_ROOT_ENV = "NVIDIA_DRIVER_HOST_ROOT"
+from nvidia_driver.settings import NVIDIA_DRIVER_HOST_ROOT
 
 # The driver root the GPU Operator's validator, toolkit and device plugin read.
 DRIVER_ROOT = "/run/nvidia/driver"
@@ -37,9 +36,13 @@ class Paths:
     @classmethod
     def from_env(cls, flag: str | None, env: dict[str, str] | None = None) -> Paths:
         environ = os.environ if env is None else env
-        root = flag or environ.get(HOST_ROOT_ENV) or "/"
+        root = flag or environ.get(NVIDIA_DRIVER_HOST_ROOT) or "/"
         # Every path under it reaches command lines, daemons' configs and log lines.
-        check(root, "the host root", f"give --host-root or {HOST_ROOT_ENV} a path on one line")
+        check(
+            root,
+            "the host root",
+            f"give --host-root or {NVIDIA_DRIVER_HOST_ROOT} a path on one line",
+        )
         return cls(Path(root))
 
     def __call__(self, absolute: str) -> Path:

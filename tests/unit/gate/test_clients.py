@@ -16,8 +16,9 @@ from nvidia_driver.errors import DriverError
 from nvidia_driver.gate.gate import Settings
 from nvidia_driver.gate.http import Client, Limits, Response, UnreachableError, send_retried
 from nvidia_driver.gate.kubeapi import PAGE_SIZE, ConflictError, KubeAPI, NotFoundError
-from nvidia_driver.gate.managers import APPROVAL_ENV, Manager
+from nvidia_driver.gate.managers import Manager
 from nvidia_driver.gate.verdict import allowed, held
+from nvidia_driver.settings import REBOOT_GATE_ANNOTATION
 from nvidia_driver.sources.download import Backoff
 
 
@@ -154,7 +155,7 @@ def test_the_in_cluster_api_server_comes_from_the_pods_environment(tmp_path: Pat
 @pytest.mark.parametrize(
     ("name", "value"),
     [("NODE_NAME", "gpu-1\nRebootAllowed"), ("POD_NAMESPACE", "gate\u2028x"),
-     ("POD_NAME", "pod\rx"), (APPROVAL_ENV, "gpu-driver-container/ok\x1b[2J")],
+     ("POD_NAME", "pod\rx"), (REBOOT_GATE_ANNOTATION, "gpu-driver-container/ok\x1b[2J")],
 )  # fmt: skip
 def test_a_name_from_the_environment_with_a_line_break_is_refused(name: str, value: str) -> None:
     env = {"NODE_NAME": "gpu-1", "POD_NAMESPACE": "gate", "POD_NAME": "pod", name: value}

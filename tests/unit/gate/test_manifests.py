@@ -9,8 +9,9 @@ import yaml
 from conftest import DEPLOY, rbac_rules
 
 from nvidia_driver.gate.main import CACHE
-from nvidia_driver.gate.managers import APPROVAL, APPROVAL_ENV, HELD, POD_LABEL
+from nvidia_driver.gate.managers import APPROVAL, HELD, POD_LABEL
 from nvidia_driver.gate.updateengine import CORE_UID, PREFS, SYSTEM_BUS
+from nvidia_driver.settings import REBOOT_GATE_ANNOTATION
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "gpu-operator.md"
 
@@ -54,7 +55,7 @@ def test_both_variants_run_the_gate_from_the_build_image_on_gpu_nodes() -> None:
 
 
 def test_the_fluo_variant_sets_the_annotation_fluo_is_told_to_wait_for() -> None:
-    assert _env("fluo")[APPROVAL_ENV] == APPROVAL
+    assert _env("fluo")[REBOOT_GATE_ANNOTATION] == APPROVAL
     assert f"--before-reboot-annotations={APPROVAL}" in DOCS.read_text()
     assert _daemonset("fluo")["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"]
 
@@ -123,7 +124,7 @@ def test_the_fluo_variant_approves_the_nodes_without_a_gate_from_one_unprivilege
     assert container["image"] == _container("fluo")["image"]  # no other image to pull
     assert container["args"] == ["reboot-gate", "--manager", "fluo", "--others"]
     env = {item["name"]: item.get("value", item.get("valueFrom")) for item in container["env"]}
-    assert env[APPROVAL_ENV] == APPROVAL
+    assert env[REBOOT_GATE_ANNOTATION] == APPROVAL
     # its pods are not the DaemonSet's, whose selector must not take them
     daemonset_selector = _daemonset("fluo")["spec"]["selector"]["matchLabels"]
     assert not daemonset_selector.items() <= template["metadata"]["labels"].items()

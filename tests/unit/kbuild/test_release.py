@@ -8,7 +8,7 @@ import pytest
 from simhost import SimulatedHost
 
 from nvidia_driver.commands import Commands
-from nvidia_driver.kbuild.cachedirs import CACHE_ENV, cache_dir
+from nvidia_driver.kbuild.cachedirs import cache_dir
 from nvidia_driver.kbuild.compiler import (
     CHROOT_PATH,
     CompilerMismatchError,
@@ -16,6 +16,7 @@ from nvidia_driver.kbuild.compiler import (
     choose_compiler,
     kernel_config,
 )
+from nvidia_driver.settings import NVIDIA_DRIVER_CACHE_DIR
 from nvidia_driver.sources.flatcar import has_container_tree
 
 
@@ -40,7 +41,9 @@ def test_which_releases_carry_a_tree_in_their_container_tarball(
 def test_the_cache_directory_is_configurable(tmp_path: Path) -> None:
     default = tmp_path / "run" / "nvidia" / "cache"
     assert cache_dir(default, {}) == default
-    assert cache_dir(default, {CACHE_ENV: "/var/cache/nvidia"}) == Path("/var/cache/nvidia")
+    assert cache_dir(default, {NVIDIA_DRIVER_CACHE_DIR: "/var/cache/nvidia"}) == Path(
+        "/var/cache/nvidia"
+    )
 
 
 def test_a_developer_container_build_runs_chrooted(tmp_path: Path) -> None:

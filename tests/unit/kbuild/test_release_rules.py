@@ -17,9 +17,10 @@ from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
 from nvidia_driver.kbuild import hosttools, hosttree, kerneltree
 from nvidia_driver.kbuild.build import BuildRequest, build_package, module_sources
-from nvidia_driver.kbuild.cachedirs import WORK_ENV, sweep_stale, work_dir
+from nvidia_driver.kbuild.cachedirs import sweep_stale, work_dir
 from nvidia_driver.kbuild.compiler import choose_compiler, kernel_config
 from nvidia_driver.paths import Paths
+from nvidia_driver.settings import NVIDIA_DRIVER_WORK_DIR
 from nvidia_driver.sources.flatcar import has_container_tree, has_native_host_tools
 
 LTS = "4081.3.10"
@@ -211,4 +212,6 @@ def test_sweep_keeps_finished_entries(tmp_path: Path) -> None:
 def test_the_work_directory_is_configurable(tmp_path: Path) -> None:
     default = tmp_path / "var/cache/nvidia-driver"
     assert work_dir(default, {}) == default
-    assert work_dir(default, {WORK_ENV: "/mnt/disk/nvidia"}) == Path("/mnt/disk/nvidia")
+    assert work_dir(default, {NVIDIA_DRIVER_WORK_DIR: "/mnt/disk/nvidia"}) == Path(
+        "/mnt/disk/nvidia"
+    )

@@ -40,6 +40,7 @@ from nvidia_driver.errors import DriverError
 from nvidia_driver.formats import jsontext
 from nvidia_driver.limits import MiB
 from nvidia_driver.safetext import shown
+from nvidia_driver.settings import REGISTRY_TOKEN_HOSTS
 
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
@@ -300,7 +301,7 @@ def parse_challenge(header: str) -> tuple[str, dict[str, str]]:
 def token_hosts(env: Mapping[str, str]) -> frozenset[str]:
     """The token services' hosts the user trusts with credentials besides the registry's own
     (``REGISTRY_TOKEN_HOSTS``, comma-separated; Docker Hub's is built in: OWN_TOKEN_HOSTS)."""
-    return frozenset(h.strip() for h in env.get("REGISTRY_TOKEN_HOSTS", "").split(",") if h.strip())
+    return frozenset(h.strip() for h in env.get(REGISTRY_TOKEN_HOSTS, "").split(",") if h.strip())
 
 
 def check_realm(

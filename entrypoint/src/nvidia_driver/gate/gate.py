@@ -34,7 +34,6 @@ from nvidia_driver.errors import DriverError
 from nvidia_driver.gate.kubeapi import ConflictError, KubeAPI, namespace, object_name
 from nvidia_driver.gate.managers import (
     APPROVAL,
-    APPROVAL_ENV,
     BEFORE_REBOOT,
     HELD,
     NEW_VERSION,
@@ -50,12 +49,18 @@ from nvidia_driver.gate.updateengine import SYSTEM_BUS, read_status
 from nvidia_driver.gate.verdict import Checker, Verdict, allowed, failure, held
 from nvidia_driver.log import say, warn
 from nvidia_driver.safetext import ANNOTATION_SHOWN, check, shown
+from nvidia_driver.settings import (
+    NODE_NAME,
+    POD_NAME,
+    POD_NAMESPACE,
+    REBOOT_GATE_ANNOTATION,
+    REBOOT_GATE_PREPULL,
+)
 
 COMPONENT = "nvidia-reboot-gate"
 EVENTS_NAMESPACE = "default"  # where the API server keeps events about cluster-scoped objects
 DEFAULT_INTERVAL = 60.0
 CONFLICT_RETRIES = 5
-PREPULL_ENV = "REBOOT_GATE_PREPULL"  # "false": approve once the image is published
 
 
 @dataclass(frozen=True)
@@ -80,20 +85,20 @@ class Settings:
                 "nodes without a gate reboot without one"
             )
         settings = cls(
-            node_name=env.get("NODE_NAME", "").strip(),
+            node_name=env.get(NODE_NAME, "").strip(),
             manager=manager,
-            namespace=env.get("POD_NAMESPACE", "").strip(),
-            pod_name=env.get("POD_NAME", "").strip(),
-            approval=env.get(APPROVAL_ENV, "").strip() or APPROVAL,
+            namespace=env.get(POD_NAMESPACE, "").strip(),
+            pod_name=env.get(POD_NAME, "").strip(),
+            approval=env.get(REBOOT_GATE_ANNOTATION, "").strip() or APPROVAL,
             interval=interval,
-            prepull=env.get(PREPULL_ENV, "true").strip().lower() != "false",
+            prepull=env.get(REBOOT_GATE_PREPULL, "true").strip().lower() != "false",
             others=others,
         )
         needed = {"POD_NAMESPACE": settings.namespace}
         if not others:
-            needed["NODE_NAME"] = settings.node_name
+            needed[NODE_NAME] = settings.node_name
         if manager is Manager.KURED:
-            needed["POD_NAME"] = settings.pod_name
+            needed[POD_NAME] = settings.pod_name
         unset = [name for name, value in needed.items() if not value]
         if unset:
             raise DriverError(
@@ -102,12 +107,12 @@ class Settings:
             )
         # They reach request paths, annotations, events and log lines.
         fix = "set it to the Kubernetes name deploy/reboot-gate gives it"
-        check(settings.approval, APPROVAL_ENV, fix)
-        namespace(settings.namespace, "POD_NAMESPACE", fix)
+        check(settings.approval, REBOOT_GATE_ANNOTATION, fix)
+        namespace(settings.namespace, POD_NAMESPACE, fix)
         if not others:
-            object_name(settings.node_name, "NODE_NAME", fix)
+            object_name(settings.node_name, NODE_NAME, fix)
         if manager is Manager.KURED:
-            object_name(settings.pod_name, "POD_NAME", fix)
+            object_name(settings.pod_name, POD_NAME, fix)
         return settings
 
 

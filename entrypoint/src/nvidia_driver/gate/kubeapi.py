@@ -36,11 +36,15 @@ from nvidia_driver.gate.http import (
 )
 from nvidia_driver.limits import MiB
 from nvidia_driver.safetext import ANNOTATION_SHOWN, check_name, shown
+from nvidia_driver.settings import (
+    KUBERNETES_SERVICE_HOST,
+    KUBERNETES_SERVICE_PORT,
+    REBOOT_GATE_API_SERVER,
+)
 from nvidia_driver.sources.download import Backoff
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 # The API server's URL: a ``kubectl proxy`` on 127.0.0.1 to run the gate outside the cluster.
-API_SERVER_ENV = "REBOOT_GATE_API_SERVER"
 MERGE_PATCH = "application/merge-patch+json"
 PAGE_SIZE = 100
 MAX_PAGES = 500  # 50,000 objects
@@ -94,7 +98,7 @@ class KubeAPI:
         if parts.scheme not in {"http", "https"} or not parts.hostname:
             raise DriverError(
                 f"invalid Kubernetes API server URL '{url}': give https://host:port (or "
-                f"http://127.0.0.1:port for kubectl proxy) in {API_SERVER_ENV}"
+                f"http://127.0.0.1:port for kubectl proxy) in {REBOOT_GATE_API_SERVER}"
             )
         if parts.scheme == "http" and parts.hostname not in _LOOPBACK:
             host = shown(parts.hostname, ANNOTATION_SHOWN)
@@ -112,14 +116,14 @@ class KubeAPI:
         limits: Limits | None = None,
     ) -> KubeAPI:
         """In the cluster: KUBERNETES_SERVICE_HOST/PORT with the pod's token and CA."""
-        url = env.get(API_SERVER_ENV, "").strip()
+        url = env.get(REBOOT_GATE_API_SERVER, "").strip()
         if not url:
-            host = env.get("KUBERNETES_SERVICE_HOST", "").strip()
-            port = env.get("KUBERNETES_SERVICE_PORT", "").strip() or "443"
+            host = env.get(KUBERNETES_SERVICE_HOST, "").strip()
+            port = env.get(KUBERNETES_SERVICE_PORT, "").strip() or "443"
             if not host:
                 raise DriverError(
                     "not in a Kubernetes pod (no KUBERNETES_SERVICE_HOST): run the gate as the "
-                    f"DaemonSet of deploy/reboot-gate, or set {API_SERVER_ENV}"
+                    f"DaemonSet of deploy/reboot-gate, or set {REBOOT_GATE_API_SERVER}"
                 )
             url = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
         context = None

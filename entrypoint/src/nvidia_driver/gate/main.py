@@ -31,6 +31,7 @@ from nvidia_driver.gate.verdict import Checker, Releases
 from nvidia_driver.kbuild.cachedirs import cache_dir, work_dir
 from nvidia_driver.kbuild.release import FlatcarReleases
 from nvidia_driver.log import say
+from nvidia_driver.settings import DRIVER_VERSION, GPU_OPERATOR_NAMESPACE
 from nvidia_driver.sources.download import Downloader, DownloadLimits
 from nvidia_driver.sources.flatcar import releases_url_from_env
 
@@ -53,10 +54,10 @@ def make_gate(
     checker = Checker(
         api,
         Releases(releases_url_from_env(env), feed),
-        BuildImage(env.get("DRIVER_VERSION", "").strip(), commands, releases),
+        BuildImage(env.get(DRIVER_VERSION, "").strip(), commands, releases),
         operator_namespace=namespace(
-            env.get("GPU_OPERATOR_NAMESPACE", "").strip() or OPERATOR_NAMESPACE,
-            "GPU_OPERATOR_NAMESPACE",
+            env.get(GPU_OPERATOR_NAMESPACE, "").strip() or OPERATOR_NAMESPACE,
+            GPU_OPERATOR_NAMESPACE,
             "set it to the namespace the GPU Operator runs in",
         ),
         registry=Registry(token_hosts=token_hosts(env)),

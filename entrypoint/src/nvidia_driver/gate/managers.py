@@ -48,7 +48,6 @@ TRUE = "true"
 GATE_PREFIX = "gpu-driver-container/"
 # FLUO: the annotation the gate sets "true"; list it in the operator's --before-reboot-annotations.
 APPROVAL = GATE_PREFIX + "reboot-gate-ok"
-APPROVAL_ENV = "REBOOT_GATE_ANNOTATION"
 # Both: the gate's verdict on the node, one line ("held: ..." or "allowed: ...").
 VERDICT = GATE_PREFIX + "reboot-gate"
 # kured: the gate pod's label; kured's --blocking-pod-selector is POD_LABEL=HELD.

@@ -39,8 +39,9 @@ from nvidia_driver.errors import DriverError
 from nvidia_driver.formats import jsontext
 from nvidia_driver.image.driverroot import verify_root
 from nvidia_driver.log import say
+from nvidia_driver.settings import NVIDIA_DRIVER_REDIRECT_HOSTS
 from nvidia_driver.sources import redist
-from nvidia_driver.sources.download import REDIRECT_HOSTS_ENV, Downloader, DownloadLimits, Opened
+from nvidia_driver.sources.download import Downloader, DownloadLimits, Opened
 
 RUN_ARCH = {"amd64": "x86_64", "arm64": "aarch64"}
 TRIPLET = redist.TRIPLET
@@ -104,7 +105,7 @@ def downloader(
     (or to those NVIDIA_DRIVER_REDIRECT_HOSTS names)."""
     env = os.environ if env is None else env
     limits = DownloadLimits.from_env(env)
-    if not env.get(REDIRECT_HOSTS_ENV, "").strip():
+    if not env.get(NVIDIA_DRIVER_REDIRECT_HOSTS, "").strip():
         limits = dataclasses.replace(limits, redirect_hosts=hosts)
     return Downloader(limits, missing=NVIDIA_MISSING)
 

@@ -33,9 +33,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from nvidia_driver.log import say
+from nvidia_driver.settings import NVIDIA_DRIVER_CACHE_DIR, NVIDIA_DRIVER_WORK_DIR
 
-CACHE_ENV = "NVIDIA_DRIVER_CACHE_DIR"
-WORK_ENV = "NVIDIA_DRIVER_WORK_DIR"
 # Names of entries being written: a download in flight, an extraction, a compile, a staged
 # package. A finished entry never has such a name.
 _IN_FLIGHT = (".scratch-", ".incoming-", ".build.")
@@ -51,12 +50,12 @@ def _configured(default: Path, env: Mapping[str, str], name: str) -> Path:
 
 def cache_dir(default: Path, env: Mapping[str, str]) -> Path:
     """The small, kept cache: ``NVIDIA_DRIVER_CACHE_DIR``, else ``default``."""
-    return _configured(default, env, CACHE_ENV)
+    return _configured(default, env, NVIDIA_DRIVER_CACHE_DIR)
 
 
 def work_dir(default: Path, env: Mapping[str, str]) -> Path:
     """The large, transient work directory: ``NVIDIA_DRIVER_WORK_DIR``, else ``default``."""
-    return _configured(default, env, WORK_ENV)
+    return _configured(default, env, NVIDIA_DRIVER_WORK_DIR)
 
 
 def _stale_entries(cache: Path) -> Iterator[Path]:

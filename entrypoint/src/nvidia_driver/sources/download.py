@@ -43,6 +43,12 @@ from typing import IO, Protocol, TypeVar
 from nvidia_driver.errors import DriverError
 from nvidia_driver.log import warn
 from nvidia_driver.safetext import check, shown
+from nvidia_driver.settings import (
+    NVIDIA_DRIVER_DOWNLOAD_DEADLINE,
+    NVIDIA_DRIVER_DOWNLOAD_MIN_RATE,
+    NVIDIA_DRIVER_DOWNLOAD_TIMEOUT,
+    NVIDIA_DRIVER_REDIRECT_HOSTS,
+)
 from nvidia_driver.sources.exchange import (
     Budget,
     ExchangeError,
@@ -59,10 +65,6 @@ RETRYABLE = frozenset(
     {HTTPStatus.REQUEST_TIMEOUT, HTTPStatus.TOO_EARLY, HTTPStatus.TOO_MANY_REQUESTS}
 )
 
-TIMEOUT_ENV = "NVIDIA_DRIVER_DOWNLOAD_TIMEOUT"
-DEADLINE_ENV = "NVIDIA_DRIVER_DOWNLOAD_DEADLINE"
-MIN_RATE_ENV = "NVIDIA_DRIVER_DOWNLOAD_MIN_RATE"
-REDIRECT_HOSTS_ENV = "NVIDIA_DRIVER_REDIRECT_HOSTS"
 # Sized for the biggest artifact, the ~480 MB developer container: at the minimum rate it
 # takes 2 h 2 min, within the deadline; the ~377 MB container tarball takes 1 h 36 min.
 DEFAULT_TIMEOUT = 60.0
@@ -122,10 +124,10 @@ class DownloadLimits:
     def from_env(cls, env: Mapping[str, str]) -> DownloadLimits:
         """The limits, with the ``NVIDIA_DRIVER_DOWNLOAD_*`` and redirect variables applied."""
         return cls(
-            timeout=_seconds(env, TIMEOUT_ENV, DEFAULT_TIMEOUT),
-            deadline=_seconds(env, DEADLINE_ENV, DEFAULT_DEADLINE),
-            min_rate=_rate(env, MIN_RATE_ENV, DEFAULT_MIN_RATE),
-            redirect_hosts=_hosts(env, REDIRECT_HOSTS_ENV, DEFAULT_REDIRECT_HOSTS),
+            timeout=_seconds(env, NVIDIA_DRIVER_DOWNLOAD_TIMEOUT, DEFAULT_TIMEOUT),
+            deadline=_seconds(env, NVIDIA_DRIVER_DOWNLOAD_DEADLINE, DEFAULT_DEADLINE),
+            min_rate=_rate(env, NVIDIA_DRIVER_DOWNLOAD_MIN_RATE, DEFAULT_MIN_RATE),
+            redirect_hosts=_hosts(env, NVIDIA_DRIVER_REDIRECT_HOSTS, DEFAULT_REDIRECT_HOSTS),
         )
 
 
@@ -339,7 +341,7 @@ class _RedirectPolicy(urllib.request.HTTPRedirectHandler):
             fp.close()
             raise DriverError(
                 f"refusing the redirect of {req.full_url} to {shown(newurl)}: {refusal}; "
-                f"{REDIRECT_HOSTS_ENV} lists the hosts redirects may go to"
+                f"{NVIDIA_DRIVER_REDIRECT_HOSTS} lists the hosts redirects may go to"
             )
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
@@ -379,15 +381,15 @@ def _over_budget(url: str, exceeded: ExchangeError, limits: DownloadLimits) -> E
         minimum = _per_second(limits.min_rate)
         return TransientError(
             f"download of {url} is too slow: {exceeded}, under the minimum of {minimum} "
-            f"({MIN_RATE_ENV})"
+            f"({NVIDIA_DRIVER_DOWNLOAD_MIN_RATE})"
         )
     return DriverError(f"{url} answered with {exceeded}: check the URL and any proxy in between")
 
 
 def _past_deadline(url: str, limits: DownloadLimits) -> str:
     return (
-        f"the download of {url} did not finish within {limits.deadline:g} s ({DEADLINE_ENV}); "
-        "use a faster mirror or raise the limit"
+        f"the download of {url} did not finish within {limits.deadline:g} s "
+        f"({NVIDIA_DRIVER_DOWNLOAD_DEADLINE}); use a faster mirror or raise the limit"
     )
 
 

@@ -19,11 +19,10 @@ from typing import Any
 
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats import jsontext
+from nvidia_driver.settings import FLATCAR_RELEASE_BASE_URL, FLATCAR_RELEASES_URL
 
 DEFAULT_RELEASE_BASE_URL = "https://{channel}.release.flatcar-linux.net"
-RELEASE_BASE_URL_ENV = "FLATCAR_RELEASE_BASE_URL"
 DEFAULT_RELEASES_URL = "https://www.flatcar.org/releases-json/releases.json"
-RELEASES_URL_ENV = "FLATCAR_RELEASES_URL"
 
 KERNEL_SUFFIX = "-flatcar"  # EXTRAVERSION set by the coreos-sources ebuild
 _VERSION = re.compile(r"([0-9]+)\.([0-9]+)\.([0-9]+)")  # ASCII: \d takes any digit
@@ -140,7 +139,7 @@ class ReleaseServer:
             raise DriverError(
                 f"invalid release server URL template {self.base_url!r}: it must contain "
                 "{channel} and no other field; e.g. "
-                f"{DEFAULT_RELEASE_BASE_URL} (set {RELEASE_BASE_URL_ENV})"
+                f"{DEFAULT_RELEASE_BASE_URL} (set {FLATCAR_RELEASE_BASE_URL})"
             )
 
     def release_url(self, version: str, arch: str) -> str:
@@ -160,11 +159,11 @@ class ReleaseServer:
 
 
 def release_server_from_env(env: Mapping[str, str]) -> ReleaseServer:
-    return ReleaseServer(env.get(RELEASE_BASE_URL_ENV) or DEFAULT_RELEASE_BASE_URL)
+    return ReleaseServer(env.get(FLATCAR_RELEASE_BASE_URL) or DEFAULT_RELEASE_BASE_URL)
 
 
 def releases_url_from_env(env: Mapping[str, str]) -> str:
-    return env.get(RELEASES_URL_ENV) or DEFAULT_RELEASES_URL
+    return env.get(FLATCAR_RELEASES_URL) or DEFAULT_RELEASES_URL
 
 
 # --- what each release offers to build against ----------------------------------------------
@@ -277,7 +276,7 @@ class Release:
     release_date: datetime
 
 
-_FEED_FIX = f"check {RELEASES_URL_ENV} points at a Flatcar releases.json"
+_FEED_FIX = f"check {FLATCAR_RELEASES_URL} points at a Flatcar releases.json"
 
 
 def _feed_error(what: str, why: str) -> DriverError:

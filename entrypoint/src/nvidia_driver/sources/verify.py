@@ -26,6 +26,7 @@ from nvidia_driver.atomic import write_atomically
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
 from nvidia_driver.log import say, warn
+from nvidia_driver.settings import FLATCAR_KEYRING, FLATCAR_SIGNING_KEY_URL
 from nvidia_driver.sources.download import Downloader
 from nvidia_driver.sources.openpgp import (
     SignatureInfo,
@@ -45,8 +46,6 @@ from nvidia_driver.sources.signingkey import (
     merge_published_key,
 )
 
-FLATCAR_KEYRING_ENV = "FLATCAR_KEYRING"
-KEY_URL_ENV = "FLATCAR_SIGNING_KEY_URL"
 REFRESHED_KEY = Path("keys") / "flatcar-image-signing-key.refreshed.gpg"
 
 
@@ -65,10 +64,10 @@ class Trust:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Trust:
-        configured = env.get(FLATCAR_KEYRING_ENV, "").strip()
+        configured = env.get(FLATCAR_KEYRING, "").strip()
         if configured:
             return cls.of_keyring(Path(configured))
-        url = env.get(KEY_URL_ENV, "").strip() or FLATCAR_KEY_URL
+        url = env.get(FLATCAR_SIGNING_KEY_URL, "").strip() or FLATCAR_KEY_URL
         return cls(key_url=None if url.lower() == "none" else url)
 
 
@@ -116,7 +115,7 @@ class SignatureCheck:
         if problem is not None:
             raise DriverError(
                 f"signature check of {url} failed: {problem} (keyring {self.trust.keyring}; "
-                f"{FLATCAR_KEYRING_ENV} selects another)"
+                f"{FLATCAR_KEYRING} selects another)"
             )
 
     def _why_refresh(self, info: SignatureInfo, scratch: Path) -> str | None:
@@ -179,7 +178,7 @@ class SignatureCheck:
             return None
         return (
             f"signed on {date(created)} by subkey {key.fingerprint}, which had expired on "
-            f"{date(key.expires or 0)}: get Flatcar's current key (see {KEY_URL_ENV})"
+            f"{date(key.expires or 0)}: get Flatcar's current key (see {FLATCAR_SIGNING_KEY_URL})"
         )
 
     def _sources(self) -> list[Path]:
@@ -201,7 +200,7 @@ class SignatureCheck:
         except OSError as exc:
             raise DriverError(
                 f"cannot read the keyring {keyring} ({exc.strerror or exc}); "
-                f"point {FLATCAR_KEYRING_ENV} at a keyring or rebuild the image"
+                f"point {FLATCAR_KEYRING} at a keyring or rebuild the image"
             ) from exc
         if not is_armored_key(content):
             return keyring.resolve()  # gpgv takes bare names as relative to its home
