@@ -1,5 +1,5 @@
 """The registry of environment variables (nvidia_driver.settings) is the code's: every variable
-the package reads is in it, and nothing in it is left unread.
+the package reads is in it, nothing in it is left unread, and docs/settings.md is made from it.
 
 The package is read as source: an environment read is ``env.get(NAME)``, ``env[NAME]``,
 ``NAME in env``, ``os.getenv(NAME)``, or a call handed both an environment and a NAME (a helper
@@ -12,6 +12,8 @@ from __future__ import annotations
 import ast
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,7 @@ from nvidia_driver.sources.signingkey import FLATCAR_KEY_URL
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "entrypoint" / "src" / "nvidia_driver"
+DOCS = ROOT / "docs" / "settings.md"
 # The driver container the real Operator v25.3.4 renders.
 OPERATOR_ENV = ROOT / "tests/integration/data/gpu-operator-v25.3.4-nvidia-driver-ctr.json"
 ENVIRONMENTS = {"env", "environ"}  # the environment, however it is handed down
@@ -34,6 +37,8 @@ VARIABLE = re.compile(r"[A-Z][A-Z0-9_]*")
 READERS = {"get", "pop", "setdefault"}
 # `python -m nvidia_driver.image.provision`: the image build's downloads, not a subcommand.
 OTHER_COMMANDS = {"provision"}
+BEGIN = "<!-- BEGIN settings: made by `nvidia-driver settings --markdown`; edit settings.py -->"
+END = "<!-- END settings -->"
 
 
 def _environment(node: ast.expr) -> bool:
@@ -234,3 +239,26 @@ def test_what_the_operator_and_the_gate_s_manifests_set_is_registered(path: Path
     else:
         names = _manifest_env(path)
     assert names <= set(SETTINGS), f"add {sorted(names - set(SETTINGS))} to settings.py"
+
+
+def test_the_docs_carry_the_registry_s_table() -> None:
+    text = DOCS.read_text(encoding="utf-8")
+    assert BEGIN in text, f"{DOCS.name} lost its {BEGIN!r} mark"
+    assert END in text, f"{DOCS.name} lost its {END!r} mark"
+    table = text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n") + "\n"
+    assert table == settings.markdown(), (
+        "docs/settings.md is stale: replace its table with the output of "
+        "`PYTHONPATH=entrypoint/src python -m nvidia_driver settings --markdown`"
+    )
+
+
+def test_the_settings_command_lists_every_variable() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "nvidia_driver", "settings"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    listed = {line.split("=", 1)[0] for line in result.stdout.splitlines() if line[:1].isupper()}
+    assert listed == {name + "<FIELD>" if name.endswith("_") else name for name in SETTINGS}
+    assert "NVIDIA_DRIVER_HOST_ROOT=/" in result.stdout.splitlines()

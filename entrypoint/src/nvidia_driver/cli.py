@@ -23,10 +23,12 @@ SUBCOMMANDS = {
     "reload_nvidia_peermem": "load nvidia-peermem once MOFED and the driver are ready (sidecar)",
     "probe_nvidia_peermem": "probe that nvidia-peermem is loaded when MOFED is (sidecar probe)",
     "reboot-gate": "hold a Flatcar reboot until the driver image of the staged release exists",
+    "settings": "list the environment variables the image reads: defaults, who sets them",
 }
 
 
 INIT_OPTIONS = "-a/--accept-license and -m/--max-threads N"
+OWN_COMMANDS = ("reboot-gate", "settings")  # this project's, not NVIDIA's init's
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -71,8 +73,8 @@ def parser() -> argparse.ArgumentParser:
         prog="nvidia-driver",
         description="NVIDIA GPU driver container entrypoint for Flatcar Container Linux, "
         "as run by the NVIDIA GPU Operator.",
-        epilog="Configuration comes from the environment the GPU Operator sets: DRIVER_VERSION, "
-        "KERNEL_MODULE_TYPE, DRIVER_CONFIG_DIGEST, GPU_DIRECT_RDMA_ENABLED, NVFM_CONFIG_*, ...",
+        epilog="Configuration comes from the environment, most of it set by the GPU Operator: "
+        "nvidia-driver settings lists every variable.",
     )
     main.add_argument("--version", action=VersionAction)
     main.add_argument(
@@ -112,6 +114,10 @@ def parser() -> argparse.ArgumentParser:
             )
         if name == "reboot-gate":
             _gate_options(sub)
+        if name == "settings":
+            sub.add_argument(
+                "--markdown", action="store_true", help="as the table of docs/settings.md"
+            )
     return main
 
 
@@ -173,6 +179,13 @@ def reboot_gate(args: argparse.Namespace) -> int:
     )
 
 
+def settings(args: argparse.Namespace) -> int:
+    from nvidia_driver.settings import markdown, text  # noqa: PLC0415 - keeps --help fast
+
+    print(markdown() if args.markdown else text(), end="", flush=True)
+    return 0
+
+
 def dispatch(args: argparse.Namespace) -> int:
     from nvidia_driver.commands import Commands  # noqa: PLC0415 - keeps --help fast
     from nvidia_driver.config import DriverConfig  # noqa: PLC0415
@@ -220,9 +233,9 @@ def dispatch(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args, unknown = parser().parse_known_args(argv)
-    if unknown and args.command == "reboot-gate":  # not the Operator's: no spec.args to blame
-        print(f"ERROR: nvidia-driver reboot-gate does not accept {' '.join(unknown)}; see "
-              "nvidia-driver reboot-gate --help", file=sys.stderr, flush=True)  # fmt: skip
+    if unknown and args.command in OWN_COMMANDS:  # not the Operator's: no spec.args to blame
+        print(f"ERROR: nvidia-driver {args.command} does not accept {' '.join(unknown)}; see "
+              f"nvidia-driver {args.command} --help", file=sys.stderr, flush=True)  # fmt: skip
         return 1
     if unknown:
         command = args.command or "init"
@@ -234,7 +247,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from nvidia_driver.errors import DriverError  # noqa: PLC0415
 
     try:
-        return (reboot_gate if args.command == "reboot-gate" else dispatch)(args)
+        run = {"reboot-gate": reboot_gate, "settings": settings}.get(args.command, dispatch)
+        return run(args)
     except DriverError as exc:
         print(f"ERROR: {exc}", file=sys.stderr, flush=True)
         return 1

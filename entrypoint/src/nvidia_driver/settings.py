@@ -1,11 +1,13 @@
 """Every environment variable the image honours: its name, default, who sets it, what reads it.
 
-The code reads each by the name defined here, and tests/unit/test_settings.py fails when the
-code reads a variable the table lacks (or the table keeps one nothing reads).
+The code reads each by the name defined here; ``nvidia-driver settings`` and docs/settings.md
+are made from this table, and tests/unit/test_settings.py fails when the code reads a variable
+the table lacks (or the table keeps one nothing reads).
 """
 
 from __future__ import annotations
 
+import textwrap
 from typing import NamedTuple
 
 
@@ -220,3 +222,51 @@ TMPDIR = _setting(
     "TMPDIR", "/tmp", USER, (),  # noqa: S108 - the default shown, not a file opened
     "scratch files; the gate needs it writable", "Python's tempfile",
 )  # fmt: skip
+
+
+def _readers(setting: Setting) -> str:
+    commands = list(setting.commands)
+    if set(DRIVER_COMMANDS) <= set(commands):  # all of them: named as a group
+        commands = [
+            "the driver commands",
+            *(command for command in commands if command not in DRIVER_COMMANDS),
+        ]
+    return ", ".join(commands) or setting.reader
+
+
+def _row(setting: Setting) -> tuple[str, str, str, str, str]:
+    name = f"{setting.name}<FIELD>" if setting.name.endswith("_") else setting.name
+    default = "" if setting.default is None else setting.default
+    return name, default, setting.set_by, _readers(setting), setting.meaning
+
+
+HEADER = ("variable", "default", "set by", "read by", "meaning")
+
+
+def text() -> str:
+    """The table for a terminal: a paragraph a variable."""
+    paragraphs = []
+    for setting in SETTINGS.values():
+        name, default, set_by, read_by, meaning = _row(setting)
+        paragraphs.append(
+            "\n".join([
+                f"{name}={default}" if default else name,
+                textwrap.fill(meaning, 100, initial_indent="    ", subsequent_indent="    "),
+                textwrap.fill(f"set by {set_by}; read by {read_by}", 100,
+                              initial_indent="    ", subsequent_indent="    "),
+            ])
+        )  # fmt: skip
+    return "\n".join(paragraphs) + "\n"
+
+
+def markdown() -> str:
+    """The table docs/settings.md carries."""
+
+    def cells(row: tuple[str, ...]) -> str:
+        return "| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |"
+
+    rows = [cells(HEADER), cells(("---",) * len(HEADER))]
+    for setting in SETTINGS.values():
+        name, default, set_by, read_by, meaning = _row(setting)
+        rows.append(cells((f"`{name}`", default, set_by, read_by, meaning)))
+    return "\n".join(rows) + "\n"
