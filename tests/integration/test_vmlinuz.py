@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 from fixtures.kernel import KernelTree
 
-from nvidia_driver.formats.vmlinuz import banner_release, kernel_banner
+from nvidia_driver.formats.vmlinuz import kernel_banner
+from nvidia_driver.naming import banner_release
 
 pytestmark = pytest.mark.integration
 

@@ -25,15 +25,15 @@ from typing import Any
 
 from fetch_server import ReleaseServer
 
-from gdc.nvidia import RUN_ARCH, NvidiaUpstream, run_name
+from gdc.nvidia import NvidiaUpstream
 from gdc.versions import VERSIONS_FILE, Driver, load_versions
-from nvidia_driver.sources.redist import REDIST_ARCH
+from nvidia_driver.naming import ARCHES, MACHINE, redist_platform, run_name
 
 # The repository's versions.toml: the drivers whose files the tree carries.
 TODAY_TEXT = VERSIONS_FILE.read_text()
 TODAY = load_versions()
 
-PLATFORM = {arch: f"linux-{name}" for arch, name in REDIST_ARCH.items()}
+PLATFORM = {arch: redist_platform(arch) for arch in ARCHES}
 CHECKSUMS = "XFree86"
 TESLA = "tesla"
 REDIST = "compute/nvidia-driver/redist"
@@ -73,7 +73,7 @@ def write_checksum(root: Path, version: str, arch: str, text: str) -> Path:
     path = (
         root
         / CHECKSUMS
-        / f"Linux-{RUN_ARCH[arch]}"
+        / f"Linux-{MACHINE[arch]}"
         / version
         / f"{run_name(version, arch)}.sha256sum"
     )

@@ -8,7 +8,8 @@
     formats/          bounded readers: tar streams, GPT, ext4, ELF, kernel images, a registry's
                       OCI answers (oci: the gate and the tooling both read them there)
     the rest          errors, log, limits, links, atomic, digests, commands, paths, config,
-                      settings, safetext: used by all
+                      settings, safetext, naming (arch names, NVIDIA's file names, version
+                      grammars; the tooling imports it too): used by all
 
 A module may import what is in its own folder or below it, never above it or beside it, and no
 module reaches itself again through its imports, inside a folder either (a cycle: what both

@@ -21,7 +21,7 @@ from nvidia_driver.image.manifest import parse_manifest
 from nvidia_driver.image.runfile import read_header
 from nvidia_driver.kbuild import container, kerneltree
 from nvidia_driver.kbuild.compiler import kernel_config, kernel_gcc_major
-from nvidia_driver.kbuild.patches import parse_kernel_release
+from nvidia_driver.naming import parse_kernel_release
 from nvidia_driver.node.daemons import PERSISTENCED, read_pid
 from nvidia_driver.node.host import module_refcounts
 from nvidia_driver.paths import Paths

@@ -42,7 +42,13 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from gdc.versions import Versions
-from nvidia_driver.sources.flatcar import Channel, FlatcarVersion, Release, kernel_release_from_feed
+from nvidia_driver.naming import (
+    FLATCAR_VERSION,
+    KERNEL_RELEASE,
+    LTS_STREAM_KEY,
+    kernel_release_from_feed,
+)
+from nvidia_driver.sources.flatcar import Channel, FlatcarVersion, Release
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -55,16 +61,11 @@ LTS_INFO_URL_ENV = "FLATCAR_LTS_INFO_URL"
 # Without lts-info: live LTS streams get a release every month or two; 4081's longest gap
 # between two releases was 223 days.
 LTS_STREAM_MAX_AGE = timedelta(days=240)
-_VERSION_KEY = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+")  # ASCII digits only
 # Flatcar's major counts days since 2013-07-01 (CoreOS's scheme): about 365 a year, and 30 to 60
 # between two consecutive branches (4547, 4593, 4628 ...). A major more than this above every
 # release below it is nearly three years ahead of the feed: a typo, not a release.
 MAX_MAJOR_JUMP = 1000
-# uname -r as the feed gives it (6.12.102) or a mirror's full release (6.12.95+deb12-cloud-amd64):
-# ASCII, and only characters an image tag can carry once "+" becomes "-".
-_KERNEL = re.compile(r"[0-9]+\.[0-9]+(\.[0-9]+)?([-+][A-Za-z0-9._+-]*)?")
 _KERNEL_MAX_LENGTH = 64
-_LTS_MARKER = re.compile(r"current-([0-9]{4})")
 _LTS_INFO_LINE = re.compile(r"([0-9]+):([0-9]{4}):(supported|unsupported)")
 _DATE_FORMAT = "%Y-%m-%d %H:%M:%S %z"  # what releases_as_json.py writes with strftime
 _CHANNELS = (Channel.ALPHA, Channel.BETA, Channel.STABLE)
@@ -187,7 +188,7 @@ def _kernel_problem(kernels: object) -> str:
                 f"{shown}): which one its nodes boot is ambiguous")  # fmt: skip
     kernel = named[0]
     if (not isinstance(kernel, str) or len(kernel) > _KERNEL_MAX_LENGTH
-            or not _KERNEL.fullmatch(kernel)):  # fmt: skip
+            or not KERNEL_RELEASE.fullmatch(kernel)):  # fmt: skip
         return (f"has a kernel {str(kernel)[:40]!r} in the releases feed (major_software.kernel) "
                 "that is not a kernel release such as 6.12.102")  # fmt: skip
     return ""
@@ -294,7 +295,7 @@ def _plausible(keys: Iterable[str]) -> tuple[set[str], list[str]]:
 
 def _version_keys(document: Mapping[str, Any], notes: list[str]) -> dict[str, FlatcarVersion]:
     """The feed's version keys that name a version, each with the version it names."""
-    spelled = [key for key in document if _VERSION_KEY.fullmatch(key)]
+    spelled = [key for key in document if FLATCAR_VERSION.fullmatch(key)]
     kept, skipped = _plausible(spelled)
     if skipped:
         notes.append(f"the releases feed has {len(skipped)} version(s) more than "
@@ -366,14 +367,14 @@ def read_feed(text: str) -> Feed:
     unknown = []
     for key, entry in document.items():
         conflict = repeated.get(key) is False
-        if (key == CURRENT or _LTS_MARKER.fullmatch(key)) and conflict:
+        if (key == CURRENT or LTS_STREAM_KEY.fullmatch(key)) and conflict:
             feed.notes.append(f"the releases feed gives its {key!r} marker twice with different "
                               "values: ignored")  # fmt: skip
-        elif key == CURRENT or _LTS_MARKER.fullmatch(key):
+        elif key == CURRENT or LTS_STREAM_KEY.fullmatch(key):
             feed.markers[key] = entry
         elif key in versions:
             _add_entry(feed, versions[key], entry, conflict=conflict)
-        elif not _VERSION_KEY.fullmatch(key):
+        elif not FLATCAR_VERSION.fullmatch(key):
             unknown.append(key)
     if unknown:
         shown = ", ".join(repr(key[:40]) for key in unknown[:5])

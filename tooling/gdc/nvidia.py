@@ -46,6 +46,13 @@ from gdc.download import DEADLINE_SECONDS as SMALL_DEADLINE_SECONDS
 from nvidia_driver.digests import valid_sha256
 from nvidia_driver.errors import DriverError
 from nvidia_driver.image import provision
+from nvidia_driver.naming import (
+    MACHINE,
+    driver_key,
+    driver_url,
+    redist_manifest_url,
+    run_name,
+)
 from nvidia_driver.safetext import shown
 from nvidia_driver.sources.download import CHUNK, Opened
 
@@ -55,7 +62,6 @@ REDIST_BASE_URL = "https://developer.download.nvidia.com/compute/nvidia-driver/r
 RELEASES_URL = "https://docs.nvidia.com/datacenter/tesla/drivers/releases.json"
 # The image build's download hosts (provision.py), and the documentation host of the list.
 NVIDIA_HOSTS = (*provision.NVIDIA_REDIRECT_HOSTS, "docs.nvidia.com")
-RUN_ARCH = provision.RUN_ARCH  # amd64 -> x86_64, arm64 -> aarch64
 MAX_CHECKSUM_BYTES = 4 << 10  # one line
 MAX_MANIFEST_BYTES = provision.MAX_MANIFEST_BYTES
 MAX_RELEASES_BYTES = 8 << 20  # a list of releases as text; far past this it is not one
@@ -71,20 +77,12 @@ class RecordError(Exception):
     """NVIDIA's files were not read, or were refused, or versions.toml was not written."""
 
 
-def release_key(version: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in version.split("."))
-
-
 def check_release(version: str) -> str:
     if not RELEASE_VERSION.fullmatch(version):
         raise RecordError(
             f"{version!r} is not an NVIDIA datacenter driver version such as 580.178.04"
         )
     return version
-
-
-def run_name(version: str, arch: str) -> str:
-    return f"NVIDIA-Linux-{RUN_ARCH[arch]}-{version}.run"
 
 
 @dataclass(frozen=True)
@@ -99,13 +97,13 @@ class NvidiaUpstream:
 
     def checksum_url(self, version: str, arch: str) -> str:
         base = (self.checksum_base_url or CHECKSUM_BASE_URL).rstrip("/")
-        return f"{base}/Linux-{RUN_ARCH[arch]}/{version}/{run_name(version, arch)}.sha256sum"
+        return f"{base}/Linux-{MACHINE[arch]}/{version}/{run_name(version, arch)}.sha256sum"
 
     def run_url(self, version: str, arch: str) -> str:
-        return provision.driver_url(self.driver_base_url or DRIVER_BASE_URL, version, arch)
+        return driver_url(self.driver_base_url or DRIVER_BASE_URL, version, arch)
 
     def manifest_url(self, version: str) -> str:
-        return provision.redist_manifest_url(self.redist_base_url or REDIST_BASE_URL, version)
+        return redist_manifest_url(self.redist_base_url or REDIST_BASE_URL, version)
 
     def releases_list_url(self) -> str:
         return self.releases_url or RELEASES_URL
@@ -245,7 +243,7 @@ def newest_releases(feed: object, url: str) -> dict[str, Release]:
                 continue
             if version.split(".", 1)[0] != branch:
                 continue
-            if branch in newest and release_key(version) <= release_key(newest[branch].version):
+            if branch in newest and driver_key(version) <= driver_key(newest[branch].version):
                 continue
             notes = shown(str(info.get("release_notes", "")))
             newest[branch] = Release(

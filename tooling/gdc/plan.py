@@ -8,7 +8,6 @@ matrix`` covers for the driver, or only to the release named with --flatcar-vers
 from __future__ import annotations
 
 import platform
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -16,14 +15,13 @@ from pathlib import Path
 
 from gdc import coverage, matrix, releases
 from gdc.tags import DEFAULT_IMAGE, Variant, check_repository
-from gdc.versions import ARCHES, Driver, Versions, VersionsError, driver_branch
+from gdc.versions import Driver, Versions, VersionsError, driver_branch
 from nvidia_driver.digests import ANY, digest_list
 from nvidia_driver.errors import DriverError
+from nvidia_driver.naming import ARCH_OF, ARCHES, FLATCAR_VERSION
 from nvidia_driver.sources.flatcar import Release
 
-_MACHINE_ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 ALL_ARCHES = "all"
-_FLATCAR = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+")
 
 
 @dataclass(frozen=True)
@@ -168,7 +166,7 @@ class Options:
 def host_arch() -> str:
     machine = platform.machine()
     try:
-        return _MACHINE_ARCH[machine]
+        return ARCH_OF[machine]
     except KeyError:
         raise VersionsError(f"no image architecture for this machine ({machine})") from None
 
@@ -210,7 +208,7 @@ def check_options(options: Options, *, push: bool = False) -> None:
             "--push needs --registry (e.g. ghcr.io/<your owner>): without one docker would "
             "push to Docker Hub's library/"
         )
-    if options.flatcar_version and not _FLATCAR.fullmatch(options.flatcar_version):
+    if options.flatcar_version and not FLATCAR_VERSION.fullmatch(options.flatcar_version):
         raise VersionsError(f"invalid --flatcar-version {options.flatcar_version!r}: expected "
                             "MAJOR.MINOR.PATCH such as 4593.2.5")  # fmt: skip
 

@@ -38,10 +38,10 @@ from gdc.nvidia import (
     RecordError,
     Release,
     newest_releases,
-    release_key,
 )
 from gdc.versions import Driver, VersionsError, load_versions
 from nvidia_driver.atomic import write_atomically
+from nvidia_driver.naming import driver_key
 
 Say = Callable[[str], None]
 BOT = ("github-actions[bot]", "41898282+github-actions[bot]@users.noreply.github.com")
@@ -88,7 +88,7 @@ def find_candidates(
     candidates, notes = [], []
     for branch, driver in sorted(tracked.items()):
         release = newest.get(branch)
-        if release is not None and release_key(release.version) > release_key(driver.version):
+        if release is not None and driver_key(release.version) > driver_key(driver.version):
             candidates.append(Candidate(driver.version, release.version, release))
             continue
         if release is None:

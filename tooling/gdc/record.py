@@ -44,13 +44,12 @@ from gdc.nvidia import (
     RecordError,
     check_release,
     parse_checksum_file,
-    release_key,
-    run_name,
 )
-from gdc.versions import ARCHES, UNKNOWN_CHECKSUM, Driver, VersionsError, parse_versions
+from gdc.versions import UNKNOWN_CHECKSUM, Driver, VersionsError, parse_versions
 from nvidia_driver.atomic import write_atomically
 from nvidia_driver.digests import valid_sha256
 from nvidia_driver.errors import DriverError
+from nvidia_driver.naming import ARCHES, driver_key, redist_platform, run_name
 from nvidia_driver.sources import redist
 
 _VERSION_TEXT = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ._-+")
@@ -112,9 +111,7 @@ class Record:
                 "lists it"
             )
         missing = [
-            f"linux-{redist.REDIST_ARCH[arch]}"
-            for arch, digest in archive.sha256.items()
-            if digest is None
+            redist_platform(arch) for arch, digest in archive.sha256.items() if digest is None
         ]
         listed = f"{name}: {archive.component} {', '.join(archive.platforms)}"
         return f"{listed}; none for {', '.join(missing)}" if missing else listed
@@ -164,7 +161,7 @@ def _archive(component: redist.Component, entry: object, driver: str, name: str)
     sums: dict[str, str | None] = {}
     platforms = []
     for arch in component.arches:
-        platform = f"linux-{redist.REDIST_ARCH[arch]}"
+        platform = redist_platform(arch)
         files = entry.get(platform)
         sums[arch] = None if files is None else _digest(files, key, platform, listed, name)
         if files is not None:
@@ -268,7 +265,7 @@ def _current(path: Path, version: str) -> _Current:
         raise RecordError(f"cannot read {path}: {exc}") from None
     branch = version.split(".", 1)[0]
     tracked = next((driver for driver in versions.drivers if driver.branch == branch), None)
-    if tracked is not None and release_key(tracked.version) > release_key(version):
+    if tracked is not None and driver_key(tracked.version) > driver_key(version):
         raise RecordError(
             f"{path} lists {tracked.version}, newer than {version}: a branch's entry is only "
             "replaced by a newer release (versions.toml keeps each branch's newest)"

@@ -25,12 +25,12 @@ from enum import StrEnum
 
 from gdc.versions import driver_branch
 from nvidia_driver.formats.oci import REPOSITORY, TAG
+from nvidia_driver.naming import FLATCAR_VERSION
 from nvidia_driver.sources import gpuoperator
 from nvidia_driver.sources.gpuoperator import OS_ID, kernel_in_tag
 
 DEFAULT_IMAGE = "driver"  # the Operator's default driver.image
 _PREFIX = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
-_FLATCAR_VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+")
 
 
 class Variant(StrEnum):
@@ -44,7 +44,7 @@ class TagError(ValueError):
 
 def os_tag(flatcar_version: str) -> str:
     """``4593.2.0`` -> ``flatcar4593.2.0``: ID + VERSION_ID, never shortened for Flatcar."""
-    if not _FLATCAR_VERSION.fullmatch(flatcar_version):
+    if not FLATCAR_VERSION.fullmatch(flatcar_version):
         raise TagError(f"invalid Flatcar version {flatcar_version!r}: expected e.g. 4593.2.0")
     return gpuoperator.os_tag(flatcar_version)
 

@@ -9,16 +9,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nvidia_driver import config
 from nvidia_driver.digests import valid_sha256
 from nvidia_driver.errors import DriverError
+from nvidia_driver.naming import ARCHES, FLATCAR_VERSION, driver_key
+from nvidia_driver.naming import driver_branch as _branch
 
 VERSIONS_FILE = Path(__file__).resolve().parents[2] / "versions.toml"
-ARCHES = ("amd64", "arm64")
 CHANNELS = ("alpha", "beta", "stable", "lts")
 # A checksum NVIDIA publishes but nobody has copied into the file yet.
 UNKNOWN_CHECKSUM = "TODO"
-_FLATCAR_VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+")
 _COMPONENT = re.compile(r"[a-z][a-z0-9_]*")
 
 
@@ -27,16 +26,12 @@ class VersionsError(ValueError):
 
 
 def driver_branch(version: str) -> str:
-    """``580.178.04`` -> ``580``: the branch the GPU Operator's precompiled tags carry, as the
-    entrypoint derives it (nvidia_driver.config)."""
+    """``580.178.04`` -> ``580``: the branch the GPU Operator's precompiled tags carry, as text
+    and refused as a VersionsError."""
     try:
-        return str(config.driver_branch(version))
+        return str(_branch(version))
     except DriverError as exc:
         raise VersionsError(str(exc)) from None
-
-
-def _version_key(version: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in version.split("."))
 
 
 @dataclass(frozen=True)
@@ -120,7 +115,7 @@ def parse_versions(data: Mapping[str, Any], *, source: str = "versions.toml") ->
     if not isinstance(drivers_table, Mapping) or not drivers_table:
         raise VersionsError(f'{source}: no [drivers."<version>"] table')
     drivers = [_driver(version, entry, source) for version, entry in drivers_table.items()]
-    drivers.sort(key=lambda driver: _version_key(driver.version))
+    drivers.sort(key=lambda driver: driver_key(driver.version))
     by_branch: dict[str, list[str]] = {}
     for driver in drivers:
         by_branch.setdefault(driver.branch, []).append(driver.version)
@@ -149,7 +144,7 @@ def _names(value: object, allowed: tuple[str, ...], what: str) -> tuple[str, ...
 def _pinned(value: object, what: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise VersionsError(f'{what} must be a list of Flatcar versions such as "4593.2.0"')
-    bad = [version for version in value if not _FLATCAR_VERSION.fullmatch(version)]
+    bad = [version for version in value if not FLATCAR_VERSION.fullmatch(version)]
     if bad:
         raise VersionsError(f"{what}: {', '.join(bad)} is not a Flatcar version such as 4593.2.0")
     return tuple(dict.fromkeys(value))

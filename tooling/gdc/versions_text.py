@@ -11,7 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from gdc.nvidia import RecordError, release_key
+from gdc.nvidia import RecordError
+from nvidia_driver.naming import driver_key
 
 _HEADER = re.compile(r"\s*\[(?P<key>[^\[\]]+)\]\s*(#.*)?")
 _DRIVER_TABLE = re.compile(r"""\s*drivers\s*\.\s*(?:"(?P<q>[^"]*)"|'(?P<l>[^']*)')\s*(\..*)?""")
@@ -68,7 +69,7 @@ def put_entry(text: str, entry: str, version: str, replaces: str | None) -> str:
             raise RecordError(f'versions.toml has no [drivers."{replaces}"] table to replace')
         span = found[0]
         return "".join(lines[: span.start] + new + lines[span.end :])
-    earlier = [span for span in spans if release_key(span.version) < release_key(version)]
+    earlier = [span for span in spans if driver_key(span.version) < driver_key(version)]
     if earlier or not spans:
         at = earlier[-1].end if earlier else len(lines)
         return "".join([*lines[:at], "\n", *new, *lines[at:]])

@@ -7,6 +7,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from nvidia_driver import naming  # qualified: settings.DRIVER_VERSION is the variable's name
 from nvidia_driver.errors import DriverError
 from nvidia_driver.safetext import check, config_entry, shown
 from nvidia_driver.settings import (
@@ -25,9 +26,6 @@ from nvidia_driver.settings import (
 )
 
 MODULE_TYPES = ("auto", "open", "proprietary")
-ARCHES = {"amd64": "x86_64", "arm64": "aarch64"}
-_MACHINE_TO_ARCH = {"x86_64": "amd64", "aarch64": "arm64", "arm64": "arm64", "amd64": "amd64"}
-_VERSION = re.compile(r"[0-9]{3,}\.[0-9]+(\.[0-9]+)?")  # ASCII: str.isdigit() takes "²"
 _NUMBER = re.compile(r"[0-9]+")
 _TRUE = ("true", "1", "yes")
 _FALSE = ("false", "0", "no", "")
@@ -65,22 +63,14 @@ def _driver_version(env: Mapping[str, str], *, required: bool) -> str:
                 "or set DRIVER_VERSION to the driver version the image carries"
             )
         return ""
-    if not _VERSION.fullmatch(version):
+    if not naming.DRIVER_VERSION.fullmatch(version):
         raise _invalid(DRIVER_VERSION, version, "a driver version such as 580.105.08")
     return version
 
 
-def driver_branch(version: str) -> int:
-    """``580.105.08`` -> 580: a driver's branch, its major version (the patches, the module
-    type and the GPU Operator's precompiled tags go by it). The tooling uses it too."""
-    if not _VERSION.fullmatch(version):
-        raise DriverError(f"invalid driver version {version!r}: expected e.g. 580.105.08")
-    return int(version.split(".", 1)[0])
-
-
 def _driver_branch(env: Mapping[str, str], version: str) -> int:
     raw = env.get(DRIVER_BRANCH, "").strip()
-    derived = str(driver_branch(version)) if version else ""
+    derived = str(naming.driver_branch(version)) if version else ""
     if not raw:
         return int(derived) if derived else 0
     if not _NUMBER.fullmatch(raw):
@@ -93,9 +83,9 @@ def _driver_branch(env: Mapping[str, str], version: str) -> int:
 def _target_arch(env: Mapping[str, str]) -> str:
     raw = env.get(TARGETARCH, "").strip()
     if not raw:
-        return _MACHINE_TO_ARCH.get(platform.machine(), platform.machine())
-    if raw not in ARCHES:
-        raise _invalid(TARGETARCH, raw, ", ".join(ARCHES))
+        return naming.ARCH_OF.get(platform.machine(), platform.machine())
+    if raw not in naming.ARCHES:
+        raise _invalid(TARGETARCH, raw, ", ".join(naming.ARCHES))
     return raw
 
 
@@ -154,4 +144,4 @@ class DriverConfig:
 
     @property
     def driver_arch(self) -> str:
-        return ARCHES[self.target_arch]
+        return naming.MACHINE[self.target_arch]

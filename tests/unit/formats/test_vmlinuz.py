@@ -25,11 +25,11 @@ from vmlinuz_images import (
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats.vmlinuz import (
-    banner_release,
     kernel_banner,
     kernel_banner_from_file,
     real_banners,
 )
+from nvidia_driver.naming import banner_release
 
 DEBIAN_BANNER = (
     "Linux version 6.1.0-53-cloud-amd64 (debian-kernel@lists.debian.org) (gcc-12 (Debian "

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from fetch_server import ReleaseServer
 
+from nvidia_driver import naming
 from nvidia_driver.errors import DriverError
 from nvidia_driver.image import provision
 from nvidia_driver.sources import redist
@@ -37,10 +38,10 @@ def test_checksum_specs() -> None:
 
 def test_nvidia_url_layouts() -> None:
     base = "https://us.download.nvidia.com/tesla/"
-    assert provision.driver_url(base, VERSION, "arm64") == (
+    assert naming.driver_url(base, VERSION, "arm64") == (
         f"https://us.download.nvidia.com/tesla/{VERSION}/NVIDIA-Linux-aarch64-{VERSION}.run"
     )
-    assert provision.redist_manifest_url("https://h/redist", VERSION) == (
+    assert naming.redist_manifest_url("https://h/redist", VERSION) == (
         f"https://h/redist/redistrib_{VERSION}.json"
     )
 

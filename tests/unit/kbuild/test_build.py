@@ -12,7 +12,8 @@ from nvidia_driver.commands import Commands
 from nvidia_driver.kbuild import build
 from nvidia_driver.kbuild.build import module_sources_digest, strip_debug_info
 from nvidia_driver.kbuild.compiler import CHROOT_PATH, Toolchain
-from nvidia_driver.kbuild.patches import KernelVersion, Patch
+from nvidia_driver.kbuild.patches import Patch
+from nvidia_driver.naming import KernelVersion
 
 
 def test_strip_runs_in_the_developer_container_like_the_compiler(

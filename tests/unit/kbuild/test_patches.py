@@ -11,14 +11,13 @@ from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
 from nvidia_driver.kbuild.patches import (
     PATCH_DIR,
-    KernelVersion,
     Patch,
     apply_patches,
     load_index,
-    parse_kernel_release,
     select_patches,
     shipped_patches,
 )
+from nvidia_driver.naming import KernelVersion, parse_kernel_release
 
 PCI_RESIZE = "pci-resize-resource-exclude-bars"
 needs_patch_tool = needs("patch")

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from nvidia_driver.errors import DriverError
+from nvidia_driver.naming import arch_of, kernel_release_from_feed
 from nvidia_driver.sources.flatcar import (
     DEFAULT_RELEASE_BASE_URL,
     DEFAULT_RELEASES_URL,
@@ -18,8 +19,6 @@ from nvidia_driver.sources.flatcar import (
     board_of,
     channel_of,
     current_releases,
-    kernel_release_from_feed,
-    normalise_arch,
     parse_releases,
     parse_shell_assignments,
     release_server_from_env,
@@ -79,7 +78,7 @@ def test_versions_order_numerically() -> None:
 )
 def test_board_of(arch: str, board: str, name: str) -> None:
     assert board_of(arch) == board
-    assert normalise_arch(arch) == name
+    assert arch_of(arch) == name
 
 
 def test_unknown_arch_is_refused() -> None:

@@ -21,10 +21,9 @@ from pathlib import Path
 from nvidia_driver import limits
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
+from nvidia_driver.naming import KERNEL_BANNER, banner_release
 
 BANNER_PREFIX = b"Linux version "
-# A template ("Linux version %s …", or "… #" without a build number) must not match.
-_REAL_BANNER = re.compile(r"Linux version (?P<release>[^\s%]+) \(.*\) #[0-9]+ ")
 _MAX_BANNER_BYTES = 1024
 _READ_CHUNK = 1 << 20
 
@@ -310,17 +309,9 @@ def real_banners(data: bytes) -> Iterator[str]:
             return
         raw = data[start : start + _MAX_BANNER_BYTES]
         line = re.split(rb"[\0\n]", raw, maxsplit=1)[0].decode("utf-8", "replace")
-        if _REAL_BANNER.match(line):
+        if KERNEL_BANNER.match(line):
             yield line
         start = data.find(BANNER_PREFIX, start + 1)
-
-
-def banner_release(banner: str) -> str:
-    """The kernel release (uname -r) a banner names."""
-    match = _REAL_BANNER.match(banner)
-    if match is None:
-        raise DriverError(f"not a kernel banner: {banner[:80]!r}")
-    return match["release"]
 
 
 def _decodings(image: bytes, commands: Commands, search: _Search) -> Iterator[bytes]:

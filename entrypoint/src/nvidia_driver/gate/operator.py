@@ -30,6 +30,7 @@ from typing import Any
 
 from nvidia_driver.errors import DriverError
 from nvidia_driver.gate.kubeapi import KubeAPI, NotFoundError
+from nvidia_driver.naming import DRIVER_BRANCH, DRIVER_VERSION
 from nvidia_driver.safetext import shown
 from nvidia_driver.sources.gpuoperator import (
     DIGEST_PREFIX,
@@ -51,7 +52,8 @@ NFD_VERSION_ID = "feature.node.kubernetes.io/system-os_release.VERSION_ID"
 NFD_KERNEL = "feature.node.kubernetes.io/kernel-version.full"
 ARCH = "kubernetes.io/arch"
 _BUILD_SUFFIX = build_image_version("")  # "-flatcar": the build image's tag ends so
-_DRIVER_AT_END = re.compile(r"[0-9]{3,}(?:\.[0-9]+){0,2}$")  # 610.57.04, or the branch 610
+# 610.57.04, or the branch 610
+_DRIVER_AT_END = re.compile(rf"(?:{DRIVER_VERSION.pattern}|{DRIVER_BRANCH.pattern})$")
 
 
 class Kind(StrEnum):

@@ -39,12 +39,11 @@ from nvidia_driver.errors import DriverError
 from nvidia_driver.formats import jsontext
 from nvidia_driver.image.driverroot import verify_root
 from nvidia_driver.log import say
+from nvidia_driver.naming import ARCHES, TRIPLETS, driver_url, redist_manifest_url
 from nvidia_driver.settings import NVIDIA_DRIVER_REDIRECT_HOSTS
 from nvidia_driver.sources import redist
 from nvidia_driver.sources.download import Downloader, DownloadLimits, Opened
 
-RUN_ARCH = {"amd64": "x86_64", "arm64": "aarch64"}
-TRIPLET = redist.TRIPLET
 # redistrib_<V>.json is a few kB (about twenty components); far past that it is not one.
 MAX_MANIFEST_BYTES = 4 << 20
 
@@ -61,7 +60,7 @@ REQUIRED_FILES = {
 
 
 def _arch(arch: str) -> str:
-    if arch not in RUN_ARCH:
+    if arch not in ARCHES:
         raise DriverError(f"unsupported architecture {arch!r}: expected amd64 or arm64")
     return arch
 
@@ -80,14 +79,6 @@ def checksum_for(spec: str, arch: str) -> str:
     if arch not in sums:
         raise DriverError(f"--sha256 lists no checksum for {arch} (it lists {', '.join(sums)})")
     return sums[arch]
-
-
-def driver_url(base_url: str, version: str, arch: str) -> str:
-    return f"{base_url.rstrip('/')}/{version}/NVIDIA-Linux-{RUN_ARCH[_arch(arch)]}-{version}.run"
-
-
-def redist_manifest_url(base_url: str, version: str) -> str:
-    return f"{base_url.rstrip('/')}/redistrib_{version}.json"
 
 
 # --- downloads ---------------------------------------------------------------------------------
@@ -216,7 +207,7 @@ def install_redist(
 
 
 def _check_installed(root: Path, component: str, arch: str) -> None:
-    required = [name.format(lib=f"usr/lib/{TRIPLET[arch]}") for name in REQUIRED_FILES.get(
+    required = [name.format(lib=f"usr/lib/{TRIPLETS[arch]}") for name in REQUIRED_FILES.get(
         component, ())]  # fmt: skip
     missing = [name for name in required if not (root / name).exists()]
     if missing:
@@ -230,7 +221,7 @@ def _update_linker_cache(root: Path) -> None:
 
 
 def verify(*, version: str, arch: str, root: Path) -> None:
-    libdir = PurePosixPath("/usr/lib", TRIPLET[_arch(arch)])
+    libdir = PurePosixPath("/usr/lib", TRIPLETS[_arch(arch)])
     verify_root(root, libdir, version, Commands())
 
 
@@ -249,7 +240,7 @@ def parser() -> argparse.ArgumentParser:
         ("verify", "check the driver root against the names the container toolkit injects"),
     ):
         step = steps.add_parser(name, help=help_text, description=help_text)
-        step.add_argument("--arch", required=True, choices=sorted(RUN_ARCH))
+        step.add_argument("--arch", required=True, choices=ARCHES)
         if name != "verify":
             step.add_argument("--base-url", required=True, metavar="URL")
         step.add_argument("--version", required=True, metavar="V")

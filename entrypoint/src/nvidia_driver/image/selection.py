@@ -90,9 +90,6 @@ BINARY_TYPES = frozenset({"UTILITY_BINARY", "UTILITY_BIN_SYMLINK", "INSTALLER_BI
 # Types whose path field is an absolute directory rather than one under a base directory.
 ABSOLUTE_PATH_TYPES = frozenset({"NVIDIA_MODPROBE", "EXPLICIT_PATH", "OPENGL_DATA"})
 
-TRIPLETS = {"amd64": "x86_64-linux-gnu", "arm64": "aarch64-linux-gnu"}
-MACHINES = {"amd64": "x86_64", "arm64": "aarch64"}
-
 
 @dataclass(frozen=True)
 class Layout:

@@ -44,16 +44,15 @@ from nvidia_driver.image.selection import (
     FIRMWARE_GROUP,
     GROUPS,
     KERNEL_SOURCE_DIRS,
-    MACHINES,
     MAN_PAGES_GROUP,
     SOURCES_GROUP,
-    TRIPLETS,
     Layout,
     PlannedFile,
     plan,
 )
 from nvidia_driver.image.transaction import Transaction, all_or_nothing
 from nvidia_driver.log import error, say, warn
+from nvidia_driver.naming import ARCH_OF, MACHINE, TRIPLETS
 
 SETUID_PROGRAM = "nvidia-modprobe"  # setuid root, so that users can create the device nodes
 _PRIVILEGE_BITS = 0o6000  # setuid and setgid
@@ -81,9 +80,8 @@ class InstallResult:
 
 def host_arch() -> str:
     machine = platform.machine()
-    for arch, name in MACHINES.items():
-        if name == machine:
-            return arch
+    if machine in MACHINE.values():
+        return ARCH_OF[machine]
     raise DriverError(f"no NVIDIA driver userspace for this machine ({machine}); use --arch")
 
 
@@ -105,9 +103,9 @@ def install_runfile(
     """Verify and unpack ``runfile`` in a scratch directory, then install from it into ``root``."""
     arch = _known_arch(arch or host_arch())
     header = run.read_header(runfile)
-    if header.target_arch not in (None, MACHINES[arch]):
+    if header.target_arch not in (None, MACHINE[arch]):
         raise DriverError(
-            f"{runfile.name} is for {header.target_arch}, not {MACHINES[arch]} ({arch}); "
+            f"{runfile.name} is for {header.target_arch}, not {MACHINE[arch]} ({arch}); "
             "use the .run for the image's architecture"
         )
     commands = commands or Commands()

@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nvidia_driver.errors import DriverError
-from nvidia_driver.kbuild.patches import parse_kernel_release, select_patches, shipped_patches
+from nvidia_driver.kbuild.patches import select_patches, shipped_patches
+from nvidia_driver.naming import parse_kernel_release
 
 
 @dataclass(frozen=True)

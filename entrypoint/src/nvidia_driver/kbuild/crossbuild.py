@@ -16,15 +16,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from nvidia_driver.errors import DriverError
+from nvidia_driver.naming import ARCH_OF, KBUILD_ARCH, TRIPLETS
 
 # The kernel config symbol each architecture's trees set, by the architecture names the
 # images and TARGETARCH use.
 _CONFIG_SYMBOLS = {"CONFIG_X86_64": "amd64", "CONFIG_ARM64": "arm64"}
-# ARCH= as NVIDIA's kernel Makefile takes it (it maps x86_64 to the kernel's x86 itself).
-_MAKE_ARCH = {"amd64": "x86_64", "arm64": "arm64"}
-# GNU triplets of Debian's cross toolchains (gcc-<N>-<triplet>, binutils-<triplet>).
-_TRIPLETS = {"amd64": "x86_64-linux-gnu", "arm64": "aarch64-linux-gnu"}
-_MACHINES = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 
 
 @dataclass(frozen=True)
@@ -41,12 +37,12 @@ class BuildTarget:
     @property
     def prefix(self) -> str:
         """What comes before gcc, strip and ld: the target's triplet and a dash when cross."""
-        return f"{_TRIPLETS[self.arch]}-" if self.cross else ""
+        return f"{TRIPLETS[self.arch]}-" if self.cross else ""
 
     def make_arguments(self) -> list[str]:
         if not self.cross:
             return []
-        return [f"ARCH={_MAKE_ARCH[self.arch]}", f"CROSS_COMPILE={self.prefix}"]
+        return [f"ARCH={KBUILD_ARCH[self.arch]}", f"CROSS_COMPILE={self.prefix}"]
 
     def describe(self) -> str:
         return f"cross-building for {self.arch} on this {self.machine} machine"
@@ -54,7 +50,7 @@ class BuildTarget:
 
 def build_machine() -> str:
     machine = os.uname().machine
-    return _MACHINES.get(machine, machine)
+    return ARCH_OF.get(machine, machine)
 
 
 def tree_arch(config: Mapping[str, str]) -> str | None:
@@ -77,10 +73,10 @@ def build_target(config: Mapping[str, str], wanted: str = "") -> BuildTarget:
             f"{wanted} (TARGETARCH): use the {wanted} release's tree or set TARGETARCH={arch}"
         )
     target = arch or machine
-    if target != machine and (target not in _TRIPLETS or machine not in _TRIPLETS):
+    if target != machine and (target not in TRIPLETS or machine not in TRIPLETS):
         raise DriverError(
             f"cannot cross-build for {target} on this {machine} machine: only "
-            f"{', '.join(sorted(_TRIPLETS))} are known"
+            f"{', '.join(sorted(TRIPLETS))} are known"
         )
     return BuildTarget(target, machine)
 
@@ -92,7 +88,7 @@ def _symbol(arch: str) -> str:
 def missing_cross_compiler(target: BuildTarget, wanted: int | None, found: str) -> DriverError:
     """The one line for a cross build without the target's gcc of the kernel's major."""
     version = f"-{wanted}" if wanted else ""
-    package = f"gcc{version}-{_TRIPLETS[target.arch].replace('_', '-')}"  # gcc-14-x86-64-linux-gnu
+    package = f"gcc{version}-{TRIPLETS[target.arch].replace('_', '-')}"  # gcc-14-x86-64-linux-gnu
     return DriverError(
         f"the kernel was built with gcc {wanted or '(unknown)'} for {target.arch}, and "
         f"{target.describe()} needs {target.prefix}gcc{version} (Debian's {package}), which is "

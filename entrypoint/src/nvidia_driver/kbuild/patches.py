@@ -22,42 +22,23 @@ import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
 from nvidia_driver.kbuild.modules import SOURCE_DIRS
 from nvidia_driver.log import say
+from nvidia_driver.naming import KERNEL_VERSION, KernelVersion, parse_kernel_release
 
 PATCH_DIR = Path(__file__).with_name("patches")
 INDEX_NAME = "index.json"
 INDEX_FORMAT = 1
 TREES = frozenset(SOURCE_DIRS.values())
 
-_RELEASE = re.compile(r"([0-9]+)\.([0-9]+)(?:\.([0-9]+))?")  # ASCII, unlike \d
 _ENTRY_KEYS = frozenset(
     {"name", "file", "branches", "min_kernel", "max_kernel", "trees", "reason", "note"}
 )
 _PATCH_ARGS = ("-p1", "--forward", "--batch")
 _PATCH_PROBLEM = re.compile(r"FAILED|Reversed|can't find|malformed|garbage|No such file")
-
-
-class KernelVersion(NamedTuple):
-    major: int
-    minor: int
-    sublevel: int
-
-    def __str__(self) -> str:
-        return f"{self.major}.{self.minor}.{self.sublevel}"
-
-
-def parse_kernel_release(release: str) -> KernelVersion:
-    """The version at the start of a release: "6.12.117+deb12-cloud-amd64" is 6.12.117."""
-    match = _RELEASE.match(release.strip())
-    if match is None:
-        raise DriverError(f"cannot read a kernel version from the kernel release {release!r}")
-    major, minor, sublevel = match.groups()
-    return KernelVersion(int(major), int(minor), int(sublevel or 0))
 
 
 @dataclass(frozen=True)
@@ -92,7 +73,7 @@ def _text(entry: Mapping[str, object], key: str, index: Path) -> str:
 
 def _kernel(entry: Mapping[str, object], key: str, index: Path) -> KernelVersion:
     text = _text(entry, key, index)
-    if not re.fullmatch(r"[0-9]+\.[0-9]+(\.[0-9]+)?", text):
+    if not KERNEL_VERSION.fullmatch(text):
         raise _malformed(index, f"{key!r} must be a kernel version like 6.12.97, not {text!r}")
     return parse_kernel_release(text)
 

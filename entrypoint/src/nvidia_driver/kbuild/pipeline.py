@@ -30,7 +30,6 @@ from typing import Literal, overload
 from nvidia_driver.commands import Commands
 from nvidia_driver.config import DriverConfig
 from nvidia_driver.errors import DriverError
-from nvidia_driver.formats.vmlinuz import banner_release
 from nvidia_driver.kbuild.build import BuildRequest, ModuleSources, build_package, module_sources
 from nvidia_driver.kbuild.cachedirs import cache_dir, clear_work, work_dir
 from nvidia_driver.kbuild.compiler import Compiler
@@ -40,6 +39,7 @@ from nvidia_driver.kbuild.kerneltree import KernelTree
 from nvidia_driver.kbuild.packages import Package, matching_package, report_match
 from nvidia_driver.kbuild.release import FlatcarReleases, refuse_foreign_host_tools
 from nvidia_driver.log import say, warn
+from nvidia_driver.naming import banner_release
 from nvidia_driver.paths import Paths
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from nvidia_driver.errors import DriverError
 from nvidia_driver.links import resolve_within
+from nvidia_driver.naming import banner_release
 from nvidia_driver.paths import Paths
 
 NVIDIA_VENDOR = 0x10DE
@@ -214,11 +215,24 @@ class HostFacts:
         return self.os_release.get("PRETTY_NAME") or f"{self.os_id} {self.version_id}".strip()
 
 
-def read_host_facts(paths: Paths) -> HostFacts:
-    banner = (_read(paths.proc_version) or "").split("\n", 1)[0]
+def _banner(paths: Paths) -> str:
+    return (_read(paths.proc_version) or "").split("\n", 1)[0]
+
+
+def running_release(paths: Paths) -> str:
+    """uname -r: the kernel's osrelease, else the release its banner names; "" for neither."""
     release = (_read(paths.kernel_osrelease) or "").strip()
-    if not release and banner.startswith("Linux version "):
-        release = banner.split()[2]
+    if release:
+        return release
+    try:
+        return banner_release(_banner(paths))
+    except DriverError:
+        return ""
+
+
+def read_host_facts(paths: Paths) -> HostFacts:
+    banner = _banner(paths)
+    release = running_release(paths)
     if not banner or not release:
         raise DriverError(
             f"cannot read the kernel version from {paths.proc_version}: "

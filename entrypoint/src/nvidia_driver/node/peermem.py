@@ -25,15 +25,14 @@ from nvidia_driver.commands import Commands
 from nvidia_driver.config import DriverConfig
 from nvidia_driver.errors import CaughtSignalError, DriverError
 from nvidia_driver.log import error, say
-from nvidia_driver.node.host import HostFacts, is_loaded
+from nvidia_driver.naming import MACHINE
+from nvidia_driver.node.host import HostFacts, is_loaded, running_release
 from nvidia_driver.node.modparams import options_line, read_params
 from nvidia_driver.node.signals import signals_raise, wait_for_signal
 from nvidia_driver.paths import OFA_KERNEL, Paths
 
 POLL_SECONDS = 10.0
 PEERMEM = "nvidia-peermem"
-# MOFED names its arch directories as uname -m does (nvidia-peermem.Kbuild, OFA_ARCH).
-OFA_ARCH = {"amd64": "x86_64", "arm64": "aarch64"}
 DMA_BUF = (
     "use DMA-BUF instead (the open kernel modules with the kernel's inbox RDMA drivers), or "
     "deploy the network operator's MOFED driver container"
@@ -50,9 +49,10 @@ class RdmaPlan:
 
 
 def ofa_tree(paths: Paths, kernel_release: str, arch: str) -> Path | None:
-    """MOFED's kernel tree for this kernel, as nvidia-peermem's Kbuild would choose it."""
+    """MOFED's kernel tree for this kernel, as nvidia-peermem's Kbuild would choose it (its
+    OFA_ARCH directories are named as uname -m names the architecture)."""
     base = paths.ofa_kernel
-    for candidate in (base / OFA_ARCH.get(arch, arch) / kernel_release, base / kernel_release,
+    for candidate in (base / MACHINE.get(arch, arch) / kernel_release, base / kernel_release,
                       base / "default"):  # fmt: skip
         # A link into the MOFED container's own filesystem (default -> /etc/alternatives/...)
         # means nothing here; only a real directory with MOFED's symbols is a tree.
@@ -101,9 +101,9 @@ def _ready(paths: Paths, config: DriverConfig) -> bool:
 
 def _kernel_release(paths: Paths) -> str:
     try:
-        return paths.kernel_osrelease.read_text().strip()
-    except OSError:
-        return ""
+        return running_release(paths)
+    except DriverError:
+        return ""  # the sidecar waits on; it never crash-loops
 
 
 def _load(paths: Paths, commands: Commands) -> None:

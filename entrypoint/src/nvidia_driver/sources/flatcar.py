@@ -7,7 +7,6 @@ Nothing here touches the network: callers fetch, these functions name and parse.
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import string
 from collections.abc import Mapping
@@ -19,14 +18,11 @@ from typing import Any
 
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats import jsontext
+from nvidia_driver.naming import FLATCAR_VERSION, LTS_STREAM_KEY, arch_of, kernel_release_from_feed
 from nvidia_driver.settings import FLATCAR_RELEASE_BASE_URL, FLATCAR_RELEASES_URL
 
 DEFAULT_RELEASE_BASE_URL = "https://{channel}.release.flatcar-linux.net"
 DEFAULT_RELEASES_URL = "https://www.flatcar.org/releases-json/releases.json"
-
-KERNEL_SUFFIX = "-flatcar"  # EXTRAVERSION set by the coreos-sources ebuild
-_VERSION = re.compile(r"([0-9]+)\.([0-9]+)\.([0-9]+)")  # ASCII: \d takes any digit
-_LTS_STREAM_KEY = re.compile(r"current-([0-9]{4})")
 
 
 class Channel(StrEnum):
@@ -37,13 +33,6 @@ class Channel(StrEnum):
 
 
 _CHANNEL_BY_MINOR = (Channel.ALPHA, Channel.BETA, Channel.STABLE, Channel.LTS)
-
-_BOARD_BY_ARCH = {
-    "amd64": "amd64-usr",
-    "x86_64": "amd64-usr",
-    "arm64": "arm64-usr",
-    "aarch64": "arm64-usr",
-}
 
 
 class Artifact(StrEnum):
@@ -68,7 +57,7 @@ class FlatcarVersion:
 
     @classmethod
     def parse(cls, text: str) -> FlatcarVersion:
-        match = _VERSION.fullmatch(text.strip())
+        match = FLATCAR_VERSION.fullmatch(text.strip())
         if match is None:
             raise DriverError(
                 f"invalid Flatcar version {text!r}: expected MAJOR.MINOR.PATCH such as 4593.2.5; "
@@ -95,20 +84,9 @@ def channel_of(version: str) -> Channel:
     return FlatcarVersion.parse(version).channel
 
 
-def normalise_arch(arch: str) -> str:
-    """Flatcar's name for an architecture: amd64 or arm64 (uname -m names are accepted)."""
-    return board_of(arch).removesuffix("-usr")
-
-
 def board_of(arch: str) -> str:
-    try:
-        return _BOARD_BY_ARCH[arch]
-    except KeyError:
-        known = ", ".join(_BOARD_BY_ARCH)
-        raise DriverError(
-            f"unsupported architecture {arch!r}: Flatcar has boards only for {known}; "
-            "pass one of those"
-        ) from None
+    """The release server's board of an architecture (uname -m names are accepted)."""
+    return f"{arch_of(arch)}-usr"
 
 
 def _is_channel_template(template: str) -> bool:
@@ -328,23 +306,13 @@ def _parse_entry(key: str, entry: object) -> _Entry:
     return _Entry(channel, kernel_release_from_feed(kernels[0]), tuple(arches), released)
 
 
-def kernel_release_from_feed(kernel: str) -> str:
-    """``uname -r`` of a release from the feed's kernel field.
-
-    Flatcar's feed names the upstream version ("6.12.102"); the running kernel adds the
-    ebuild's EXTRAVERSION. A value that already carries a local version (a mirror's feed for
-    a custom kernel, "6.12.95+deb12-cloud-amd64") is the full release already.
-    """
-    return kernel if re.search(r"[-+]", kernel) else kernel + KERNEL_SUFFIX
-
-
 def parse_releases(feed: str | Mapping[str, Any]) -> tuple[Release, ...]:
     """Every versioned release in the feed, oldest first; the `current*` markers are skipped."""
     entries = _load_feed(feed)
     releases = []
     for key, entry in entries.items():
         # The feed also has `current`, `current-2024`, …: copies of a versioned entry.
-        if _VERSION.fullmatch(key):
+        if FLATCAR_VERSION.fullmatch(key):
             releases.append(_parse_entry(key, entry).release(FlatcarVersion.parse(key)))
     return tuple(sorted(releases, key=lambda release: release.version))
 
@@ -381,7 +349,7 @@ def current_releases(feed: str | Mapping[str, Any]) -> dict[str, Release]:
     streams = {
         f"lts-{match.group(1)}": _resolve_marker(key, entry, releases)
         for key, entry in entries.items()
-        if (match := _LTS_STREAM_KEY.fullmatch(key)) is not None
+        if (match := LTS_STREAM_KEY.fullmatch(key)) is not None
     }
     wanted = [Channel.ALPHA, Channel.BETA, Channel.STABLE]
     if not streams:

@@ -26,10 +26,9 @@ from nvidia_driver.atomic import replacing
 from nvidia_driver.digests import digest_list, valid_sha256
 from nvidia_driver.errors import DriverError
 from nvidia_driver.log import say
+from nvidia_driver.naming import ARCHES, TRIPLETS, redist_platform
 from nvidia_driver.safetext import check
 
-REDIST_ARCH = {"amd64": "x86_64", "arm64": "sbsa"}
-TRIPLET = {"amd64": "x86_64-linux-gnu", "arm64": "aarch64-linux-gnu"}
 MAX_MEMBERS = 20_000
 MAX_MEMBER_BYTES = 1 << 30
 MAX_TOTAL_BYTES = 2 << 30
@@ -145,7 +144,7 @@ def recorded_digests(spec: str) -> dict[str, str]:
     digests = digest_list(spec, "--sha256")
     for key in digests:
         component, _, arch = key.partition(".")
-        if arch not in REDIST_ARCH or not component:
+        if arch not in ARCHES or not component:
             raise DriverError(
                 f"--sha256 entry {key or digests[key]!r} is not <component>.<amd64|arm64>="
                 "<sha256>, e.g. fabricmanager.amd64=<64 hex digits>"
@@ -162,7 +161,7 @@ def _safe_relative(path: str, what: str) -> PurePosixPath:
 
 def listed_archives(manifest: Mapping[str, Any], arch: str, version: str) -> list[Archive]:
     """The archives of redistrib_<version>.json to install for arch, in COMPONENTS order."""
-    platform = f"linux-{REDIST_ARCH[arch]}"
+    platform = redist_platform(arch)
     archives = []
     for component in COMPONENTS:
         if arch not in component.arches:
@@ -305,7 +304,7 @@ class _Budget:
 
 def install_archive(path: Path, archive: Archive, root: Path, arch: str) -> list[PurePosixPath]:
     """Install a verified archive under root; return what was installed (relative paths)."""
-    libdir = f"usr/lib/{TRIPLET[arch]}"
+    libdir = f"usr/lib/{TRIPLETS[arch]}"
     installed: list[PurePosixPath] = []
     budget = _Budget()
     root.mkdir(parents=True, exist_ok=True)
