@@ -47,6 +47,7 @@ from nvidia_driver.digests import valid_sha256
 from nvidia_driver.errors import DriverError
 from nvidia_driver.image import provision
 from nvidia_driver.naming import (
+    DRIVER_VERSION,
     MACHINE,
     driver_key,
     driver_url,
@@ -66,8 +67,6 @@ MAX_CHECKSUM_BYTES = 4 << 10  # one line
 MAX_MANIFEST_BYTES = provision.MAX_MANIFEST_BYTES
 MAX_RELEASES_BYTES = 8 << 20  # a list of releases as text; far past this it is not one
 MAX_RUN_BYTES = 2 << 30  # a .run is about 400 MB
-# A datacenter release: branch, then two numbers (580.178.04).
-RELEASE_VERSION = re.compile(r"[0-9]{3}\.[0-9]{1,4}\.[0-9]{1,4}")
 # A line as sha256sum writes it: the digest (checked by nvidia_driver.digests), a space, then
 # " " or "*" (text or binary mode) and the file's name.
 _SUM_LINE = re.compile(r"(?P<sha256>\S+) [ *](?P<name>\S+)")
@@ -78,7 +77,7 @@ class RecordError(Exception):
 
 
 def check_release(version: str) -> str:
-    if not RELEASE_VERSION.fullmatch(version):
+    if not DRIVER_VERSION.fullmatch(version):
         raise RecordError(
             f"{version!r} is not an NVIDIA datacenter driver version such as 580.178.04"
         )
@@ -239,7 +238,7 @@ def newest_releases(feed: object, url: str) -> dict[str, Release]:
         branch_type = shown(str(entry.get("type", "")))
         for info in infos:
             version = info.get("release_version") if isinstance(info, Mapping) else None
-            if not isinstance(version, str) or not RELEASE_VERSION.fullmatch(version):
+            if not isinstance(version, str) or not DRIVER_VERSION.fullmatch(version):
                 continue
             if version.split(".", 1)[0] != branch:
                 continue
