@@ -43,9 +43,9 @@ from typing import TYPE_CHECKING, Any
 
 from gdc.versions import Versions
 from nvidia_driver.naming import (
-    FLATCAR_VERSION,
-    KERNEL_RELEASE,
-    LTS_STREAM_KEY,
+    FLATCAR_VERSION_RE,
+    KERNEL_RELEASE_RE,
+    LTS_STREAM_KEY_RE,
     kernel_release_from_feed,
 )
 from nvidia_driver.sources.flatcar import Channel, FlatcarVersion, Release
@@ -188,7 +188,7 @@ def _kernel_problem(kernels: object) -> str:
                 f"{shown}): which one its nodes boot is ambiguous")  # fmt: skip
     kernel = named[0]
     if (not isinstance(kernel, str) or len(kernel) > _KERNEL_MAX_LENGTH
-            or not KERNEL_RELEASE.fullmatch(kernel)):  # fmt: skip
+            or not KERNEL_RELEASE_RE.fullmatch(kernel)):  # fmt: skip
         return (f"has a kernel {str(kernel)[:40]!r} in the releases feed (major_software.kernel) "
                 "that is not a kernel release such as 6.12.102")  # fmt: skip
     return ""
@@ -295,7 +295,7 @@ def _plausible(keys: Iterable[str]) -> tuple[set[str], list[str]]:
 
 def _version_keys(document: Mapping[str, Any], notes: list[str]) -> dict[str, FlatcarVersion]:
     """The feed's version keys that name a version, each with the version it names."""
-    spelled = [key for key in document if FLATCAR_VERSION.fullmatch(key)]
+    spelled = [key for key in document if FLATCAR_VERSION_RE.fullmatch(key)]
     kept, skipped = _plausible(spelled)
     if skipped:
         notes.append(f"the releases feed has {len(skipped)} version(s) more than "
@@ -367,14 +367,14 @@ def read_feed(text: str) -> Feed:
     unknown = []
     for key, entry in document.items():
         conflict = repeated.get(key) is False
-        if (key == CURRENT or LTS_STREAM_KEY.fullmatch(key)) and conflict:
+        if (key == CURRENT or LTS_STREAM_KEY_RE.fullmatch(key)) and conflict:
             feed.notes.append(f"the releases feed gives its {key!r} marker twice with different "
                               "values: ignored")  # fmt: skip
-        elif key == CURRENT or LTS_STREAM_KEY.fullmatch(key):
+        elif key == CURRENT or LTS_STREAM_KEY_RE.fullmatch(key):
             feed.markers[key] = entry
         elif key in versions:
             _add_entry(feed, versions[key], entry, conflict=conflict)
-        elif not FLATCAR_VERSION.fullmatch(key):
+        elif not FLATCAR_VERSION_RE.fullmatch(key):
             unknown.append(key)
     if unknown:
         shown = ", ".join(repr(key[:40]) for key in unknown[:5])

@@ -47,7 +47,7 @@ from nvidia_driver.digests import valid_sha256
 from nvidia_driver.errors import DriverError
 from nvidia_driver.image import provision
 from nvidia_driver.naming import (
-    DRIVER_VERSION,
+    DRIVER_VERSION_RE,
     MACHINE,
     driver_key,
     driver_url,
@@ -77,7 +77,7 @@ class RecordError(Exception):
 
 
 def check_release(version: str) -> str:
-    if not DRIVER_VERSION.fullmatch(version):
+    if not DRIVER_VERSION_RE.fullmatch(version):
         raise RecordError(
             f"{version!r} is not an NVIDIA datacenter driver version such as 580.178.04"
         )
@@ -238,7 +238,7 @@ def newest_releases(feed: object, url: str) -> dict[str, Release]:
         branch_type = shown(str(entry.get("type", "")))
         for info in infos:
             version = info.get("release_version") if isinstance(info, Mapping) else None
-            if not isinstance(version, str) or not DRIVER_VERSION.fullmatch(version):
+            if not isinstance(version, str) or not DRIVER_VERSION_RE.fullmatch(version):
                 continue
             if version.split(".", 1)[0] != branch:
                 continue

@@ -18,7 +18,7 @@ from gdc.tags import DEFAULT_IMAGE, Variant, check_repository
 from gdc.versions import Driver, Versions, VersionsError, driver_branch
 from nvidia_driver.digests import ANY, digest_list
 from nvidia_driver.errors import DriverError
-from nvidia_driver.naming import ARCH_OF, ARCHES, FLATCAR_VERSION
+from nvidia_driver.naming import ARCH_OF, ARCHES, FLATCAR_VERSION_RE
 from nvidia_driver.sources.flatcar import Release
 
 ALL_ARCHES = "all"
@@ -208,7 +208,7 @@ def check_options(options: Options, *, push: bool = False) -> None:
             "--push needs --registry (e.g. ghcr.io/<your owner>): without one docker would "
             "push to Docker Hub's library/"
         )
-    if options.flatcar_version and not FLATCAR_VERSION.fullmatch(options.flatcar_version):
+    if options.flatcar_version and not FLATCAR_VERSION_RE.fullmatch(options.flatcar_version):
         raise VersionsError(f"invalid --flatcar-version {options.flatcar_version!r}: expected "
                             "MAJOR.MINOR.PATCH such as 4593.2.5")  # fmt: skip
 

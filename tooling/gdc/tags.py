@@ -25,7 +25,7 @@ from enum import StrEnum
 
 from gdc.versions import driver_branch
 from nvidia_driver.formats.oci import REPOSITORY, TAG
-from nvidia_driver.naming import FLATCAR_VERSION
+from nvidia_driver.naming import FLATCAR_VERSION_RE
 from nvidia_driver.sources import gpuoperator
 from nvidia_driver.sources.gpuoperator import OS_ID, kernel_in_tag
 
@@ -44,7 +44,7 @@ class TagError(ValueError):
 
 def os_tag(flatcar_version: str) -> str:
     """``4593.2.0`` -> ``flatcar4593.2.0``: ID + VERSION_ID, never shortened for Flatcar."""
-    if not FLATCAR_VERSION.fullmatch(flatcar_version):
+    if not FLATCAR_VERSION_RE.fullmatch(flatcar_version):
         raise TagError(f"invalid Flatcar version {flatcar_version!r}: expected e.g. 4593.2.0")
     return gpuoperator.os_tag(flatcar_version)
 

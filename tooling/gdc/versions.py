@@ -11,7 +11,7 @@ from typing import Any
 
 from nvidia_driver.digests import valid_sha256
 from nvidia_driver.errors import DriverError
-from nvidia_driver.naming import ARCHES, FLATCAR_VERSION, driver_key
+from nvidia_driver.naming import ARCHES, FLATCAR_VERSION_RE, driver_key
 from nvidia_driver.naming import driver_branch as _branch
 
 VERSIONS_FILE = Path(__file__).resolve().parents[2] / "versions.toml"
@@ -144,7 +144,7 @@ def _names(value: object, allowed: tuple[str, ...], what: str) -> tuple[str, ...
 def _pinned(value: object, what: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise VersionsError(f'{what} must be a list of Flatcar versions such as "4593.2.0"')
-    bad = [version for version in value if not FLATCAR_VERSION.fullmatch(version)]
+    bad = [version for version in value if not FLATCAR_VERSION_RE.fullmatch(version)]
     if bad:
         raise VersionsError(f"{what}: {', '.join(bad)} is not a Flatcar version such as 4593.2.0")
     return tuple(dict.fromkeys(value))

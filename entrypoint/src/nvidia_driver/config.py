@@ -7,7 +7,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from nvidia_driver import naming  # qualified: settings.DRIVER_VERSION is the variable's name
+from nvidia_driver import naming
 from nvidia_driver.errors import DriverError
 from nvidia_driver.safetext import check, config_entry, shown
 from nvidia_driver.settings import (
@@ -63,7 +63,7 @@ def _driver_version(env: Mapping[str, str], *, required: bool) -> str:
                 "or set DRIVER_VERSION to the driver version the image carries"
             )
         return ""
-    if not naming.DRIVER_VERSION.fullmatch(version):
+    if not naming.DRIVER_VERSION_RE.fullmatch(version):
         raise _invalid(DRIVER_VERSION, version, "a driver version such as 580.105.08")
     return version
 

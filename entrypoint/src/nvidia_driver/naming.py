@@ -63,16 +63,16 @@ def redist_manifest_url(base_url: str, version: str) -> str:
 
 # --- driver versions -------------------------------------------------------------------------
 
-DRIVER_BRANCH = re.compile(r"[0-9]{3,}")
+DRIVER_BRANCH_RE = re.compile(r"[0-9]{3,}")
 # NVIDIA's driver versions: the branch, then one or two numbers: 580.105.08, 575.51.02 (a beta),
 # 390.157 (a legacy branch's).
-DRIVER_VERSION = re.compile(rf"{DRIVER_BRANCH.pattern}\.[0-9]+(?:\.[0-9]+)?")
+DRIVER_VERSION_RE = re.compile(rf"{DRIVER_BRANCH_RE.pattern}\.[0-9]+(?:\.[0-9]+)?")
 
 
 def driver_branch(version: str) -> int:
     """``580.105.08`` -> 580: a driver's branch, its major version (the patches, the module
     type and the GPU Operator's precompiled tags go by it)."""
-    if not DRIVER_VERSION.fullmatch(version):
+    if not DRIVER_VERSION_RE.fullmatch(version):
         raise DriverError(f"invalid driver version {version!r}: expected e.g. 580.105.08")
     return int(version.split(".", 1)[0])
 
@@ -84,20 +84,20 @@ def driver_key(version: str) -> tuple[int, ...]:
 
 # --- Flatcar versions ------------------------------------------------------------------------
 
-FLATCAR_VERSION = re.compile(r"([0-9]+)\.([0-9]+)\.([0-9]+)")  # MAJOR.MINOR.PATCH: 4593.2.5
+FLATCAR_VERSION_RE = re.compile(r"([0-9]+)\.([0-9]+)\.([0-9]+)")  # MAJOR.MINOR.PATCH: 4593.2.5
 # The releases feed's key of an LTS stream's newest release: current-2024.
-LTS_STREAM_KEY = re.compile(r"current-([0-9]{4})")
+LTS_STREAM_KEY_RE = re.compile(r"current-([0-9]{4})")
 
 # --- kernels ---------------------------------------------------------------------------------
 
-KERNEL_VERSION = re.compile(r"([0-9]+)\.([0-9]+)(?:\.([0-9]+))?")  # 6.12.102, or 6.2
+KERNEL_VERSION_RE = re.compile(r"([0-9]+)\.([0-9]+)(?:\.([0-9]+))?")  # 6.12.102, or 6.2
 # uname -r: the version, then a local version (6.12.102-flatcar, 6.12.95+deb12-cloud-amd64), of
 # characters an image tag can carry once "+" becomes "-".
-KERNEL_RELEASE = re.compile(rf"{KERNEL_VERSION.pattern}(?:[-+][A-Za-z0-9._+-]*)?")
+KERNEL_RELEASE_RE = re.compile(rf"{KERNEL_VERSION_RE.pattern}(?:[-+][A-Za-z0-9._+-]*)?")
 FLATCAR_KERNEL_SUFFIX = "-flatcar"  # EXTRAVERSION set by the coreos-sources ebuild
 # /proc/version's line. A template ("Linux version %s ...", or "... #" without a build number)
 # must not match: a kernel image carries those too.
-KERNEL_BANNER = re.compile(r"Linux version (?P<release>[^\s%]+) \(.*\) #[0-9]+ ")
+KERNEL_BANNER_RE = re.compile(r"Linux version (?P<release>[^\s%]+) \(.*\) #[0-9]+ ")
 
 
 class KernelVersion(NamedTuple):
@@ -111,7 +111,7 @@ class KernelVersion(NamedTuple):
 
 def parse_kernel_release(release: str) -> KernelVersion:
     """The version at the start of a release: "6.12.117+deb12-cloud-amd64" is 6.12.117."""
-    match = KERNEL_VERSION.match(release.strip())
+    match = KERNEL_VERSION_RE.match(release.strip())
     if match is None:
         raise DriverError(f"cannot read a kernel version from the kernel release {release!r}")
     major, minor, sublevel = match.groups()
@@ -130,7 +130,7 @@ def kernel_release_from_feed(kernel: str) -> str:
 
 def banner_release(banner: str) -> str:
     """The kernel release (uname -r) a banner names."""
-    match = KERNEL_BANNER.match(banner)
+    match = KERNEL_BANNER_RE.match(banner)
     if match is None:
         raise DriverError(f"not a kernel banner: {banner[:80]!r}")
     return match["release"]

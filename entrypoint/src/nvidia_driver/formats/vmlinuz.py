@@ -21,7 +21,7 @@ from pathlib import Path
 from nvidia_driver import limits
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
-from nvidia_driver.naming import KERNEL_BANNER, banner_release
+from nvidia_driver.naming import KERNEL_BANNER_RE, banner_release
 
 BANNER_PREFIX = b"Linux version "
 _MAX_BANNER_BYTES = 1024
@@ -309,7 +309,7 @@ def real_banners(data: bytes) -> Iterator[str]:
             return
         raw = data[start : start + _MAX_BANNER_BYTES]
         line = re.split(rb"[\0\n]", raw, maxsplit=1)[0].decode("utf-8", "replace")
-        if KERNEL_BANNER.match(line):
+        if KERNEL_BANNER_RE.match(line):
             yield line
         start = data.find(BANNER_PREFIX, start + 1)
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from nvidia_driver.errors import DriverError
 from nvidia_driver.gate.kubeapi import KubeAPI, NotFoundError
-from nvidia_driver.naming import DRIVER_BRANCH, DRIVER_VERSION
+from nvidia_driver.naming import DRIVER_BRANCH_RE, DRIVER_VERSION_RE
 from nvidia_driver.safetext import shown
 from nvidia_driver.sources.gpuoperator import (
     DIGEST_PREFIX,
@@ -53,7 +53,7 @@ NFD_KERNEL = "feature.node.kubernetes.io/kernel-version.full"
 ARCH = "kubernetes.io/arch"
 _BUILD_SUFFIX = build_image_version("")  # "-flatcar": the build image's tag ends so
 # 610.57.04, or the branch 610
-_DRIVER_AT_END = re.compile(rf"(?:{DRIVER_VERSION.pattern}|{DRIVER_BRANCH.pattern})$")
+_DRIVER_AT_END = re.compile(rf"(?:{DRIVER_VERSION_RE.pattern}|{DRIVER_BRANCH_RE.pattern})$")
 
 
 class Kind(StrEnum):

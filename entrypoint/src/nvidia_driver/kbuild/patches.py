@@ -27,7 +27,7 @@ from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
 from nvidia_driver.kbuild.modules import SOURCE_DIRS
 from nvidia_driver.log import say
-from nvidia_driver.naming import KERNEL_VERSION, KernelVersion, parse_kernel_release
+from nvidia_driver.naming import KERNEL_VERSION_RE, KernelVersion, parse_kernel_release
 
 PATCH_DIR = Path(__file__).with_name("patches")
 INDEX_NAME = "index.json"
@@ -73,7 +73,7 @@ def _text(entry: Mapping[str, object], key: str, index: Path) -> str:
 
 def _kernel(entry: Mapping[str, object], key: str, index: Path) -> KernelVersion:
     text = _text(entry, key, index)
-    if not KERNEL_VERSION.fullmatch(text):
+    if not KERNEL_VERSION_RE.fullmatch(text):
         raise _malformed(index, f"{key!r} must be a kernel version like 6.12.97, not {text!r}")
     return parse_kernel_release(text)
 

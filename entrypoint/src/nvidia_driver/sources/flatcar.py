@@ -18,7 +18,12 @@ from typing import Any
 
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats import jsontext
-from nvidia_driver.naming import FLATCAR_VERSION, LTS_STREAM_KEY, arch_of, kernel_release_from_feed
+from nvidia_driver.naming import (
+    FLATCAR_VERSION_RE,
+    LTS_STREAM_KEY_RE,
+    arch_of,
+    kernel_release_from_feed,
+)
 from nvidia_driver.settings import FLATCAR_RELEASE_BASE_URL, FLATCAR_RELEASES_URL
 
 DEFAULT_RELEASE_BASE_URL = "https://{channel}.release.flatcar-linux.net"
@@ -57,7 +62,7 @@ class FlatcarVersion:
 
     @classmethod
     def parse(cls, text: str) -> FlatcarVersion:
-        match = FLATCAR_VERSION.fullmatch(text.strip())
+        match = FLATCAR_VERSION_RE.fullmatch(text.strip())
         if match is None:
             raise DriverError(
                 f"invalid Flatcar version {text!r}: expected MAJOR.MINOR.PATCH such as 4593.2.5; "
@@ -312,7 +317,7 @@ def parse_releases(feed: str | Mapping[str, Any]) -> tuple[Release, ...]:
     releases = []
     for key, entry in entries.items():
         # The feed also has `current`, `current-2024`, …: copies of a versioned entry.
-        if FLATCAR_VERSION.fullmatch(key):
+        if FLATCAR_VERSION_RE.fullmatch(key):
             releases.append(_parse_entry(key, entry).release(FlatcarVersion.parse(key)))
     return tuple(sorted(releases, key=lambda release: release.version))
 
@@ -349,7 +354,7 @@ def current_releases(feed: str | Mapping[str, Any]) -> dict[str, Release]:
     streams = {
         f"lts-{match.group(1)}": _resolve_marker(key, entry, releases)
         for key, entry in entries.items()
-        if (match := LTS_STREAM_KEY.fullmatch(key)) is not None
+        if (match := LTS_STREAM_KEY_RE.fullmatch(key)) is not None
     }
     wanted = [Channel.ALPHA, Channel.BETA, Channel.STABLE]
     if not streams:
