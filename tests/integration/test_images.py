@@ -174,6 +174,22 @@ def test_the_precompiled_image_is_one_layer_on_the_build_image(
     assert json.loads(metadata)["flatcar_version"] == FLATCAR
 
 
+# apt's lists, downloads and package caches (pkgcache.bin, srcpkgcache.bin): anything but a
+# directory. Directories may stay: Debian's base layer ships /var/cache/apt/archives and
+# /var/lib/apt/lists empty, and removing one in a layer above would add a whiteout, not save a
+# byte. The one RUN that calls apt removes the rest in the same step, so no layer holds them.
+APT_LEFTOVERS = "find /var/cache/apt /var/lib/apt/lists ! -type d"
+
+
+def test_neither_image_carries_apt_s_caches(
+    invoke: Invoke,
+    build_image: subprocess.CompletedProcess[str],
+    precompiled_image: subprocess.CompletedProcess[str],
+) -> None:
+    for reference in (invoke.build_reference, invoke.precompiled_reference):
+        assert _in_image(reference, APT_LEFTOVERS) == "", reference
+
+
 def _comment(module: Path) -> str:
     """The .comment section: the compiler versions that made the object."""
     return subprocess.run(["readelf", "-p", ".comment", str(module)], capture_output=True,
