@@ -7,6 +7,7 @@ the node builds its own (test_init.py has that end to end).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -99,11 +100,11 @@ def test_a_package_whose_core_object_is_missing_or_differs_is_refused_with_the_r
     tmp_path: Path,
     sources: Path,
     capsys: pytest.CaptureFixture[str],
-    change: object,
+    change: Callable[[Path], object],
     reason: str,
 ) -> None:
     package = _write(tmp_path, sources)
-    change(sources / CORE)  # type: ignore[operator]
+    change(sources / CORE)
 
     assert _match(tmp_path, sources) is None
 
