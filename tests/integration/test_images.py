@@ -174,6 +174,22 @@ def test_the_precompiled_image_is_one_layer_on_the_build_image(
     assert json.loads(metadata)["flatcar_version"] == FLATCAR
 
 
+# apt's lists, downloads and package caches (pkgcache.bin, srcpkgcache.bin): anything but a
+# directory. Directories may stay: Debian's base layer ships /var/cache/apt/archives and
+# /var/lib/apt/lists empty, and removing one in a layer above would add a whiteout, not save a
+# byte. The one RUN that calls apt removes the rest in the same step, so no layer holds them.
+APT_LEFTOVERS = "find /var/cache/apt /var/lib/apt/lists ! -type d"
+
+
+def test_neither_image_carries_apt_s_caches(
+    invoke: Invoke,
+    build_image: subprocess.CompletedProcess[str],
+    precompiled_image: subprocess.CompletedProcess[str],
+) -> None:
+    for reference in (invoke.build_reference, invoke.precompiled_reference):
+        assert _in_image(reference, APT_LEFTOVERS) == "", reference
+
+
 def _comment(module: Path) -> str:
     """The .comment section: the compiler versions that made the object."""
     return subprocess.run(["readelf", "-p", ".comment", str(module)], capture_output=True,
@@ -198,6 +214,29 @@ def test_the_image_build_compiled_with_its_own_gcc14_and_the_patch(
         assert package.metadata.patches == ([PATCH] if module_type == "open" else [])
         assert package.metadata.kernel_release == TEST_RELEASE.kernel.release
         assert package.metadata.flatcar_version == FLATCAR
+
+
+# NVIDIA's core objects, by their name in a proprietary package and their path in the sources.
+CORE_OBJECTS = {
+    "nvidia.core.o_binary": "kernel/nvidia/nv-kernel.o_binary",
+    "nvidia-modeset.core.o_binary": "kernel/nvidia-modeset/nv-modeset-kernel.o_binary",
+}
+
+
+def test_the_precompiled_layer_references_the_core_objects_the_build_image_holds(
+    invoke: Invoke, precompiled_packages: Path
+) -> None:
+    """The proprietary package holds no core object (64 MB) of its own: it references the build
+    image's, by path and SHA-256, so the precompiled image's layer repeats none of its bytes."""
+    assert not list(precompiled_packages.rglob("*.o_binary"))
+    [metadata] = (precompiled_packages / "proprietary").glob("*/metadata.json")
+    package = load_package(metadata.parent)
+    assert package is not None
+    assert package.metadata.referenced == CORE_OBJECTS
+    paths = " ".join(CORE_OBJECTS.values())
+    digests = _in_image(invoke.build_reference, f"cd /usr/src/nvidia-{DRIVER} && sha256sum {paths}")
+    for name, line in zip(CORE_OBJECTS, digests.splitlines(), strict=True):
+        assert line.split()[0] == package.metadata.files[name], line
 
 
 def test_the_image_built_open_modules_load_into_the_release_kernel(

@@ -343,6 +343,9 @@ def test_a_mismatched_kernel_without_the_images_gcc_builds_in_the_developer_cont
         "nvidia.ko",
         "nvidia-modeset.ko",
     }
+    assert set(package.metadata.referenced) == {"nvidia.core.o_binary",
+                                                "nvidia-modeset.core.o_binary"}  # fmt: skip
+    assert not list(package.path.glob("*.o_binary"))  # in the image's /usr/src, not in /run
     # Only the package stays: the developer container and the compile went with the pod's
     # writable layer, and nothing in flight is left in the cache.
     assert not [path for path in (host.base / "run-nvidia/cache").rglob("*")

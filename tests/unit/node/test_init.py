@@ -21,6 +21,8 @@ from simhost import (
     process_alive,
 )
 
+from nvidia_driver.kbuild.packages import LinkedModule, PackageMetadata, write_package
+
 INSTALL_LINES = [
     "Checking NVIDIA driver packages...",
     "kernel interface matches.",
@@ -198,11 +200,41 @@ def test_proprietary_packages_are_linked_on_the_node(host: SimulatedHost) -> Non
     links = host.calls("ld")
     assert len(links) == 2
     assert "nvidia.interface.o" in links[0]
-    assert "nvidia.core.o_binary" in links[0]
+    # NVIDIA's core object is linked from the driver's sources: the package only references it.
+    core = host.path(f"/usr/src/nvidia-{DRIVER}/kernel/nvidia/nv-kernel.o_binary")
+    assert str(core) in links[0].split()
+    assert not list(_cached_package(host, "proprietary").parent.glob("*.o_binary"))
     assert "-T" in links[0].split()
     video = host.path(f"/lib/modules/{KERNEL}/kernel/drivers/video")
     assert (video / "nvidia.ko").read_text() == "linked\n"
     assert (video / "nvidia-uvm.ko").read_text() == "built nvidia-uvm\n"
+    assert driver.terminate() == 0
+
+
+def test_a_precompiled_package_whose_core_object_differs_is_built_on_the_node(
+    host: SimulatedHost,
+) -> None:
+    host.add_host_kernel_tree()
+    sources = host.path(f"/usr/src/nvidia-{DRIVER}")
+    interface = host.write("/tmp/nv-interface.o", "interface\n")
+    metadata = PackageMetadata(
+        banner=BANNER, kernel_release=KERNEL, driver_version=DRIVER, module_type="proprietary",
+        compiler="gcc-14", source_digest="sha256:0", modules=[],
+        linked=[LinkedModule("nvidia.ko", ["nvidia.interface.o", "nvidia.core.o_binary"])],
+        referenced={"nvidia.core.o_binary": "kernel/nvidia/nv-kernel.o_binary"},
+    )  # fmt: skip
+    package = host.path(f"/opt/nvidia/precompiled/proprietary/{KERNEL}")
+    write_package(package, metadata, {"nvidia.interface.o": interface}, sources)
+    # Another image's core object under the same driver version: never linked with this package.
+    core = host.write(f"/usr/src/nvidia-{DRIVER}/kernel/nvidia/nv-kernel.o_binary", "other\n")
+
+    driver = host.start("init", KERNEL_MODULE_TYPE="proprietary")
+    driver.wait_for("Done, now waiting for signal")
+
+    assert (f"WARNING: package {package} does not fit this image's driver sources: {core} does "
+            "not match the SHA-256 the package recorded") in driver.output  # fmt: skip
+    assert "No precompiled NVIDIA driver package matches kernel" in driver.output
+    assert len(host.calls("make")) == 1
     assert driver.terminate() == 0
 
 

@@ -28,6 +28,7 @@ from nvidia_driver.kbuild.packages import (
     Package,
     PackageMetadata,
     package_name,
+    sha256_file,
     write_package,
 )
 from nvidia_driver.kbuild.patches import Patch, apply_patches, select_patches
@@ -225,18 +226,38 @@ def run_make(workdir: Path, request: BuildRequest, commands: Commands) -> Path:
     return log_path
 
 
-def _package_files(
-    workdir: Path, module_type: str
-) -> tuple[dict[str, Path], list[str], list[LinkedModule]]:
-    """The files of the package (by their name in it), its modules, and those linked at
-    install time (the proprietary modules' interface and core objects)."""
+@dataclass(frozen=True)
+class PackageFiles:
+    """What a build puts in its package, by each file's name in it."""
+
+    files: dict[str, Path]  # copied into the package
+    modules: list[str]  # the modules stored linked (.ko)
+    linked: list[LinkedModule]  # the proprietary modules, linked on the node
+    # NVIDIA's core objects: their path under /usr/src/nvidia-<version>, not copied.
+    referenced: dict[str, str]
+
+
+def _core_reference(workdir: Path, directory: Path, core: str) -> str | None:
+    """The core object's path in the driver's sources (``directory`` is kernel/ of
+    /usr/src/nvidia-<version>), if the build linked it as the sources hold it."""
+    source = directory / core
+    if source.is_file() and sha256_file(source) == sha256_file(workdir / core):
+        return f"{directory.name}/{core}"
+    return None
+
+
+def _package_files(workdir: Path, module_type: str, directory: Path) -> PackageFiles:
+    """The files of the package, its modules, and those linked at install time (the
+    proprietary modules' interface objects, and NVIDIA's core objects, referenced in
+    ``directory``, the module sources, when they are the ones built with)."""
     built = sorted(path.name for path in workdir.glob("*.ko"))
     if "nvidia.ko" not in built:
         raise DriverError(f"the build produced no nvidia.ko in {workdir}; see the build log")
     files = {name: workdir / name for name in built}
     if module_type == OPEN:
-        return files, built, []
+        return PackageFiles(files, built, [], {})
     linked = []
+    referenced = {}
     for module, interface, core in _CLOSED_CORES:
         if module not in files:
             continue
@@ -254,8 +275,12 @@ def _package_files(
         missing = [str(path) for path in parts.values() if not path.is_file()]
         if missing:
             raise DriverError(f"cannot package {module}: missing {', '.join(missing)}")
-        files.update(parts)
         linked.append(LinkedModule(module, list(parts), linker_script="module.lds"))
+        reference = _core_reference(workdir, directory, core)
+        if reference is not None:
+            referenced[f"{stem}.core.o_binary"] = reference
+            del parts[f"{stem}.core.o_binary"]
+        files.update(parts)
     if linked:
         if not (workdir / "module.lds").is_file():
             raise DriverError(
@@ -264,7 +289,7 @@ def _package_files(
             )
         files["module.lds"] = workdir / "module.lds"
     modules = [name for name in built if name not in {item.module for item in linked}]
-    return files, modules, linked
+    return PackageFiles(files, modules, linked, referenced)
 
 
 def build_package(request: BuildRequest, commands: Commands) -> Package:
@@ -307,9 +332,9 @@ def build_package(request: BuildRequest, commands: Commands) -> Package:
         script = module_linker_script(request.tree.build_dir)
         if script is not None:
             shutil.copyfile(script, workdir / "module.lds")
-        files, modules, linked = _package_files(workdir, request.module_type)
+        packaged = _package_files(workdir, request.module_type, sources.directory)
         # Not NVIDIA's closed core objects (.o_binary): they carry no debug info.
-        objects = [path for name, path in files.items() if name.endswith((".ko", ".o"))]
+        objects = [path for name, path in packaged.files.items() if name.endswith((".ko", ".o"))]
         stripped = strip_debug_info(objects, commands, toolchain, target.prefix)
         metadata = PackageMetadata(
             banner=request.banner,
@@ -318,13 +343,14 @@ def build_package(request: BuildRequest, commands: Commands) -> Package:
             module_type=request.module_type,
             compiler=compiler.version,
             source_digest=sources.digest,
-            modules=modules,
-            linked=linked,
+            modules=packaged.modules,
+            linked=packaged.linked,
+            referenced=packaged.referenced,
             patches=[patch.name for patch in sources.patches],
             flatcar_version=request.flatcar_version,
             debug_info_stripped=stripped,
         )
         say(f"Building NVIDIA driver package {package_name(request.kernel_release)}...")
-        return write_package(request.output, metadata, files)
+        return write_package(request.output, metadata, packaged.files, sources.directory.parent)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -5,8 +5,12 @@ only when its stored banner equals the node's ``/proc/version`` byte for byte: t
 carries the compiler and the build timestamp, so one kernel version built twice is two kernels.
 
 * open modules are stored linked (``.ko``);
-* proprietary modules are stored as interface objects plus NVIDIA's core object and linked on
-  the node with ``ld`` (linked proprietary modules are not redistributed).
+* proprietary modules are stored as interface objects and linked on the node with ``ld``
+  (linked proprietary modules are not redistributed) against NVIDIA's core objects. Those are
+  referenced, not copied: the image already holds them, byte for byte, in the driver's module
+  sources (/usr/src/nvidia-<version>), and a copy would make every precompiled image's layer
+  64 MB larger. The package records each one's path there and SHA-256; one whose file is
+  missing or differs is no match, and the node builds its own.
 """
 
 from __future__ import annotations
@@ -21,9 +25,12 @@ from pathlib import Path
 from nvidia_driver.atomic import replacing
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
-from nvidia_driver.log import say
+from nvidia_driver.log import say, warn
+from nvidia_driver.paths import Paths
 
-FORMAT = 1
+FORMAT = 2
+# Format 1 packages hold their core objects themselves (nothing referenced): still read.
+READABLE_FORMATS = (1, 2)
 METADATA = "metadata.json"
 
 
@@ -65,7 +72,11 @@ class PackageMetadata:
     source_digest: str
     modules: list[str]
     linked: list[LinkedModule] = field(default_factory=list)
+    # Every file by its name in the package, with its SHA-256, referenced ones included.
     files: dict[str, str] = field(default_factory=dict)
+    # The files not copied in (NVIDIA's core objects), by their name in the package: their path
+    # under the driver's module sources, /usr/src/nvidia-<driver_version>.
+    referenced: dict[str, str] = field(default_factory=dict)
     patches: list[str] = field(default_factory=list)
     flatcar_version: str = ""
     debug_info_stripped: bool = False
@@ -81,7 +92,7 @@ class PackageMetadata:
     @classmethod
     def from_json(cls, text: str) -> PackageMetadata:
         data = json.loads(text)
-        if data.get("format") != FORMAT:
+        if data.get("format") not in READABLE_FORMATS:
             raise ValueError(f"unsupported package format {data.get('format')!r}")
         data["linked"] = [LinkedModule(**item) for item in data.get("linked", [])]
         return cls(**data)
@@ -91,6 +102,9 @@ class PackageMetadata:
 class Package:
     path: Path
     metadata: PackageMetadata
+    # Where the referenced files are: the driver's sources under the host root (Paths), else
+    # (None) this container's own /usr/src/nvidia-<driver_version>.
+    driver_sources: Path | None = None
 
     @property
     def name(self) -> str:
@@ -99,13 +113,30 @@ class Package:
     def matches(self, banner: str) -> bool:
         return self.metadata.banner == banner
 
+    def file(self, name: str) -> Path:
+        """Where the package's file ``name`` is: in the package, or in the driver's sources."""
+        reference = self.metadata.referenced.get(name)
+        if reference is None:
+            return self.path / name
+        version = self.metadata.driver_version
+        return (self.driver_sources or Paths(Path("/")).driver_sources(version)) / reference
+
+    def mismatch(self, name: str) -> str | None:
+        """Why the file ``name`` cannot be used (missing, or not its SHA-256); None if it can."""
+        file = self.file(name)
+        if not file.is_file():
+            return f"{file} is missing"
+        if sha256_file(file) != self.metadata.files.get(name):
+            return f"{file} does not match the SHA-256 the package recorded"
+        return None
+
+    def unmatched_reference(self) -> str | None:
+        """Why a file the package references in the driver's sources cannot be used."""
+        return next(filter(None, map(self.mismatch, self.metadata.referenced)), None)
+
     def damaged_file(self) -> str | None:
         """The first file of the package that is missing or does not match its SHA-256."""
-        for name, expected in self.metadata.files.items():
-            file = self.path / name
-            if not file.is_file() or sha256_file(file) != expected:
-                return name
-        return None
+        return next((name for name in self.metadata.files if self.mismatch(name)), None)
 
     def verify(self) -> None:
         damaged = self.damaged_file()
@@ -116,20 +147,22 @@ class Package:
             )
 
 
-def load_package(path: Path) -> Package | None:
+def load_package(path: Path, driver_sources: Path | None = None) -> Package | None:
     try:
         metadata = PackageMetadata.from_json((path / METADATA).read_text())
     except (OSError, ValueError, TypeError, KeyError):
         return None
-    return Package(path, metadata)
+    return Package(path, metadata, driver_sources)
 
 
-def iter_packages(directories: Iterable[Path]) -> Iterator[Package]:
+def iter_packages(
+    directories: Iterable[Path], driver_sources: Path | None = None
+) -> Iterator[Package]:
     for directory in directories:
         if not directory.is_dir():
             continue
         for metadata in sorted(directory.glob(f"**/{METADATA}")):
-            package = load_package(metadata.parent)
+            package = load_package(metadata.parent, driver_sources)
             if package is not None:
                 yield package
 
@@ -139,15 +172,17 @@ def matching_package(
     banner: str,
     driver_version: str,
     module_type: str,
+    driver_sources: Path,
     *,
     source_digest: str | None = None,
 ) -> Package | None:
-    """The first package built for this exact kernel banner, driver and module type.
+    """The first package built for this exact kernel banner, driver and module type, whose
+    referenced files are in ``driver_sources`` (/usr/src/nvidia-<driver_version>) as built.
 
     With ``source_digest``, only one built from exactly those module sources, patches and
     build code (build.module_sources_digest).
     """
-    for package in iter_packages(directories):
+    for package in iter_packages(directories, driver_sources):
         meta = package.metadata
         if (
             meta.driver_version == driver_version
@@ -155,7 +190,10 @@ def matching_package(
             and package.matches(banner)
             and source_digest in (None, meta.source_digest)
         ):
-            return package
+            unmatched = package.unmatched_reference()
+            if unmatched is None:
+                return package
+            warn(f"package {package.path} does not fit this image's driver sources: {unmatched}")
     return None
 
 
@@ -166,17 +204,26 @@ def report_match(package: Package | None) -> Package | None:
     return package
 
 
-def write_package(destination: Path, metadata: PackageMetadata, files: dict[str, Path]) -> Package:
+def write_package(
+    destination: Path,
+    metadata: PackageMetadata,
+    files: dict[str, Path],
+    driver_sources: Path | None = None,
+) -> Package:
     """Write a package of files (by their name in it) atomically: a complete directory appears
-    (in place of the package there before, if any), or nothing does."""
+    (in place of the package there before, if any), or nothing does. The files metadata
+    references are not copied: their SHA-256s are taken in ``driver_sources``."""
+    package = Package(destination, metadata, driver_sources)
     with replacing(destination, directory=True) as staging:
         checksums = {}
         for name, source in files.items():
             shutil.copyfile(source, staging / name)
             checksums[name] = sha256_file(staging / name)
+        for name in metadata.referenced:
+            checksums[name] = sha256_file(package.file(name))
         final = replace(metadata, files=checksums)
         (staging / METADATA).write_text(final.to_json())
-    return Package(destination, final)
+    return replace(package, metadata=final)
 
 
 def install_package(package: Package, modules_dir: Path, commands: Commands) -> list[str]:
@@ -189,7 +236,7 @@ def install_package(package: Package, modules_dir: Path, commands: Commands) -> 
             shutil.copyfile(package.path / module, staging / module)
         for linked in package.metadata.linked:
             say(f"Linking {linked.module} from its kernel interface...")
-            objects = [package.path / name for name in linked.objects]
+            objects = [package.file(name) for name in linked.objects]
             script: list[str | Path] = (
                 ["-T", package.path / linked.linker_script] if linked.linker_script else []
             )

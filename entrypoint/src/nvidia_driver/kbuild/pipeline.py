@@ -87,6 +87,11 @@ class Pipeline:
     def work(self) -> Path:
         return work_dir(self.paths.work_cache, self.commands.env)
 
+    @property
+    def driver_sources(self) -> Path:
+        """/usr/src/nvidia-<version>: the module sources, and the core objects of packages."""
+        return self.paths.driver_sources(self.config.driver_version)
+
     @cached_property
     def releases(self) -> FlatcarReleases:
         """Flatcar's release server: made when first needed, as a node may need none."""
@@ -141,13 +146,14 @@ class Pipeline:
         if target.running is None or target.ofa_kernel is not None:
             return None
         version = self.config.driver_version
-        return matching_package([self.paths.precompiled], banner, version, self.module_type)
+        return matching_package([self.paths.precompiled], banner, version, self.module_type,
+                                self.driver_sources)  # fmt: skip
 
     def cached(self, banner: str, sources: ModuleSources) -> Package | None:
         """The cache's package for this kernel, built from exactly these module sources."""
         version = self.config.driver_version
         cached = matching_package([self.cache / "packages"], banner, version, self.module_type,
-                                  source_digest=sources.digest)  # fmt: skip
+                                  self.driver_sources, source_digest=sources.digest)  # fmt: skip
         if cached is None:
             return None
         damaged = cached.damaged_file()
@@ -160,7 +166,7 @@ class Pipeline:
     def module_sources(self, target: Target, kernel: str) -> ModuleSources:
         """What a build for this kernel compiles, with the digest the cache keys on."""
         return module_sources(
-            self.paths.driver_sources(self.config.driver_version),
+            self.driver_sources,
             self.module_type,
             self.config.driver_branch,
             kernel,

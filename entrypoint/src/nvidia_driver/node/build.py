@@ -43,6 +43,6 @@ def build_command(
         destination = output / package.metadata.module_type / package.path.name
         with replacing(destination) as staged:
             shutil.copytree(package.path, staged)
-        package = Package(destination, package.metadata)
+        package = replace(package, path=destination)
     say(f"Packaged NVIDIA driver package {package.name} into {package.path}")
     return package
