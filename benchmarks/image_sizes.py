@@ -210,6 +210,19 @@ def top_packages(reference: str) -> list[tuple[int, int, str]]:
     return sorted(sizes, reverse=True)[:TOP_PACKAGES]
 
 
+def add_image_options(parser: argparse.ArgumentParser) -> None:
+    """--build-image and --precompiled-image: images already built, else the benchmark builds
+    them (fixtures/images.py)."""
+    parser.add_argument("--build-image", help="the build image (a reference on the project's "
+                        "dockerd, unix:///run/gdc-docker.sock)")  # fmt: skip
+    parser.add_argument("--precompiled-image", help="the precompiled image built on it")
+
+
+def check_image_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if bool(args.build_image) != bool(args.precompiled_image):
+        parser.error("give both --build-image and --precompiled-image, or neither")
+
+
 @contextmanager
 def images(args: argparse.Namespace) -> Iterator[tuple[str, str, Registry]]:
     """The two images (build, precompiled) and a registry to push to."""
@@ -235,14 +248,11 @@ def push(reference: str, registry: Registry, name: str, tag: str) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--build-image", help="the build image (a reference on the project's "
-                        "dockerd, unix:///run/gdc-docker.sock)")  # fmt: skip
-    parser.add_argument("--precompiled-image", help="the precompiled image built on it")
+    add_image_options(parser)
     parser.add_argument("--zstd-level", type=int, default=19, help="zstd level (publish's)")
     add_record_option(parser)
     args = parser.parse_args()
-    if bool(args.build_image) != bool(args.precompiled_image):
-        parser.error("give both --build-image and --precompiled-image, or neither")
+    check_image_options(parser, args)
     name = "gdc/sizes"
     tags = {"build": "build", "precompiled": "precompiled"}
     pushed: dict[tuple[str, str], Pushed] = {}

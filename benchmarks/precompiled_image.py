@@ -41,6 +41,7 @@ from fixtures.daemonset import (
 from fixtures.docker_env import start_dockerd, stop_dockerd
 from fixtures.images import built_images
 from fixtures.release_server import TEST_RELEASE
+from image_sizes import add_image_options, check_image_options
 from record import Report, add_record_option
 
 INIT_GOAL_SECONDS = 2.0
@@ -91,14 +92,11 @@ def images(build: str | None, precompiled: str | None) -> Iterator[tuple[str, st
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--build-image", help="the build image (a reference on the project's "
-                        "dockerd, unix:///run/gdc-docker.sock)")  # fmt: skip
-    parser.add_argument("--precompiled-image", help="the precompiled image built on it")
+    add_image_options(parser)
     parser.add_argument("--runs", type=int, default=7, help="init runs to take the median of")
     add_record_option(parser)
     args = parser.parse_args()
-    if bool(args.build_image) != bool(args.precompiled_image):
-        parser.error("give both --build-image and --precompiled-image, or neither")
+    check_image_options(parser, args)
     with images(args.build_image, args.precompiled_image) as (build, precompiled):
         if layers(precompiled)[:-1] != layers(build):
             parser.error(f"{precompiled} is not one layer on {build}")

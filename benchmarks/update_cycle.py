@@ -77,7 +77,15 @@ from fixtures.release_server import TEST_RELEASE
 from gate import gate_env, install, kubelet_pulled, run_gate_once
 from gpu_operator import NAMESPACE as OPERATOR_NAMESPACE
 from gpu_operator import flatcar_node, install_crds, nvidia_driver, register_node
-from image_sizes import LINK_BITS_PER_SECOND, MB, Pushed, images, read_pushed
+from image_sizes import (
+    LINK_BITS_PER_SECOND,
+    MB,
+    Pushed,
+    add_image_options,
+    check_image_options,
+    images,
+    read_pushed,
+)
 from record import REPOSITORY, Report, add_record_option
 
 from nvidia_driver.gate.managers import APPROVAL, BEFORE_REBOOT, NEW_VERSION, VERDICT
@@ -308,14 +316,11 @@ def print_figures(cycles: dict[bool, list[Cycle]], pushed: Pushed) -> bool:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--build-image", help="the build image (a reference on the project's "
-                        "dockerd, unix:///run/gdc-docker.sock)")  # fmt: skip
-    parser.add_argument("--precompiled-image", help="the precompiled image built on it")
+    add_image_options(parser)
     parser.add_argument("--runs", type=int, default=3, help="cycles of each kind (median)")
     add_record_option(parser)
     args = parser.parse_args()
-    if bool(args.build_image) != bool(args.precompiled_image):
-        parser.error("give both --build-image and --precompiled-image, or neither")
+    check_image_options(parser, args)
     if args.runs < 1:
         parser.error("--runs must be at least 1")
     if os.geteuid() != 0:

@@ -27,15 +27,7 @@ def test_help_lists_every_subcommand() -> None:
         text=True,
         check=True,
     )
-    for command in (
-        "init",
-        "build",
-        "load",
-        "unload",
-        "status",
-        "reload_nvidia_peermem",
-        "probe_nvidia_peermem",
-    ):
+    for command in cli.SUBCOMMANDS:
         assert command in result.stdout
 
 
