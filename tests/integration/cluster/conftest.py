@@ -14,6 +14,7 @@ from pathlib import Path
 import peers
 import pytest
 from apiserver import Cluster, running_cluster
+from fixtures.docker_env import Registry, local_registry
 from fixtures.http_server import FaultyHTTPServer, Route
 from flatcar_feed import feed_from_tsv
 
@@ -41,6 +42,13 @@ def cluster(
     workdir = tmp_path_factory.mktemp("cluster")
     request.config.stash[LOGS] = workdir / "logs"
     with running_cluster(workdir, peer_dirs["kube-apiserver"] / "kube-apiserver") as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    """Debian's docker-registry on 127.0.0.1, one for each test module: its images are its own."""
+    with local_registry(tmp_path_factory.mktemp("registry")) as running:
         yield running
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import peers
 import pytest
 from apiserver import Cluster
-from fixtures.docker_env import Registry, local_registry
+from fixtures.docker_env import Registry
 from fluo import install as install_fluo
 from fluo import running_agent, running_operator
 from gate import gate_env, install, kubelet_pulled, node_event_reasons, push_image, run_gate_once
@@ -58,12 +58,6 @@ def scenario(cluster: Cluster) -> Iterator[Cluster]:
         "/apis/nvidia.com/v1alpha1/nvidiadrivers/fluo-pool",
     ):
         cluster.delete(path)
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
-    with local_registry(tmp_path_factory.mktemp("registry")) as running:
-        yield running
 
 
 def node(cluster: Cluster) -> dict[str, object]:

@@ -17,7 +17,7 @@ from pathlib import Path
 import peers
 import pytest
 from apiserver import Cluster
-from fixtures.docker_env import Registry, local_registry
+from fixtures.docker_env import Registry
 from gate import NAMESPACE as GATE_NAMESPACE
 from gate import gate_env, install, kubelet_pulled, node_event_reasons, push_image, run_gate_once
 from gpu_operator import NAMESPACE as OPERATOR_NAMESPACE
@@ -52,12 +52,6 @@ def scenario(cluster: Cluster) -> Iterator[Cluster]:
         f"/api/v1/namespaces/{GATE_NAMESPACE}/pods/{DAEMONSET}-{NODE}",
     ):
         cluster.delete(path)
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
-    with local_registry(tmp_path_factory.mktemp("registry")) as running:
-        yield running
 
 
 def test_kured_reboots_a_gpu_node_only_once_the_staged_release_has_its_image(

@@ -13,12 +13,11 @@ FLUO's side of the protocol is written here as its agent and operator write it (
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from apiserver import APIError, Cluster
-from fixtures.docker_env import Registry, local_registry
+from fixtures.docker_env import Registry
 from gate import gate_env, install, kubelet_pulled, node_event_reasons, push_image, run_gate_once
 from gpu_operator import NAMESPACE as OPERATOR_NAMESPACE
 from gpu_operator import flatcar_node, install_crds, register_node, sample
@@ -30,12 +29,6 @@ pytestmark = pytest.mark.cluster
 DRIVER = "595.91.07"
 RUNNING, STAGED, KERNEL = "4459.2.0", "4515.0.0", "6.12.54-flatcar"
 NODE = "gpu-v267"
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
-    with local_registry(tmp_path_factory.mktemp("registry")) as running:
-        yield running
 
 
 @pytest.fixture(scope="module")
