@@ -182,13 +182,11 @@ class _Service:
         self.buffer += chunk
 
     def _message(self) -> dbus.Message:
-        while len(self.buffer) < dbus.FIXED_HEADER:
+        while True:
+            message, self.buffer = dbus.split_message(self.buffer)
+            if message is not None:
+                return message
             self._read_more()
-        length = dbus.message_length(self.buffer[: dbus.FIXED_HEADER])
-        while len(self.buffer) < length:
-            self._read_more()
-        data, self.buffer = self.buffer[:length], self.buffer[length:]
-        return dbus.parse_message(data)
 
     def _send(self, kind: int, headers: list[tuple[int, str, Value]], signature: str = "",
               values: Sequence[Value] = ()) -> int:  # fmt: skip

@@ -120,6 +120,17 @@ def message_length(fixed: bytes) -> int:
     return length
 
 
+def split_message(buffer: bytes) -> tuple[Message | None, bytes]:
+    """The first whole message in what a stream has delivered, and what follows it; None (and
+    the buffer as it is) while the message is not whole yet."""
+    if len(buffer) < FIXED_HEADER:
+        return None, buffer
+    length = message_length(buffer[:FIXED_HEADER])
+    if len(buffer) < length:
+        return None, buffer
+    return parse_message(buffer[:length]), buffer[length:]
+
+
 class _Reader:
     def __init__(self, data: bytes, order: str, end: int) -> None:
         self.data, self.order, self.end, self.at = data, order, end, 0

@@ -128,13 +128,11 @@ class _Connection:
         raise _failure(f"no reply to {member} among {_MESSAGES_LIMIT} messages")
 
     def _message(self) -> dbus.Message:
-        while len(self.buffer) < dbus.FIXED_HEADER:
+        while True:
+            message, self.buffer = dbus.split_message(self.buffer)
+            if message is not None:
+                return message
             self._read_more()
-        length = dbus.message_length(self.buffer[: dbus.FIXED_HEADER])
-        while len(self.buffer) < length:
-            self._read_more()
-        data, self.buffer = self.buffer[:length], self.buffer[length:]
-        return dbus.parse_message(data)
 
 
 def read_status(bus: Path = SYSTEM_BUS, timeout: float = 10.0) -> Status:
