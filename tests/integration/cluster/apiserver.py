@@ -150,6 +150,17 @@ class Cluster:
             if error.status != 404:
                 raise
 
+    @contextlib.contextmanager
+    def deleted_after(self, *paths: str) -> Iterator[Cluster]:
+        """The cluster, with the objects at paths deleted after the scenario (also on failure):
+        the scenarios share one API server, and the Operator's render a DaemonSet for every
+        driver resource and node they find."""
+        try:
+            yield self
+        finally:
+            for path in paths:
+                self.delete(path)
+
     def items(self, path: str, selector: str = "") -> list[dict[str, Any]]:
         query = f"?labelSelector={urllib.parse.quote(selector)}" if selector else ""
         return list(self.get(path + query).get("items") or [])

@@ -50,14 +50,9 @@ STEP_SECONDS = 75.0
 
 @pytest.fixture
 def scenario(cluster: Cluster) -> Iterator[Cluster]:
-    """The cluster, with the scenario's node, NVIDIADriver (and pod) deleted after it: the
-    Operator scenarios that follow render a DaemonSet for every driver resource and node."""
-    yield cluster
-    for path in (
-        f"/api/v1/nodes/{NODE}",
-        "/apis/nvidia.com/v1alpha1/nvidiadrivers/fluo-pool",
-    ):
-        cluster.delete(path)
+    with cluster.deleted_after(f"/api/v1/nodes/{NODE}",
+                               "/apis/nvidia.com/v1alpha1/nvidiadrivers/fluo-pool"):  # fmt: skip
+        yield cluster
 
 
 def node(cluster: Cluster) -> dict[str, object]:

@@ -32,8 +32,8 @@ RUNNING, STAGED, KERNEL = "4459.2.0", "4515.0.0", "6.12.54-flatcar"
 
 @pytest.fixture
 def scenario(cluster: Cluster) -> Iterator[Cluster]:
-    yield cluster
-    cluster.delete(f"/api/v1/nodes/{NODE}")
+    with cluster.deleted_after(f"/api/v1/nodes/{NODE}"):
+        yield cluster
 
 
 def test_a_cpu_node_reboots_under_fluo_with_the_gate_installed(

@@ -43,15 +43,12 @@ FIRST_LOOK_SECONDS = 150.0
 
 @pytest.fixture
 def scenario(cluster: Cluster) -> Iterator[Cluster]:
-    """The cluster, with the scenario's node, NVIDIADriver (and pod) deleted after it: the
-    Operator scenarios that follow render a DaemonSet for every driver resource and node."""
-    yield cluster
-    for path in (
+    with cluster.deleted_after(
         f"/api/v1/nodes/{NODE}",
         "/apis/nvidia.com/v1alpha1/nvidiadrivers/kured-pool",
         f"/api/v1/namespaces/{GATE_NAMESPACE}/pods/{DAEMONSET}-{NODE}",
     ):
-        cluster.delete(path)
+        yield cluster
 
 
 def test_kured_reboots_a_gpu_node_only_once_the_staged_release_has_its_image(
