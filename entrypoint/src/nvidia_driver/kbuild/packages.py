@@ -26,12 +26,15 @@ from nvidia_driver.atomic import replacing
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
 from nvidia_driver.log import say, warn
+from nvidia_driver.naming import banner_release
 from nvidia_driver.paths import Paths
+from nvidia_driver.safetext import shown
 
 FORMAT = 2
 # Format 1 packages hold their core objects themselves (nothing referenced): still read.
 READABLE_FORMATS = (1, 2)
 METADATA = "metadata.json"
+SHOWN_RELEASES = 3  # kernels named in a mismatch; the rest are counted
 
 
 def short_kernel(kernel_release: str) -> str:
@@ -195,6 +198,40 @@ def matching_package(
                 return package
             warn(f"package {package.path} does not fit this image's driver sources: {unmatched}")
     return None
+
+
+def mismatch(directories: Sequence[Path], banner: str, driver_version: str,
+             module_type: str) -> str:  # fmt: skip
+    """Why no package in directories serves this kernel, driver and module type, in a phrase:
+    what a node's log and ``nvidia-driver status`` say before a runtime build."""
+    packages = list(iter_packages(directories))
+    if not packages:
+        return "the image carries no precompiled packages"
+    drivers = [p for p in packages if p.metadata.driver_version == driver_version]
+    if not drivers:
+        found = ", ".join(sorted({p.metadata.driver_version for p in packages}))
+        return f"the image's packages are for driver {found}, not {driver_version}"
+    typed = [p for p in drivers if p.metadata.module_type == module_type]
+    if not typed:
+        found = ", ".join(sorted({p.metadata.module_type for p in drivers}))
+        return f"the image has {found} packages only, not {module_type}"
+    if any(p.matches(banner) for p in typed):
+        return "its package for this kernel does not fit the image's driver sources"
+    release = _release(banner)
+    if any(_release(p.metadata.banner) == release for p in typed):
+        return (f"its package for kernel {release} was built for another build of it: the "
+                "node's /proc/version differs from the package's")  # fmt: skip
+    releases = sorted({_release(p.metadata.banner) for p in typed})
+    shown_releases = ", ".join(releases[:SHOWN_RELEASES])
+    more = f" and {len(releases) - SHOWN_RELEASES} more" if len(releases) > SHOWN_RELEASES else ""
+    return f"the image's {module_type} packages are for other kernels: {shown_releases}{more}"
+
+
+def _release(banner: str) -> str:
+    try:
+        return banner_release(banner)
+    except DriverError:
+        return shown(banner, 80)
 
 
 def report_match(package: Package | None) -> Package | None:

@@ -36,7 +36,7 @@ from nvidia_driver.kbuild.compiler import Compiler
 from nvidia_driver.kbuild.hosttools import ForeignToolsError
 from nvidia_driver.kbuild.hosttree import host_tree
 from nvidia_driver.kbuild.kerneltree import KernelTree
-from nvidia_driver.kbuild.packages import Package, matching_package, report_match
+from nvidia_driver.kbuild.packages import Package, matching_package, mismatch, report_match
 from nvidia_driver.kbuild.release import FlatcarReleases, refuse_foreign_host_tools
 from nvidia_driver.log import say, warn
 from nvidia_driver.naming import banner_release
@@ -149,6 +149,13 @@ class Pipeline:
         return matching_package([self.paths.precompiled], banner, version, self.module_type,
                                 self.driver_sources)  # fmt: skip
 
+    def why_not_precompiled(self, target: Target, banner: str) -> str:
+        """Why the image's own packages do not serve this node, in one phrase."""
+        if target.ofa_kernel is not None:
+            return "the node runs MOFED: nvidia-peermem is built against its ofa_kernel"
+        return mismatch([self.paths.precompiled], banner, self.config.driver_version,
+                        self.module_type)  # fmt: skip
+
     def cached(self, banner: str, sources: ModuleSources) -> Package | None:
         """The cache's package for this kernel, built from exactly these module sources."""
         version = self.config.driver_version
@@ -176,7 +183,9 @@ class Pipeline:
     def build(self, target: Target, banner: str, kernel: str, sources: ModuleSources) -> Package:
         """tree -> compiler -> patches -> make -> package, into the cache."""
         if target.running is not None:
-            say(f"No precompiled NVIDIA driver package matches kernel {kernel}; building one")
+            why = self.why_not_precompiled(target, banner)
+            say(f"No precompiled NVIDIA driver package matches kernel {kernel} ({why}); "
+                "building one")  # fmt: skip
         releases = self.releases
         try:
             tree = self.tree(target, kernel)

@@ -12,6 +12,7 @@ from nvidia_driver.node.daemons import IMEX_DRA, DaemonManager, config_value, im
 from nvidia_driver.node.host import read_host_facts
 from nvidia_driver.node.lifecycle import Context, node_target
 from nvidia_driver.node.moduletype import resolve_module_type
+from nvidia_driver.node.peermem import rdma_plan
 from nvidia_driver.node.rootfs import is_mounted
 from nvidia_driver.paths import FABRICMANAGER_CONFIG, NVLSM_BINARY, NVLSM_CONFIG, Paths
 from nvidia_driver.safetext import shown
@@ -65,8 +66,14 @@ def print_status(ctx: Context, env: Mapping[str, str]) -> int:
     else:
         _row("Module type", f"{choice.module_type} ({choice.reason})")
         pipeline = Pipeline(ctx.paths, ctx.commands, config, choice.module_type)
-        package = pipeline.matching(node_target(facts), facts.proc_version)
-        found = f"{package.name} at {package.path}" if package else "none (init would build one)"
+        # MOFED's tree too, as init takes it: a package built without it is not used then.
+        target = node_target(facts, rdma_plan(ctx.paths, config, facts).ofa_tree)
+        package = pipeline.matching(target, facts.proc_version)
+        if package is not None:
+            found = f"{package.name} at {package.path}"
+        else:  # the reason init's log gives before it builds
+            why = pipeline.why_not_precompiled(target, facts.proc_version)
+            found = f"none: {why} (init would build one)"
         _row("Precompiled package", found)
     modules = {
         name: count for name, count in facts.module_refcounts.items() if name.startswith("nvidia")
