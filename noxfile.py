@@ -113,7 +113,7 @@ def cluster(session: nox.Session) -> None:
 @nox.session(default=False)
 def tests_python314(session: nox.Session) -> None:
     """The unit tests on the images' Python, Debian forky's 3.14, in a forky root with the unit
-    tests' commands (root, dockerd): tests/integration/python314.py. Arguments go to pytest."""
+    tests' commands (root): tests/integration/python314.py. Arguments go to pytest."""
     _install(session, "integration")
     session.run("python", "tests/integration/python314.py", *session.posargs)
 
