@@ -108,6 +108,11 @@ class Package:
     # Where the referenced files are: the driver's sources under the host root (Paths), else
     # (None) this container's own /usr/src/nvidia-<driver_version>.
     driver_sources: Path | None = None
+    # Each file's verdict, once: init matches a package (its referenced core objects, 64 MB)
+    # and then verifies every file before it links, so each would be hashed twice.
+    _verdicts: dict[str, str | None] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
 
     @property
     def name(self) -> str:
@@ -126,6 +131,11 @@ class Package:
 
     def mismatch(self, name: str) -> str | None:
         """Why the file ``name`` cannot be used (missing, or not its SHA-256); None if it can."""
+        if name not in self._verdicts:
+            self._verdicts[name] = self._check(name)
+        return self._verdicts[name]
+
+    def _check(self, name: str) -> str | None:
         file = self.file(name)
         if not file.is_file():
             return f"{file} is missing"
