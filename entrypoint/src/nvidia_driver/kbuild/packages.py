@@ -210,7 +210,7 @@ def matching_package(
     return None
 
 
-def mismatch(directories: Sequence[Path], banner: str, driver_version: str,
+def no_match_reason(directories: Sequence[Path], banner: str, driver_version: str,
              module_type: str) -> str:  # fmt: skip
     """Why no package in directories serves this kernel, driver and module type, in a phrase:
     what a node's log and ``nvidia-driver status`` say before a runtime build."""

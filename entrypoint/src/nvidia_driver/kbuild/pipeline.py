@@ -36,7 +36,7 @@ from nvidia_driver.kbuild.compiler import Compiler
 from nvidia_driver.kbuild.hosttools import ForeignToolsError
 from nvidia_driver.kbuild.hosttree import host_tree
 from nvidia_driver.kbuild.kerneltree import KernelTree
-from nvidia_driver.kbuild.packages import Package, matching_package, mismatch, report_match
+from nvidia_driver.kbuild.packages import Package, matching_package, no_match_reason, report_match
 from nvidia_driver.kbuild.release import FlatcarReleases, refuse_foreign_host_tools
 from nvidia_driver.log import say, warn
 from nvidia_driver.naming import banner_release
@@ -153,8 +153,8 @@ class Pipeline:
         """Why the image's own packages do not serve this node, in one phrase."""
         if target.ofa_kernel is not None:
             return "the node runs MOFED: nvidia-peermem is built against its ofa_kernel"
-        return mismatch([self.paths.precompiled], banner, self.config.driver_version,
-                        self.module_type)  # fmt: skip
+        return no_match_reason([self.paths.precompiled], banner, self.config.driver_version,
+                               self.module_type)  # fmt: skip
 
     def cached(self, banner: str, sources: ModuleSources) -> Package | None:
         """The cache's package for this kernel, built from exactly these module sources."""
