@@ -35,6 +35,7 @@ FORMAT = 2
 READABLE_FORMATS = (1, 2)
 METADATA = "metadata.json"
 SHOWN_RELEASES = 3  # kernels named in a mismatch; the rest are counted
+PATH_SHOWN = 400  # characters of a package's or a referenced file's path in a log line
 
 
 def short_kernel(kernel_release: str) -> str:
@@ -206,7 +207,8 @@ def matching_package(
             unmatched = package.unmatched_reference()
             if unmatched is None:
                 return package
-            warn(f"package {package.path} does not fit this image's driver sources: {unmatched}")
+            warn(f"package {shown(str(package.path), PATH_SHOWN)} does not fit this image's "
+                 f"driver sources: {shown(unmatched, 2 * PATH_SHOWN)}")  # fmt: skip
     return None
 
 
@@ -219,11 +221,11 @@ def no_match_reason(directories: Sequence[Path], banner: str, driver_version: st
         return "the image carries no precompiled packages"
     drivers = [p for p in packages if p.metadata.driver_version == driver_version]
     if not drivers:
-        found = ", ".join(sorted({p.metadata.driver_version for p in packages}))
+        found = ", ".join(sorted({shown(p.metadata.driver_version, 40) for p in packages}))
         return f"the image's packages are for driver {found}, not {driver_version}"
     typed = [p for p in drivers if p.metadata.module_type == module_type]
     if not typed:
-        found = ", ".join(sorted({p.metadata.module_type for p in drivers}))
+        found = ", ".join(sorted({shown(p.metadata.module_type, 40) for p in drivers}))
         return f"the image has {found} packages only, not {module_type}"
     if any(p.matches(banner) for p in typed):
         return "its package for this kernel does not fit the image's driver sources"
@@ -238,8 +240,10 @@ def no_match_reason(directories: Sequence[Path], banner: str, driver_version: st
 
 
 def _release(banner: str) -> str:
+    """The release a package's banner names, fit for a log line (metadata.json is a file on
+    the node: its words are escaped)."""
     try:
-        return banner_release(banner)
+        return shown(banner_release(banner), 80)
     except DriverError:
         return shown(banner, 80)
 
