@@ -98,8 +98,10 @@ BYTES_AFTER_REBOOT_GOAL = 0
 RUNNING, RUNNING_KERNEL = "9999.1.0", "6.12.54-flatcar"  # release N: the gate reads only
 # the staged release's kernel (and "+" is no label value: the NFD label of N+1's would differ)
 BRANCH = DRIVER.split(".")[0]  # NVIDIADriver's version with usePrecompiled: the branch
-# One line of the registry's access log (Gorilla's combined format, which docker-registry
-# writes beside its own log): a blob GET and the bytes it sent, by the docker client.
+# One line of the registry's access log: a blob GET and the bytes it sent, by the docker client.
+# docker-registry wraps its handler in gorilla/handlers' CombinedLoggingHandler on stdout unless
+# log.accesslog.disabled (distribution/distribution registry/registry.go), as seen in the test
+# registries' logs: 127.0.0.1 - - [date] "GET /v2/<name>/blobs/<digest> HTTP/1.1" 200 <bytes> ...
 BLOB_GET = re.compile(r'"GET /v2/\S+/blobs/(sha256:[0-9a-f]{64}) HTTP/[0-9.]+" 200 (\d+) '
                       r'"[^"]*" "docker/')  # fmt: skip
 
