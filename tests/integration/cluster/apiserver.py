@@ -36,8 +36,13 @@ ETCD_PACKAGE, ETCD_SUITE = "etcd-server", "trixie"  # 3.5: Kubernetes 1.36 suppo
 SERVICE_CIDR = "198.18.0.0/24"
 ISSUER = "https://kubernetes.default.svc"
 START_SECONDS = 120.0
-ADMIN = "gdc-admin"
-RETRIES, TOO_MANY_REQUESTS = 10, 429  # CN of the admin client certificate, in group system:masters
+ADMIN = "gdc-admin"  # CN of the admin client certificate, in group system:masters
+RETRIES, TOO_MANY_REQUESTS = 10, 429
+# What each request was (who, which verb, which URI), one JSON line each, written before the
+# answer goes out (blocking mode): the record a test reads of what a client asked.
+AUDIT_LOG = "audit.log"
+AUDIT_POLICY = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy",
+                "omitStages": ["RequestReceived"], "rules": [{"level": "Metadata"}]}  # fmt: skip
 
 
 def etcd_binary() -> Path:
@@ -141,6 +146,21 @@ class Cluster:
 
     def get(self, path: str, **kwargs: Any) -> dict[str, Any]:
         return self.request("GET", path, **kwargs)
+
+    def audit_size(self) -> int:
+        """Where the audit log ends now: requests_of reads from there."""
+        return (self.logs / AUDIT_LOG).stat().st_size
+
+    def requests_of(self, user: str, since: int = 0) -> list[tuple[str, str]]:
+        """(verb, request URI) of each request user made since that point, in order, from the
+        audit log."""
+        with (self.logs / AUDIT_LOG).open("rb") as log:
+            log.seek(since)
+            lines = log.read().decode().splitlines()
+        events = [json.loads(line) for line in lines if line.strip()]
+        return [(event["verb"], event["requestURI"]) for event in events
+                if event.get("user", {}).get("username") == user
+                and event.get("stage") == "ResponseComplete"]  # fmt: skip
 
     def delete(self, path: str) -> None:
         """DELETE the object at path; one already gone is fine."""
@@ -306,6 +326,8 @@ def running_cluster(workdir: Path, kube_apiserver: Path) -> Iterator[Cluster]:
         _wait_ready(f"http://127.0.0.1:{etcd_client}/health", ssl.create_default_context(),
                     started[0], etcd_log)  # fmt: skip
         apiserver_log = logs / "kube-apiserver.log"
+        policy = workdir / "audit-policy.json"
+        policy.write_text(json.dumps(AUDIT_POLICY))
         started.append(_start([
             str(kube_apiserver),
             f"--etcd-servers=http://127.0.0.1:{etcd_client}",
@@ -321,6 +343,8 @@ def running_cluster(workdir: Path, kube_apiserver: Path) -> Iterator[Cluster]:
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--profiling=false",
+            f"--audit-policy-file={policy}", f"--audit-log-path={logs / AUDIT_LOG}",
+            "--audit-log-format=json", "--audit-log-mode=blocking",
         ], apiserver_log))  # fmt: skip
         cluster = Cluster(f"https://127.0.0.1:{secure}", pki, logs)
         context = ssl.create_default_context(cafile=str(cluster.ca))
