@@ -21,15 +21,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import yaml
 from flatcar_feed import feed_from_tsv
 from oci_registry import OCIRegistry
 
+from nvidia_driver.cli import parser
 from nvidia_driver.commands import Commands
 from nvidia_driver.gate.buildcheck import BuildImage
 from nvidia_driver.gate.gate import Gate, Settings
 from nvidia_driver.gate.http import Client, Limits
 from nvidia_driver.gate.kubeapi import KubeAPI
-from nvidia_driver.gate.managers import Manager
+from nvidia_driver.gate.managers import BEFORE_REBOOT, NEW_VERSION, TRUE, Manager
 from nvidia_driver.gate.registry import Registry
 from nvidia_driver.gate.verdict import Checker, Releases, Verdict
 from nvidia_driver.kbuild.release import FlatcarReleases
@@ -49,6 +51,18 @@ KERNELS = {
     "4628.1.1": "6.12.87-flatcar",
     "4628.1.2": "6.12.91-flatcar",
 }
+
+
+def fluo_asks(version: str = STAGED) -> Callable[[dict[str, Any]], None]:
+    """A change to a node: FLUO asking about a reboot into version, as the gate's turn finds it:
+    its operator's before-reboot=true label and its agent's new-version annotation
+    (flatcar-linux-update-operator pkg/constants)."""
+
+    def change(node: dict[str, Any]) -> None:
+        node["metadata"].setdefault("labels", {})[BEFORE_REBOOT] = TRUE
+        node["metadata"].setdefault("annotations", {})[NEW_VERSION] = version
+
+    return change
 
 
 class Store(Protocol):
@@ -243,6 +257,15 @@ class GateCluster:
     def judge(self, name: str = "gpu-1", staged: str = STAGED) -> Verdict:
         """The checker's verdict on node name's reboot into staged."""
         return self.checker(self.api_client()).verdict(self.node(name), staged)
+
+    def others_gate(self) -> Gate:
+        """The FLUO variant's Deployment (``reboot-gate --others``), run as its container's args
+        say."""
+        document = yaml.safe_load((DEPLOY / "fluo" / "0600_deployment.yaml").read_text())
+        [container] = document["spec"]["template"]["spec"]["containers"]
+        args = parser().parse_args(container["args"])
+        assert args.others
+        return self.gate("", Manager(args.manager), others=args.others)
 
     def node(self, name: str) -> dict[str, Any]:
         return self.api.get(f"/api/v1/nodes/{name}")

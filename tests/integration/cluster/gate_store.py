@@ -23,6 +23,7 @@ from gate_cluster import CLUSTER_POLICY, NAMESPACE, OPERATOR_NAMESPACE, GateClus
 from gpu_operator import install_crds, sample
 from oci_registry import OCIRegistry
 
+PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"  # the gate's pre-pull pods
 # What each collection holds: a test's documents name only their path, as it writes them.
 KINDS = {
     "nodes": ("v1", "Node"),
@@ -113,7 +114,10 @@ class RealStore:
         return stored
 
     def items(self, path: str) -> list[dict[str, Any]]:
-        return self.cluster.items(path)
+        """The objects at path, without those being deleted: a pod on a node stays, Terminating,
+        until its kubelet confirms, and none runs here."""
+        every = self.cluster.items(path)
+        return [item for item in every if "deletionTimestamp" not in item["metadata"]]
 
     def _write_status(self, path: str, stored: dict[str, Any], status: Any) -> dict[str, Any]:
         return self.cluster.request("PUT", f"{path}/status", {**stored, "status": status})
@@ -122,8 +126,9 @@ class RealStore:
         """Delete what the test made, and the pods and events the gate made."""
         for path in reversed(self.made):
             self.cluster.delete(path)
-        for pod in self.cluster.items(f"/api/v1/namespaces/{NAMESPACE}/pods"):
-            self.cluster.delete(f"/api/v1/namespaces/{NAMESPACE}/pods/{pod['metadata']['name']}")
+        for pod in self.cluster.items(PODS):
+            # At once: no kubelet runs here to confirm a graceful deletion.
+            self.cluster.delete(f"{PODS}/{pod['metadata']['name']}?gracePeriodSeconds=0")
         self.cluster.request("DELETE", "/api/v1/namespaces/default/events")
 
 

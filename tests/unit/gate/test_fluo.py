@@ -1,23 +1,18 @@
-"""The gate as FLUO's before-reboot hook: races, failures that hold, the Deployment's share.
+"""The gate as FLUO's before-reboot hook, where the API server fails it (injected): races,
+refusals, 5xx, CRDs that are not installed.
 
-FLUO's own flow (its agent's and operator's labels and annotations, its selectors, its
-maxRebootingNodes) runs for real in tests/integration/cluster (test_fluo_flow.py,
-test_fluo_without_gpus.py). Here a node is asked about as FLUO leaves it when the gate's turn
-comes: labelled before-reboot=true, with the agent's new-version annotation.
+Its decisions run against the real kube-apiserver (tests/integration/cluster/decisions), FLUO's
+own flow in tests/integration/cluster (test_fluo_flow.py, test_fluo_without_gpus.py).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-import yaml
-from conftest import DEPLOY, STAGED, Cluster
+from conftest import STAGED, Cluster
 from fake_apiserver import Fault
+from gate_cluster import fluo_asks
 
-from nvidia_driver.cli import parser
-from nvidia_driver.gate.gate import Gate
-from nvidia_driver.gate.managers import APPROVAL, BEFORE_REBOOT, NEW_VERSION, VERDICT, Manager
+from nvidia_driver.gate.managers import APPROVAL, BEFORE_REBOOT, NEW_VERSION, VERDICT
 
 NEW = "610.57.04-flatcar4593.2.5"
 # What answers 404 when the GPU Operator's CRDs are not installed.
@@ -28,27 +23,11 @@ OPERATOR_CRDS = (
 )
 
 
-def _asked(node: dict[str, Any]) -> None:
-    """FLUO's operator asking: before-reboot=true, and the agent's new-version."""
-    node["metadata"]["labels"][BEFORE_REBOOT] = "true"
-    node["metadata"]["annotations"][NEW_VERSION] = STAGED
-
-
 def _asked_with_its_image_published(cluster: Cluster) -> None:
     cluster.add_node("gpu-1")
     cluster.cluster_policy("610.57.04")
     cluster.publish(NEW)
-    cluster.api.edit("/api/v1/nodes/gpu-1", _asked)
-
-
-def _deployment(cluster: Cluster) -> Gate:
-    """The FLUO variant's Deployment (``reboot-gate --others``), run as its container's args
-    say."""
-    document = yaml.safe_load((DEPLOY / "fluo" / "0600_deployment.yaml").read_text())
-    [container] = document["spec"]["template"]["spec"]["containers"]
-    args = parser().parse_args(container["args"])
-    assert args.others
-    return cluster.gate("", Manager(args.manager), others=args.others)
+    cluster.api.edit("/api/v1/nodes/gpu-1", fluo_asks())
 
 
 def test_the_deployment_approves_gpu_nodes_the_operator_installs_no_driver_on(
@@ -56,54 +35,14 @@ def test_the_deployment_approves_gpu_nodes_the_operator_installs_no_driver_on(
 ) -> None:
     """The Operator not installed (its CRDs answer 404), and so no gate DaemonSet pod."""
     cluster.add_node("gpu-1")
-    cluster.api.edit("/api/v1/nodes/gpu-1", _asked)
+    cluster.api.edit("/api/v1/nodes/gpu-1", fluo_asks())
     cluster.api.faults += [Fault("GET", path, 404, times=10) for path in OPERATOR_CRDS]
-    _deployment(cluster).step()
+    cluster.others_gate().step()
     annotations = cluster.node("gpu-1")["metadata"]["annotations"]
     assert annotations[VERDICT] == (
         "allowed: the GPU Operator is not installed (no ClusterPolicy or NVIDIADriver CRD)"
     )
     assert annotations[APPROVAL] == "true"
-
-
-def test_the_deployment_leaves_a_gpu_node_with_a_driver_to_its_own_gate(cluster: Cluster) -> None:
-    """Only the node's own gate may approve it: the Deployment never judges an image."""
-    for name, gpu in (("gpu-1", True), ("cpu-1", False)):
-        cluster.add_node(name, gpu=gpu)
-        cluster.api.edit(f"/api/v1/nodes/{name}", _asked)
-    cluster.cluster_policy("610.57.04")
-    cluster.publish(NEW)
-    _deployment(cluster).step()
-    assert cluster.node("cpu-1")["metadata"]["annotations"][VERDICT] == (
-        "allowed: not a GPU node (no nvidia.com/gpu.present=true label)"
-    )
-    assert cluster.node("cpu-1")["metadata"]["annotations"][APPROVAL] == "true"
-    assert APPROVAL not in cluster.node("gpu-1")["metadata"]["annotations"]
-    cluster.gate("gpu-1").step()
-    assert cluster.node("gpu-1")["metadata"]["annotations"][APPROVAL] == "true"
-
-
-def test_a_verdict_is_said_once_until_it_changes(cluster: Cluster) -> None:
-    """One RebootHeld while the image is missing, however often the gate looks; then one
-    RebootAllowed."""
-    cluster.add_node("gpu-1")
-    cluster.cluster_policy("610.57.04")
-    cluster.api.edit("/api/v1/nodes/gpu-1", _asked)
-    gate = cluster.gate("gpu-1")
-    held = gate.step()
-    assert gate.step() == held
-    assert [e["reason"] for e in cluster.events()] == ["RebootHeld"]
-    cluster.publish(NEW)
-    assert gate.step() is not None
-    assert [e["reason"] for e in cluster.events()] == ["RebootHeld", "RebootAllowed"]
-    [event] = cluster.events()[1:]
-    assert event["involvedObject"] == {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "name": "gpu-1",
-        "uid": "gpu-1",
-    }
-    assert gate.step() is None  # approved: the gate waits for FLUO's next question
 
 
 def test_an_event_the_api_server_refuses_is_said_in_one_line(
@@ -112,7 +51,7 @@ def test_an_event_the_api_server_refuses_is_said_in_one_line(
     """The annotation carries the verdict still; the lost event is not lost silently."""
     cluster.add_node("gpu-1")
     cluster.cluster_policy("610.57.04")
-    cluster.api.edit("/api/v1/nodes/gpu-1", _asked)
+    cluster.api.edit("/api/v1/nodes/gpu-1", fluo_asks())
     cluster.api.faults.append(Fault("POST", "/api/v1/namespaces/default/events", 403))
     verdict = cluster.gate("gpu-1").step()
     assert verdict is not None
@@ -196,16 +135,3 @@ def test_what_cannot_be_checked_holds_the_reboot_and_says_why(cluster: Cluster) 
         "GET /apis/nvidia.com/v1/clusterpolicies answered 500: injected fault"
     )
     assert APPROVAL not in cluster.node("gpu-1")["metadata"]["annotations"]
-
-
-def test_a_new_version_that_is_no_flatcar_release_holds(cluster: Cluster) -> None:
-    cluster.add_node("gpu-1", labels={BEFORE_REBOOT: "true"})
-    cluster.api.edit(
-        "/api/v1/nodes/gpu-1",
-        lambda n: n["metadata"]["annotations"].update({NEW_VERSION: "0.0.0\nRebootAllowed"}),
-    )
-    verdict = cluster.gate("gpu-1").step()
-    assert verdict is not None
-    assert not verdict.allowed
-    assert "\n" not in verdict.line
-    assert verdict.line.startswith("the staged release '0.0.0\\nRebootAllowed' is not a Flatcar")
