@@ -65,6 +65,16 @@ def fluo_asks(version: str = STAGED) -> Callable[[dict[str, Any]], None]:
     return change
 
 
+class Clock:
+    """A clock the test moves: the registry client's time."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class Store(Protocol):
     """The objects of an API server, as a test (not the gate) reads and writes them."""
 
@@ -208,6 +218,15 @@ class GateCluster:
             "/apis/nvidia.com/v1alpha1/gpuclusters/gpu-cluster",
             {"apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster", "spec": {"draDriver": {}}},
         )
+
+    def published(self, version: str = "610.57.04") -> str:
+        """Node gpu-1 and a ClusterPolicy for driver version, its staged release's tag
+        published; the tag."""
+        self.add_node("gpu-1")
+        self.cluster_policy(version)
+        tag = f"{version}-flatcar{STAGED}"
+        self.publish(tag)
+        return tag
 
     def publish(self, tag: str, arches: tuple[str, ...] = ("amd64",)) -> None:
         self.registry.add_image("o/driver", [tag], arches)

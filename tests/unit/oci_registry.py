@@ -143,6 +143,12 @@ class OCIRegistry(LocalServer):
         }).encode()  # fmt: skip
         return self.put(name, tags, manifest_type, manifest)
 
+    def asked(self) -> list[tuple[str, str]]:
+        """The requests since the last call: method and path."""
+        asked = [(method, path) for method, path, _ in self.log]
+        self.log.clear()
+        return asked
+
     def tags(self, name: str) -> dict[str, str]:
         """tag -> digest."""
         return {

@@ -13,12 +13,11 @@ from typing import Any
 
 import pytest
 from conftest import STAGED, Cluster
-from oci_registry import IMAGE, INDEX
+from oci_registry import INDEX
 
 from nvidia_driver.errors import DriverError
 from nvidia_driver.gate.managers import BEFORE_REBOOT, NEW_VERSION, VERDICT
 from nvidia_driver.gate.registry import ImageRef, Registry
-from nvidia_driver.gate.verdict import Verdict
 from nvidia_driver.limits import MiB
 from nvidia_driver.sources.download import Backoff
 
@@ -27,79 +26,31 @@ HUGE_INTEGER = b'{"n": ' + b"9" * 5000 + b"}"
 TAG = f"610.57.04-flatcar{STAGED}"
 
 
-def _judge(cluster: Cluster) -> Verdict:
-    return cluster.checker(cluster.api_client()).verdict(cluster.node("gpu-1"), STAGED)
-
-
-def _policy(cluster: Cluster) -> None:
-    cluster.add_node("gpu-1")
-    cluster.cluster_policy("610.57.04")
-    cluster.publish(TAG)
-
-
-@pytest.mark.parametrize(
-    ("feed", "reason"),
-    [
-        (b"\xff\xfe{}", "not JSON"),
-        (DEEP, "nested deeper"),
-        (HUGE_INTEGER, "not JSON"),
-    ],
-    ids=["not-utf8", "deep", "huge-integer"],
-)
-def test_a_feed_the_gate_cannot_read_holds(cluster: Cluster, feed: bytes, reason: str) -> None:
-    _policy(cluster)
-    cluster.feed_file.write_bytes(feed)
-    verdict = _judge(cluster)
-    assert not verdict.allowed
-    assert "Flatcar's releases feed" in verdict.line
-    assert reason in verdict.line
-
-
-@pytest.mark.parametrize(
-    ("media_type", "manifest", "reason"),
-    [
-        (INDEX, DEEP, "nested deeper"),
-        (INDEX, b'{"manifests": 5}', "manifests is not a list of JSON objects"),
-        (IMAGE, b'{"config": []}', "config is not a JSON object"),
-        (INDEX, b'{"manifests": [{"platform": []}]}', "no linux/amd64 image"),
-    ],
-    ids=["deep", "manifests-5", "config-list", "platform-list"],
-)
-def test_a_manifest_the_gate_cannot_read_holds(
-    cluster: Cluster, media_type: str, manifest: bytes, reason: str
-) -> None:
-    _policy(cluster)
-    cluster.registry.put("o/driver", [TAG], media_type, manifest)
-    verdict = _judge(cluster)
-    assert not verdict.allowed
-    assert reason in verdict.line
-
-
 def test_a_deep_answer_from_the_api_server_holds(cluster: Cluster) -> None:
-    _policy(cluster)
+    cluster.published()
     cluster.api.raw["/apis/nvidia.com/v1/clusterpolicies"] = DEEP
-    verdict = _judge(cluster)
+    verdict = cluster.judge()
     assert not verdict.allowed
     path = "/apis/nvidia.com/v1/clusterpolicies"
     assert f"the answer to GET {path}: not JSON (nested deeper" in verdict.line
 
 
 def test_a_node_of_the_wrong_shape_holds(cluster: Cluster) -> None:
-    _policy(cluster)
+    cluster.published()
     cluster.api.edit("/api/v1/nodes/gpu-1", lambda node: node.update(status=[]))
-    verdict = _judge(cluster)
+    verdict = cluster.judge()
     assert not verdict.allowed
     assert "cannot check its driver image" in verdict.line
 
 
 def test_a_16_mib_list_page_is_refused_within_the_pods_memory(cluster: Cluster) -> None:
     """The page is cut at the gate's bound: it never becomes millions of dicts."""
-    _policy(cluster)
+    cluster.published()
     page = b'{"items": [' + b"{}," * ((16 * MiB - 16) // 3) + b"{}]}"  # within 16 MiB
     cluster.api.raw["/api/v1/nodes"] = page
     tracemalloc.start()
     try:
-        verdict = _judge(cluster)
+        verdict = cluster.judge()
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -120,7 +71,7 @@ class _Once(threading.Event):
 def test_a_step_that_meets_an_unreadable_node_holds_and_the_gate_runs_on(
     cluster: Cluster, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _policy(cluster)
+    cluster.published()
 
     def asked(node: dict[str, Any]) -> None:
         node["metadata"]["labels"][BEFORE_REBOOT] = "true"

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import STAGED, Cluster
 from fetch_gpg import Signer
 from fetch_server import ReleaseServer, flatcar_digests
+from gate_cluster import STAGED, GateCluster
 from vmlinuz_images import bzimage, bzimage_payload, vmlinux
 
 from nvidia_driver.commands import Commands
@@ -27,6 +27,8 @@ BANNER = (
     "GNU ld (Gentoo 2.45 p3) 2.45.0) #1 SMP PREEMPT_DYNAMIC Wed Aug 12 18:02:03 -00 2026"
 )
 ALIAS = f"610.57.04-flatcar-flatcar{STAGED}"
+
+pytestmark = pytest.mark.cluster
 
 
 @pytest.fixture(scope="module")
@@ -77,19 +79,21 @@ def _image(
     return BuildImage(driver, commands, releases)
 
 
-def _verdict(cluster: Cluster, image: BuildImage) -> Verdict:
-    cluster.add_node("gpu-1")
-    cluster.cluster_policy("610.57.04-flatcar")
-    cluster.publish(ALIAS)
-    return cluster.checker(cluster.api_client(), image).verdict(cluster.node("gpu-1"), STAGED)
+def _verdict(gpu_cluster: GateCluster, image: BuildImage) -> Verdict:
+    gpu_cluster.add_node("gpu-1")
+    gpu_cluster.cluster_policy("610.57.04-flatcar")
+    gpu_cluster.publish(ALIAS)
+    return gpu_cluster.checker(gpu_cluster.api_client(), image).verdict(
+        gpu_cluster.node("gpu-1"), STAGED
+    )
 
 
 def test_the_build_image_serves_a_kernel_built_by_a_gcc_it_has(
-    cluster: Cluster, tmp_path: Path, signer: Signer, release_server: ReleaseServer
+    gpu_cluster: GateCluster, tmp_path: Path, signer: Signer, release_server: ReleaseServer
 ) -> None:
     image = _image(tmp_path, signer, release_server, gcc=("gcc-13", "gcc-14", "gcc-15"))
-    assert _verdict(cluster, image) == allowed(
-        f"flatcar {STAGED}: {cluster.repository}/driver:{ALIAS} published; builds with "
+    assert _verdict(gpu_cluster, image) == allowed(
+        f"flatcar {STAGED}: {gpu_cluster.repository}/driver:{ALIAS} published; builds with "
         "this image's gcc-14"
     )
     assert not any((tmp_path / "work").iterdir())  # the 32 MB kernel image is not kept
@@ -97,11 +101,11 @@ def test_the_build_image_serves_a_kernel_built_by_a_gcc_it_has(
 
 
 def test_a_kernel_gcc_the_image_lacks_is_said_and_lets_the_reboot_go(
-    cluster: Cluster, tmp_path: Path, signer: Signer, release_server: ReleaseServer
+    gpu_cluster: GateCluster, tmp_path: Path, signer: Signer, release_server: ReleaseServer
 ) -> None:
     """The runtime build then takes the release's developer container: slower, not broken."""
     image = _image(tmp_path, signer, release_server, gcc=("gcc-13", "gcc-15"))
-    verdict = _verdict(cluster, image)
+    verdict = _verdict(gpu_cluster, image)
     assert verdict.allowed
     assert verdict.line.endswith(
         "; no gcc-14 in this image: the build uses the release's developer "
@@ -110,14 +114,14 @@ def test_a_kernel_gcc_the_image_lacks_is_said_and_lets_the_reboot_go(
 
 
 def test_a_kernel_image_that_fails_verification_holds(
-    cluster: Cluster, tmp_path: Path, signer: Signer, release_server: ReleaseServer
+    gpu_cluster: GateCluster, tmp_path: Path, signer: Signer, release_server: ReleaseServer
 ) -> None:
     kernel = release_server.root / "stable/amd64-usr" / STAGED / "flatcar_production_image.vmlinuz"
     genuine = kernel.read_bytes()
     kernel.write_bytes(genuine[:-1] + b"\0")
     # The fixture's kernel is compressed here, so its digest depends on this Python's zlib.
     recorded = hashlib.sha512(genuine).hexdigest()[:16]
-    verdict = _verdict(cluster, _image(tmp_path, signer, release_server, gcc=("gcc-14",)))
+    verdict = _verdict(gpu_cluster, _image(tmp_path, signer, release_server, gcc=("gcc-14",)))
     assert not verdict.allowed
     assert verdict.line.startswith(
         f"flatcar {STAGED}: cannot check its driver image: the SHA512 of "
@@ -129,10 +133,10 @@ def test_a_kernel_image_that_fails_verification_holds(
 
 
 def test_a_gate_running_another_build_image_cannot_speak_for_the_clusters(
-    cluster: Cluster, tmp_path: Path, signer: Signer, release_server: ReleaseServer
+    gpu_cluster: GateCluster, tmp_path: Path, signer: Signer, release_server: ReleaseServer
 ) -> None:
     image = _image(tmp_path, signer, release_server, gcc=("gcc-14",), driver="595.91.07")
-    assert _verdict(cluster, image) == held(
+    assert _verdict(gpu_cluster, image) == held(
         f"flatcar {STAGED}: the gate runs the build image of driver 595.91.07, the "
         "ClusterPolicy cluster-policy names 610.57.04: run the gate from the cluster's "
         "build image so it can check that image's compilers"
