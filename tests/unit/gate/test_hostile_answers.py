@@ -1,9 +1,7 @@
-"""Answers the gate cannot read hold the reboot, with their reason: never a traceback.
-
-A body nested 1,000 deep, a feed that is not UTF-8, an integer over Python's 4,300 digits, a
-manifest whose fields have the wrong types, a 16 MiB list page: each is a held verdict, and
-no answer takes the gate past its pod's memory limit.
-"""
+"""API server answers the gate cannot read hold the reboot, with their reason: never a
+traceback. A body nested 1,000 deep, a node of the wrong shape, a 16 MiB list page (injected:
+a real server never sends them) are each a held verdict, and no answer takes the gate past its
+pod's memory limit. Feeds and manifests it cannot read: tests/integration/cluster/decisions."""
 
 from __future__ import annotations
 
@@ -13,7 +11,7 @@ from typing import Any
 
 import pytest
 from conftest import STAGED, Cluster
-from oci_registry import INDEX
+from oci_registry import INDEX, OCIRegistry
 
 from nvidia_driver.errors import DriverError
 from nvidia_driver.gate.managers import BEFORE_REBOOT, NEW_VERSION, VERDICT
@@ -86,8 +84,9 @@ def test_a_step_that_meets_an_unreadable_node_holds_and_the_gate_runs_on(
     assert "Traceback" not in out
 
 
-def test_the_registry_client_refuses_deep_json_with_a_driver_error(cluster: Cluster) -> None:
-    cluster.registry.put("o/driver", [TAG], INDEX, DEEP)
+def test_the_registry_client_refuses_deep_json_with_a_driver_error() -> None:
     registry = Registry(backoff=Backoff(attempts=1), sleep=lambda _: None)
-    with pytest.raises(DriverError, match="nested deeper"):
-        registry.presence(ImageRef.parse(f"{cluster.repository}/driver:{TAG}"), "amd64")
+    with OCIRegistry() as served:
+        served.put("o/driver", [TAG], INDEX, DEEP)
+        with pytest.raises(DriverError, match="nested deeper"):
+            registry.presence(ImageRef.parse(f"{served.host}/o/driver:{TAG}"), "amd64")
