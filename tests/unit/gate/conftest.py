@@ -21,6 +21,7 @@ import pytest
 import yaml
 from fake_apiserver import FakeAPIServer
 from flatcar_feed import feed_from_tsv
+from gate_manifests import DEPLOY, manifests
 from oci_registry import OCIRegistry
 
 from nvidia_driver.commands import Commands
@@ -34,7 +35,6 @@ from nvidia_driver.gate.verdict import Checker, Releases
 from nvidia_driver.kbuild.release import FlatcarReleases
 from nvidia_driver.sources.download import Backoff, Downloader, DownloadLimits
 
-DEPLOY = Path(__file__).resolve().parents[3] / "deploy" / "reboot-gate"
 TOKEN = "gate-service-account-token"  # noqa: S105 - a test's, sent to the fake API server
 NAMESPACE = "nvidia-reboot-gate"
 # Real releases (the feed's TSV): stable 4593.2.4 has 6.12.95, 4593.2.5 6.12.102; beta
@@ -48,15 +48,17 @@ KERNELS = {
 }
 
 
-def rbac_rules(*variants: str) -> list[dict[str, Any]]:
-    """The PolicyRules the manifests grant the gate's service account (Roles: with namespace)."""
+def rbac_rules(*folders: str) -> list[dict[str, Any]]:
+    """The PolicyRules the manifests grant the gate's service account (Roles: with namespace):
+    those of what ``kubectl apply -k`` installs from each folder (fluo and kured: common's too),
+    each file once."""
     rules: list[dict[str, Any]] = []
-    for variant in variants:
-        for path in sorted((DEPLOY / variant).glob("*.yaml")):
-            document = yaml.safe_load(path.read_text())
-            if document["kind"] in {"Role", "ClusterRole"}:
-                namespace = document["metadata"].get("namespace", "")
-                rules += [{**rule, "namespace": namespace} for rule in document["rules"]]
+    files = [path for folder in folders for path in manifests(DEPLOY / folder)]
+    for path in dict.fromkeys(files):
+        document = yaml.safe_load(path.read_text())
+        if document["kind"] in {"Role", "ClusterRole"}:
+            namespace = document["metadata"].get("namespace", "")
+            rules += [{**rule, "namespace": namespace} for rule in document["rules"]]
     return rules
 
 
