@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 import yaml
 from flatcar_feed import feed_from_tsv
+from gate_manifests import DEPLOY
 from oci_registry import OCIRegistry
 
 from nvidia_driver.cli import parser
@@ -37,8 +38,6 @@ from nvidia_driver.gate.verdict import Checker, Releases, Verdict
 from nvidia_driver.kbuild.release import FlatcarReleases
 from nvidia_driver.sources.download import Backoff, Downloader, DownloadLimits
 
-ROOT = Path(__file__).resolve().parents[2]
-DEPLOY = ROOT / "deploy" / "reboot-gate"
 NAMESPACE = "nvidia-reboot-gate"  # deploy/reboot-gate/common/0000_namespace.yaml
 OPERATOR_NAMESPACE = "gpu-operator"
 CLUSTER_POLICY = "/apis/nvidia.com/v1/clusterpolicies/cluster-policy"

@@ -19,21 +19,19 @@ from pathlib import Path
 
 import yaml
 from apiserver import Cluster
+from gate_manifests import DEPLOY as MANIFESTS
+from gate_cluster import NAMESPACE
+from gate_manifests import manifests
 
-ROOT = Path(__file__).resolve().parents[3]
-MANIFESTS = ROOT / "deploy" / "reboot-gate"
-NAMESPACE = "nvidia-reboot-gate"  # deploy/reboot-gate/common/0000_namespace.yaml
 ACCOUNT = "nvidia-reboot-gate"  # 0100_service_account.yaml
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
 def install(cluster: Cluster, variant: str) -> None:
-    """deploy/reboot-gate/common and the variant's roles, as ``kubectl apply`` would; the
+    """What ``kubectl apply -k deploy/reboot-gate/<variant>`` installs (common's namespace,
+    account and roles, the variant's), file by file as its kustomization.yaml lists them; the
     DaemonSet too (no kubelet runs it here)."""
-    files = sorted((MANIFESTS / "common").glob("*.yaml")) + sorted(
-        (MANIFESTS / variant).glob("*.yaml")
-    )
-    cluster.apply_files(files)
+    cluster.apply_files(manifests(MANIFESTS / variant))
     cluster.namespace(NAMESPACE)  # its default ServiceAccount, as the controller-manager makes
 
 

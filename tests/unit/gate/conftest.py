@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import yaml
 from fake_apiserver import FakeAPIServer
-from gate_cluster import CURRENT, DEPLOY, KERNELS, NAMESPACE, STAGED, GateCluster
+from gate_cluster import CURRENT, KERNELS, NAMESPACE, STAGED, GateCluster
+from gate_manifests import DEPLOY, manifests
 from oci_registry import OCIRegistry
 
 __all__ = ["CURRENT", "DEPLOY", "KERNELS", "NAMESPACE", "STAGED", "TOKEN", "Cluster"]
@@ -25,15 +26,17 @@ TOKEN = "gate-service-account-token"  # noqa: S105 - a test's, sent to the fake 
 Cluster = GateCluster
 
 
-def rbac_rules(*variants: str) -> list[dict[str, Any]]:
-    """The PolicyRules the manifests grant the gate's service account (Roles: with namespace)."""
+def rbac_rules(*folders: str) -> list[dict[str, Any]]:
+    """The PolicyRules the manifests grant the gate's service account (Roles: with namespace):
+    those of what ``kubectl apply -k`` installs from each folder (fluo and kured: common's too),
+    each file once."""
     rules: list[dict[str, Any]] = []
-    for variant in variants:
-        for path in sorted((DEPLOY / variant).glob("*.yaml")):
-            document = yaml.safe_load(path.read_text())
-            if document["kind"] in {"Role", "ClusterRole"}:
-                namespace = document["metadata"].get("namespace", "")
-                rules += [{**rule, "namespace": namespace} for rule in document["rules"]]
+    files = [path for folder in folders for path in manifests(DEPLOY / folder)]
+    for path in dict.fromkeys(files):
+        document = yaml.safe_load(path.read_text())
+        if document["kind"] in {"Role", "ClusterRole"}:
+            namespace = document["metadata"].get("namespace", "")
+            rules += [{**rule, "namespace": namespace} for rule in document["rules"]]
     return rules
 
 

@@ -5,15 +5,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
-from conftest import DEPLOY, rbac_rules
+from conftest import rbac_rules
+from gate_manifests import DEPLOY, KUSTOMIZATION, kustomization, manifests, patch_files
 
+from gdc.tags import build_image_tags
+from gdc.versions import load_versions
 from nvidia_driver.gate.main import CACHE
 from nvidia_driver.gate.managers import APPROVAL, HELD, POD_LABEL
 from nvidia_driver.gate.updateengine import CORE_UID, PREFS, SYSTEM_BUS
 from nvidia_driver.settings import REBOOT_GATE_ANNOTATION
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "gpu-operator.md"
+FOLDERS = sorted(path.name for path in DEPLOY.iterdir() if path.is_dir())
+# The build image of versions.toml's newest driver: what the manifests run by default.
+BUILD_TAG = build_image_tags(load_versions().newest.version, ())[0]
+WORKLOADS = {"DaemonSet", "Deployment"}
 
 
 def _daemonset(variant: str) -> dict[str, Any]:
@@ -40,7 +48,7 @@ def test_both_variants_run_the_gate_from_the_build_image_on_gpu_nodes() -> None:
         spec = _daemonset(variant)["spec"]["template"]["spec"]
         container = _container(variant)
         assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
-        assert container["image"].endswith(":610.57.04-flatcar")  # the build image's tag
+        assert container["image"].endswith(f":{BUILD_TAG}")  # the newest build image's tag
         assert container["command"] == ["nvidia-driver"]
         assert container["args"] == ["reboot-gate", "--manager", variant]
         env = _env(variant)
@@ -139,3 +147,35 @@ def test_the_fluo_variant_approves_the_nodes_without_a_gate_from_one_unprivilege
         spec["serviceAccountName"]
         == _daemonset("fluo")["spec"]["template"]["spec"]["serviceAccountName"]
     )
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_each_folder_s_kustomization_lists_every_manifest_there(folder: str) -> None:
+    """``kubectl apply -k`` installs what kustomization.yaml lists: a manifest left out of it
+    would never be applied, and one it lists but that is gone fails the whole apply."""
+    listed = kustomization(DEPLOY / folder)
+    resources = [r for r in listed.get("resources", []) if not (DEPLOY / folder / r).is_dir()]
+    files = [*resources, *(path.name for path in patch_files(DEPLOY / folder))]
+    assert all((DEPLOY / folder / name).is_file() for name in files), files
+    present = {path.name for path in (DEPLOY / folder).glob("*.yaml")} - {KUSTOMIZATION}
+    assert sorted(files) == sorted(present)
+    assert resources == sorted(resources), "list the manifests in their numbered order"
+
+
+@pytest.mark.parametrize("variant", ["fluo", "kured"])
+def test_the_gate_s_image_is_set_in_one_place(variant: str) -> None:
+    """Each variant's kustomization.yaml sets the image (kustomize's images transformer) of
+    every container it installs; the manifests name that same image, so they apply as they are
+    too, and it is the build image of versions.toml's newest driver."""
+    [image] = kustomization(DEPLOY / variant)["images"]
+    assert image["newTag"] == BUILD_TAG, (
+        f"versions.toml's newest driver runs {BUILD_TAG}: set it in the newTag: line of "
+        f"deploy/reboot-gate/{variant}/kustomization.yaml and in the manifests' image lines"
+    )
+    documents = [yaml.safe_load(path.read_text()) for path in manifests(DEPLOY / variant)]
+    pods = [d["spec"]["template"]["spec"] for d in documents if d["kind"] in WORKLOADS]
+    containers = [container for pod in pods for container in pod["containers"]]
+    assert len(pods) == {"fluo": 2, "kured": 1}[variant]
+    assert {c["image"] for c in containers} == {f"{image['name']}:{image['newTag']}"}
+    assert image["newName"] == image["name"]
+    assert f"kubectl apply -k deploy/reboot-gate/{variant}" in DOCS.read_text()
