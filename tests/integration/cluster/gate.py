@@ -19,8 +19,8 @@ from pathlib import Path
 
 import yaml
 from apiserver import Cluster
-from gate_manifests import DEPLOY as MANIFESTS
 from gate_cluster import NAMESPACE
+from gate_manifests import DEPLOY as MANIFESTS
 from gate_manifests import manifests
 
 ACCOUNT = "nvidia-reboot-gate"  # 0100_service_account.yaml
