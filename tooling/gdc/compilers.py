@@ -38,8 +38,8 @@ class ReleaseLine:
 
 AS_OF = "Flatcar's releases up to August 2026"
 LINES = (
-    ReleaseLine("4081 (LTS)", "6.6", "13.3.1", 13, "13.5.0", "LTS 4081.3.10"),
-    ReleaseLine("4230 to 4593", "6.6, 6.12", "14.2.1 to 14.3.1", 14, "14.4.0", "stable 4593.2.5"),
+    ReleaseLine("4081 (LTS) to 4152", "6.6", "13.3.1", 13, "13.5.0", "LTS 4081.3.10"),
+    ReleaseLine("4186 to 4593", "6.6, 6.12", "14.2.1 to 14.3.1", 14, "14.4.0", "stable 4593.2.5"),
     ReleaseLine(
         "4628 and later",
         "6.12",
