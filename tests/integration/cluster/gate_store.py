@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import copy
 import ssl
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
-from apiserver import Cluster
+from apiserver import APIError, Cluster
 from gate import ACCOUNT, install
 from gate_cluster import CLUSTER_POLICY, NAMESPACE, OPERATOR_NAMESPACE, GateCluster
 from gpu_operator import install_crds, sample
@@ -141,16 +143,41 @@ def gate_requests(gpu_cluster: GateCluster) -> list[tuple[str, str]]:
 
 
 def prepare(cluster: Cluster, operator_module: Path) -> None:
-    """The gate's manifests (both variants' roles, and the optional pull-secrets Role), the
-    Operator's CRDs and namespace, and v26.7's GPUCluster CRD."""
+    """The gate's manifests (the FLUO variant, and the optional pull-secrets Role), the
+    Operator's CRDs (v25.3.4's: no GPUCluster, whose path answers the gate 404) and namespace."""
     cluster.namespace(OPERATOR_NAMESPACE)
     install_crds(cluster, operator_module)
-    cluster.apply(GPU_CLUSTER_CRD)
-    cluster.wait_established(GPU_CLUSTER_CRD["metadata"]["name"])  # type: ignore[index]
     install(cluster, "fluo")
     install(cluster, "pull-secrets")
     for policy in cluster.items("/apis/nvidia.com/v1/clusterpolicies"):
         cluster.delete(f"{CLUSTER_POLICY.rsplit('/', 1)[0]}/{policy['metadata']['name']}")
+
+
+@contextmanager
+def gpu_cluster_crd(cluster: Cluster) -> Iterator[None]:
+    """v26.7's GPUCluster CRD, installed while the context lasts; gone (not only deleting)
+    afterwards, so that the next test's gate meets its 404 again."""
+    name = "gpuclusters.nvidia.com"
+    path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
+    cluster.apply(GPU_CLUSTER_CRD)
+    cluster.wait_established(name)
+    try:
+        yield
+    finally:
+        cluster.delete(path)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and _exists(cluster, path):
+            time.sleep(0.2)
+
+
+def _exists(cluster: Cluster, path: str) -> bool:
+    try:
+        cluster.get(path)
+    except APIError as error:
+        if error.status == HTTPStatus.NOT_FOUND:
+            return False
+        raise
+    return True
 
 
 @contextmanager

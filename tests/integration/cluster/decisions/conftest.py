@@ -14,7 +14,7 @@ from pathlib import Path
 import apiserver
 import pytest
 from gate_cluster import GateCluster
-from gate_store import gate_cluster, prepare
+from gate_store import gate_cluster, gpu_cluster_crd, prepare
 
 
 @pytest.fixture(scope="session")
@@ -29,3 +29,11 @@ def gpu_cluster(prepared: apiserver.Cluster, operator_module: Path,
     """The GPU cluster a test builds, on the real API server; deleted after it."""
     with gate_cluster(prepared, operator_module, tmp_path) as made:
         yield made
+
+
+@pytest.fixture
+def gpu_clusters(prepared: apiserver.Cluster) -> Iterator[None]:
+    """v26.7's GPUCluster CRD, for this test: the others meet the real 404 of a cluster without
+    it."""
+    with gpu_cluster_crd(prepared):
+        yield

@@ -104,12 +104,13 @@ def test_a_cluster_whose_operator_installs_no_driver_reboots_freely(
 
 @pytest.mark.parametrize("with_gpu_cluster", [True, False])
 def test_nvidiadrivers_without_a_clusterpolicy_are_checked(
-    gpu_cluster: GateCluster, with_gpu_cluster: bool
+    gpu_cluster: GateCluster, with_gpu_cluster: bool, request: pytest.FixtureRequest
 ) -> None:
     """v26.7 reconciles NVIDIADrivers when no ClusterPolicy exists (GPUCluster mode,
     controllers/nvidiadriver_controller.go): 'no ClusterPolicy' is no longer 'no driver'."""
     gpu_cluster.add_node("gpu-1", labels={"nvidia.com/gpu-operator.driver.owner": "flatcar"})
     if with_gpu_cluster:
+        request.getfixturevalue("gpu_clusters")  # else its CRD answers 404, as before v26.7
         gpu_cluster.gpu_cluster()
     gpu_cluster.nvidia_driver("flatcar", "610.57.04")
     assert gpu_cluster.judge() == held(
@@ -119,6 +120,7 @@ def test_nvidiadrivers_without_a_clusterpolicy_are_checked(
     assert gpu_cluster.judge().allowed
 
 
+@pytest.mark.usefixtures("gpu_clusters")
 def test_a_clusterpolicy_beside_a_gpucluster_holds(gpu_cluster: GateCluster) -> None:
     """The ClusterPolicy controller refuses to reconcile while a GPUCluster exists."""
     gpu_cluster.add_node("gpu-1")
