@@ -1,20 +1,19 @@
 """A stand-in Kubernetes API server on 127.0.0.1: only for fault injection in the gate's tests.
 
 It exists for what a real API server cannot be made to do on demand: answer a chosen request
-with a 5xx, a 429, a 401 or 403, a 404 or a 409 (``faults``); change an object between the
-gate's read and its write (``before_write``, with an injected 409: a race no test can schedule
-on a real server); serve hostile bodies (``raw``: a body nested 1,000 deep, a 16 MiB page,
-fields of the wrong type). Around the faults it is a store of the objects a test puts, so that
-the gate has something to read: GET, a list paged with ``limit`` and ``continue`` and filtered
-by ``k=v`` label selectors, POST, DELETE, and PATCH applied as a JSON merge patch (RFC 7386).
+with a 5xx, a 429, a 401 or 403, a 404 or a 409 (``faults``: a CRD that is not installed while
+the others are, a refused Event, a server failing mid-step), and serve hostile bodies (``raw``:
+a body nested 1,000 deep, a 16 MiB page, fields of the wrong type). Around the faults it holds
+the objects a test puts, so that the gate gets as far as the fault: GET, a list filtered by
+``k=v`` label selectors (one page), POST, DELETE, and PATCH as a JSON merge patch (RFC 7386).
 
-It implements none of the API server's semantics: no authentication or RBAC, no validation
-(of Events or anything else), no resourceVersion check (a 409 only when a test injects one),
-no other patch type, no CRDs. Every semantic flow runs against the real peers in
-tests/integration/cluster: the real kube-apiserver with deploy/reboot-gate's RBAC and its
-Event validation (test_reboot_gate.py), FLUO's update-operator and update-agent
-(test_fluo_flow.py, test_fluo_without_gpus.py), kured (test_kured_flow.py) and the GPU
-Operator (test_operator_renders.py).
+It implements none of the API server's semantics: no authentication or RBAC, no validation,
+no resourceVersion check, no paging, no CRDs. The gate's decisions and every semantic flow run
+against the real peers in tests/integration/cluster: the real kube-apiserver with
+deploy/reboot-gate's RBAC, its admission, Event validation, 409s, 404s and pages (decisions/,
+test_reboot_gate.py), FLUO's update-operator and update-agent (test_fluo_flow.py,
+test_fluo_without_gpus.py), kured (test_kured_flow.py) and the GPU Operator
+(test_operator_renders.py).
 """
 
 from __future__ import annotations
@@ -79,9 +78,6 @@ class Fault:
 class FakeAPIServer(LocalServer):
     faults: list[Fault] = field(default_factory=list)
     raw: dict[str, bytes] = field(default_factory=dict)  # path -> the body a GET answers
-    before_write: Callable[[str, str], None] | None = None  # (method, path), under no lock
-    log: list[tuple[str, str, str]] = field(default_factory=list)  # method, path, content type
-    tokens: list[str] = field(default_factory=list)  # each request's bearer token
     objects: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     _version: int = 0
 
@@ -142,15 +138,10 @@ class FakeAPIServer(LocalServer):
         url = urllib.parse.urlsplit(handler.path)
         query = {k: v[0] for k, v in urllib.parse.parse_qs(url.query).items()}
         body = handler.rfile.read(int(handler.headers.get("Content-Length", "0")))
-        with self._lock:
-            self.log.append((method, url.path, handler.headers.get("Content-Type", "")))
-            self.tokens.append(handler.headers.get("Authorization", "").removeprefix("Bearer "))
-            raw = self.raw.get(url.path) if method == "GET" else None
+        raw = self.raw.get(url.path) if method == "GET" else None
         if raw is not None:
             _send_bytes(handler, 200, raw)
             return
-        if method != "GET" and self.before_write is not None:
-            self.before_write(method, url.path)
         status = self._fault(method, url.path)
         if status:
             _send(handler, status, _status(status, "injected fault"))
@@ -198,12 +189,8 @@ class FakeAPIServer(LocalServer):
             for _, document in sorted(store.items())
             if _selected(selector, document.get("metadata", {}).get("labels", {}))
         ]
-        start = int(query.get("continue") or 0)
-        limit = int(query.get("limit") or 0) or len(matching) or 1
-        metadata: dict[str, Any] = {"resourceVersion": str(self._version)}
-        if start + limit < len(matching):
-            metadata["continue"] = str(start + limit)
-        return {"kind": "List", "metadata": metadata, "items": matching[start : start + limit]}
+        metadata = {"resourceVersion": str(self._version)}
+        return {"kind": "List", "metadata": metadata, "items": matching}
 
 
 def _status(code: int, message: str) -> dict[str, Any]:

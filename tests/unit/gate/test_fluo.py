@@ -23,13 +23,6 @@ OPERATOR_CRDS = (
 )
 
 
-def _asked_with_its_image_published(cluster: Cluster) -> None:
-    cluster.add_node("gpu-1")
-    cluster.cluster_policy("610.57.04")
-    cluster.publish(NEW)
-    cluster.api.edit("/api/v1/nodes/gpu-1", fluo_asks())
-
-
 def test_the_deployment_approves_gpu_nodes_the_operator_installs_no_driver_on(
     cluster: Cluster,
 ) -> None:
@@ -58,48 +51,6 @@ def test_an_event_the_api_server_refuses_is_said_in_one_line(
     assert not verdict.allowed
     [line] = [line for line in capsys.readouterr().out.splitlines() if "event" in line]
     assert line.startswith("WARNING: reboot gate: cannot record the event: Kubernetes API: POST ")
-
-
-def test_a_node_that_changed_under_the_gate_is_read_and_judged_again(cluster: Cluster) -> None:
-    """The approval carries the resourceVersion it was decided on, so the API server answers
-    409 when FLUO (or anyone) changed the node since; the gate decides on the new node. The
-    race is injected: the node changes just before the gate's write, which answers 409."""
-    _asked_with_its_image_published(cluster)
-
-    def meanwhile(method: str, path: str) -> None:
-        if method == "PATCH" and path == "/api/v1/nodes/gpu-1":
-            cluster.api.faults.append(Fault("PATCH", path, 409))
-            cluster.api.before_write = None
-            cluster.api.edit(
-                path,
-                lambda n: n["metadata"]["annotations"].update(
-                    {"flatcar-linux-update.v1.flatcar-linux.net/last-checked-time": "1786000300"}
-                ),
-            )  # the agent's next status update lands first
-
-    cluster.api.before_write = meanwhile
-    verdict = cluster.gate("gpu-1").step()
-    assert verdict is not None
-    assert verdict.allowed
-    patches = [e for e in cluster.api.log if e[:2] == ("PATCH", "/api/v1/nodes/gpu-1")]
-    assert len(patches) == 2  # the first answered 409
-    assert all(content_type == "application/merge-patch+json" for *_, content_type in patches)
-    assert cluster.node("gpu-1")["metadata"]["annotations"][APPROVAL] == "true"
-
-
-def test_a_node_fluo_no_longer_asks_about_is_left_alone(cluster: Cluster) -> None:
-    """cleanupState took the label (and the annotations) while the gate looked: a 409."""
-    _asked_with_its_image_published(cluster)
-
-    def cleanup(method: str, path: str) -> None:
-        if method == "PATCH" and path == "/api/v1/nodes/gpu-1":
-            cluster.api.faults.append(Fault("PATCH", path, 409))
-            cluster.api.before_write = None
-            cluster.api.edit(path, lambda n: n["metadata"]["labels"].pop(BEFORE_REBOOT))
-
-    cluster.api.before_write = cleanup
-    assert cluster.gate("gpu-1").step() is None
-    assert APPROVAL not in cluster.node("gpu-1")["metadata"]["annotations"]
 
 
 def test_api_server_5xx_answers_are_retried(cluster: Cluster) -> None:

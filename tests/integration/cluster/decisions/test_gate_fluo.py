@@ -7,9 +7,14 @@ FLUO's own flow runs for real in test_fluo_flow.py and test_fluo_without_gpus.py
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from typing import Any
+
 import pytest
 from gate_cluster import GateCluster, fluo_asks
+from gate_store import gate_requests
 
+from nvidia_driver.gate.gate import Gate
 from nvidia_driver.gate.managers import APPROVAL, BEFORE_REBOOT, NEW_VERSION, VERDICT
 
 pytestmark = pytest.mark.cluster
@@ -70,3 +75,47 @@ def test_a_new_version_that_is_no_flatcar_release_holds(gpu_cluster: GateCluster
     assert not verdict.allowed
     assert "\n" not in verdict.line
     assert verdict.line.startswith("the staged release '0.0.0\\nRebootAllowed' is not a Flatcar")
+
+
+def _before_the_gates_first_patch(gate: Gate, happen: Callable[[str], None]) -> None:
+    """Let something happen just before the gate's first PATCH leaves: the race FLUO's agent
+    (or anyone) wins against the gate, which the real server then answers 409."""
+    patch = gate.api.merge_patch
+
+    def racing(path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        gate.api.merge_patch = patch  # type: ignore[method-assign] - once
+        happen(path)
+        return patch(path, body)
+
+    gate.api.merge_patch = racing  # type: ignore[method-assign]
+
+
+def test_a_node_that_changed_under_the_gate_is_read_and_judged_again(
+    gpu_cluster: GateCluster,
+) -> None:
+    """The approval carries the resourceVersion it was decided on, so the real API server
+    answers 409 when the node changed since; the gate decides on the new node."""
+    gpu_cluster.published()
+    gpu_cluster.api.edit("/api/v1/nodes/gpu-1", fluo_asks())
+    gate = gpu_cluster.gate("gpu-1")
+    checked = {"flatcar-linux-update.v1.flatcar-linux.net/last-checked-time": "1786000300"}
+    _before_the_gates_first_patch(gate, lambda path: gpu_cluster.api.edit(
+        path, lambda n: n["metadata"]["annotations"].update(checked)))  # fmt: skip
+    verdict = gate.step()
+    assert verdict is not None
+    assert verdict.allowed
+    patches = [a for a in gate_requests(gpu_cluster) if a == ("patch", "/api/v1/nodes/gpu-1")]
+    assert len(patches) == 2  # the first answered 409
+    assert gpu_cluster.node("gpu-1")["metadata"]["annotations"][APPROVAL] == "true"
+
+
+def test_a_node_fluo_no_longer_asks_about_is_left_alone(gpu_cluster: GateCluster) -> None:
+    """FLUO's cleanupState took the label while the gate looked: the real server's 409, and
+    then nothing to decide."""
+    gpu_cluster.published()
+    gpu_cluster.api.edit("/api/v1/nodes/gpu-1", fluo_asks())
+    gate = gpu_cluster.gate("gpu-1")
+    _before_the_gates_first_patch(gate, lambda path: gpu_cluster.api.edit(
+        path, lambda n: n["metadata"]["labels"].pop(BEFORE_REBOOT)))  # fmt: skip
+    assert gate.step() is None
+    assert APPROVAL not in gpu_cluster.node("gpu-1")["metadata"]["annotations"]
