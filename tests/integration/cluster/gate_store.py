@@ -21,8 +21,8 @@ from typing import Any
 
 from apiserver import APIError, Cluster
 from gate import ACCOUNT, install
-from gate_cluster import CLUSTER_POLICY, NAMESPACE, OPERATOR_NAMESPACE, GateCluster
-from gpu_operator import install_crds, sample
+from gate_cluster import CLUSTER_POLICY, NAMESPACE, GateCluster
+from gpu_operator import install_operator, sample
 from oci_registry import OCIRegistry
 
 PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"  # the gate's pre-pull pods
@@ -145,8 +145,7 @@ def gate_requests(gpu_cluster: GateCluster) -> list[tuple[str, str]]:
 def prepare(cluster: Cluster, operator_module: Path) -> None:
     """The gate's manifests (the FLUO variant, and the optional pull-secrets Role), the
     Operator's CRDs (v25.3.4's: no GPUCluster, whose path answers the gate 404) and namespace."""
-    cluster.namespace(OPERATOR_NAMESPACE)
-    install_crds(cluster, operator_module)
+    install_operator(cluster, operator_module)
     install(cluster, "fluo")
     install(cluster, "pull-secrets")
     for policy in cluster.items("/apis/nvidia.com/v1/clusterpolicies"):

@@ -37,6 +37,12 @@ GPU_PRESENT = "nvidia.com/gpu.present"
 NFD_NVIDIA_PCI = "feature.node.kubernetes.io/pci-10de.present"
 
 
+def install_operator(cluster: Cluster, module: Path) -> None:
+    """What the Operator's chart installs that a scenario needs: its namespace and its CRDs."""
+    cluster.namespace(NAMESPACE)
+    install_crds(cluster, module)
+
+
 def install_crds(cluster: Cluster, module: Path) -> None:
     crds = module / "deployments" / "gpu-operator" / "crds"
     for name in CRDS:

@@ -20,8 +20,7 @@ from fixtures.docker_env import Registry
 from fluo import install as install_fluo
 from fluo import running_agent, running_operator
 from gate import gate_env, install, kubelet_pulled, node_event_reasons, push_image, run_gate_once
-from gpu_operator import NAMESPACE as OPERATOR_NAMESPACE
-from gpu_operator import flatcar_node, install_crds, nvidia_driver, register_node, wait_for
+from gpu_operator import flatcar_node, install_operator, nvidia_driver, register_node, wait_for
 from system_bus import NEED_REBOOT, private_system_bus
 
 from nvidia_driver.gate.managers import (
@@ -77,8 +76,7 @@ def test_fluo_reboots_a_gpu_node_only_once_the_staged_release_has_its_image(
     tmp_path: Path,
 ) -> None:
     cluster = scenario
-    cluster.namespace(OPERATOR_NAMESPACE)
-    install_crds(cluster, operator_module)
+    install_operator(cluster, operator_module)
     install(cluster, "fluo")
     install_fluo(cluster, peers.module_dir(peers.load()["fluo"]))
     cluster.apply(nvidia_driver(operator_module, "fluo-pool", f"{registry.address}/gdc", DRIVER,

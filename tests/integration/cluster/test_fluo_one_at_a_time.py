@@ -22,8 +22,7 @@ from fixtures.docker_env import Registry
 from fluo import install as install_fluo
 from fluo import running_agent, running_operator
 from gate import gate_env, install, kubelet_pulled, push_image, run_gate_once
-from gpu_operator import NAMESPACE as OPERATOR_NAMESPACE
-from gpu_operator import flatcar_node, install_crds, nvidia_driver, register_node, wait_for
+from gpu_operator import flatcar_node, install_operator, nvidia_driver, register_node, wait_for
 from system_bus import private_system_bus
 from test_fluo_flow import DRIVER, KERNEL, RUNNING, STAGED, STEP_SECONDS
 
@@ -54,8 +53,7 @@ def test_a_held_node_keeps_fluo_from_rebooting_the_others(
     tmp_path: Path,
 ) -> None:
     cluster = scenario
-    cluster.namespace(OPERATOR_NAMESPACE)
-    install_crds(cluster, operator_module)
+    install_operator(cluster, operator_module)
     install(cluster, "fluo")
     install_fluo(cluster, peers.module_dir(peers.load()["fluo"]))
     for name in NODES:

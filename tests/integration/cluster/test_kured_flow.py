@@ -20,8 +20,7 @@ from apiserver import Cluster
 from fixtures.docker_env import Registry
 from gate import NAMESPACE as GATE_NAMESPACE
 from gate import gate_env, install, kubelet_pulled, node_event_reasons, push_image, run_gate_once
-from gpu_operator import NAMESPACE as OPERATOR_NAMESPACE
-from gpu_operator import flatcar_node, install_crds, nvidia_driver, register_node, wait_for
+from gpu_operator import flatcar_node, install_operator, nvidia_driver, register_node, wait_for
 from kured import LOCK, running_kured
 from kured import NAMESPACE as KURED_NAMESPACE
 from kured import install as install_kured
@@ -61,8 +60,7 @@ def test_kured_reboots_a_gpu_node_only_once_the_staged_release_has_its_image(
     tmp_path: Path,
 ) -> None:
     cluster = scenario
-    cluster.namespace(OPERATOR_NAMESPACE)
-    install_crds(cluster, operator_module)
+    install_operator(cluster, operator_module)
     install(cluster, "kured")
     install_kured(cluster, peers.module_dir(peers.load()["kured"]))
     cluster.apply(nvidia_driver(operator_module, "kured-pool", f"{registry.address}/gdc", DRIVER,

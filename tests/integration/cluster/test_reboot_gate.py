@@ -19,8 +19,7 @@ import pytest
 from apiserver import APIError, Cluster
 from fixtures.docker_env import Registry
 from gate import gate_env, install, kubelet_pulled, node_event_reasons, push_image, run_gate_once
-from gpu_operator import NAMESPACE as OPERATOR_NAMESPACE
-from gpu_operator import flatcar_node, install_crds, register_node, sample
+from gpu_operator import flatcar_node, install_operator, register_node, sample
 
 from nvidia_driver.gate.managers import APPROVAL, BEFORE_REBOOT, NEW_VERSION, VERDICT
 
@@ -34,8 +33,7 @@ NODE = "gpu-v267"
 @pytest.fixture(scope="module")
 def nvidia_driver_only(cluster: Cluster, operator_module: Path, registry: Registry) -> Cluster:
     """The v26.7 mode: an NVIDIADriver selects the node; no ClusterPolicy exists."""
-    cluster.namespace(OPERATOR_NAMESPACE)
-    install_crds(cluster, operator_module)
+    install_operator(cluster, operator_module)
     install(cluster, "fluo")
     for policy in cluster.items("/apis/nvidia.com/v1/clusterpolicies"):
         cluster.request(
