@@ -17,6 +17,7 @@ from apiserver import Cluster, running_cluster
 from fixtures.docker_env import Registry, local_registry
 from fixtures.http_server import FaultyHTTPServer, Route
 from flatcar_feed import feed_from_tsv
+from reboot_scenario import RebootScenario
 
 LOGS = pytest.StashKey[Path]()
 
@@ -59,6 +60,13 @@ def releases_feed() -> Iterator[str]:
     routes = {"/releases.json": Route(body, "application/json")}
     with FaultyHTTPServer(routes) as server:
         yield f"{server.url}/releases.json"
+
+
+@pytest.fixture
+def rebooting(cluster: Cluster, operator_module: Path, peer_dirs: dict[str, Path],
+              registry: Registry, releases_feed: str) -> RebootScenario:  # fmt: skip
+    """What a reboot manager's scenario runs with (reboot_scenario.py)."""
+    return RebootScenario(cluster, operator_module, peer_dirs, registry, releases_feed)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int,

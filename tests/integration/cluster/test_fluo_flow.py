@@ -13,14 +13,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import peers
 import pytest
 from apiserver import Cluster
-from fixtures.docker_env import Registry
-from fluo import install as install_fluo
 from fluo import running_agent, running_operator
-from gate import gate_env, install, kubelet_pulled, node_event_reasons, push_image, run_gate_once
-from gpu_operator import flatcar_node, install_operator, nvidia_driver, register_node, wait_for
+from gate import gate_env, kubelet_pulled, node_event_reasons, push_image, run_gate_once
+from gpu_operator import wait_for
+from reboot_scenario import DRIVER, RUNNING, STAGED, RebootScenario
 from system_bus import NEED_REBOOT, private_system_bus
 
 from nvidia_driver.gate.managers import (
@@ -39,8 +37,6 @@ pytestmark = pytest.mark.cluster
 # pkg/constants/constants.go); the others are the gate's (gate/managers.py).
 REBOOT_IN_PROGRESS = f"{FLUO_PREFIX}reboot-in-progress"
 STATUS = f"{FLUO_PREFIX}status"
-DRIVER = "595.91.07"
-RUNNING, STAGED, KERNEL = "4459.2.0", "4515.0.0", "6.12.54-flatcar"
 NODE = "gpu-fluo"
 # The operator's reconciliation is every 30 s (pkg/operator/operator.go), the agent answers at
 # once: a step waits for two of the operator's passes at most.
@@ -67,22 +63,12 @@ def labels(cluster: Cluster) -> dict[str, str]:
 
 
 def test_fluo_reboots_a_gpu_node_only_once_the_staged_release_has_its_image(
-    scenario: Cluster,
-    operator_module: Path,
-    *,
-    peer_dirs: dict[str, Path],
-    registry: Registry,
-    releases_feed: str,
-    tmp_path: Path,
+    scenario: Cluster, rebooting: RebootScenario, tmp_path: Path
 ) -> None:
     cluster = scenario
-    install_operator(cluster, operator_module)
-    install(cluster, "fluo")
-    install_fluo(cluster, peers.module_dir(peers.load()["fluo"]))
-    cluster.apply(nvidia_driver(operator_module, "fluo-pool", f"{registry.address}/gdc", DRIVER,
-                                NODE))  # fmt: skip
-    register_node(cluster, flatcar_node(NODE, RUNNING, KERNEL))
-    fluo = peer_dirs["fluo"]
+    rebooting.install("fluo")
+    rebooting.gpu_node(NODE, "fluo-pool")
+    fluo = rebooting.binaries["fluo"]
     operator_log = cluster.logs / "update-operator.log"
     agent_log = cluster.logs / "update-agent.log"
 
@@ -107,7 +93,7 @@ def test_fluo_reboots_a_gpu_node_only_once_the_staged_release_has_its_image(
         wait_for("the operator's before-reboot label",
                  lambda: labels(cluster).get(BEFORE_REBOOT) == "true", operator_log,
                  STEP_SECONDS)  # fmt: skip
-        env = gate_env(cluster, NODE, releases_feed, tmp_path)
+        env = gate_env(cluster, NODE, rebooting.releases_feed, tmp_path)
         held = run_gate_once(cluster, env, tmp_path)
         assert held.returncode == 0, held.stderr
         said = annotations(cluster)
@@ -126,7 +112,7 @@ def test_fluo_reboots_a_gpu_node_only_once_the_staged_release_has_its_image(
         assert bus.logind.reboots == []
 
         # The staged release's image is published: the gate approves, FLUO lets the agent go.
-        image = push_image(registry.address, "gdc/driver", f"{DRIVER}-flatcar{STAGED}")
+        image = push_image(rebooting.registry.address, "gdc/driver", f"{DRIVER}-flatcar{STAGED}")
         pulling = run_gate_once(cluster, env, tmp_path)  # pre-pull: the image onto the node first
         assert pulling.returncode == 0, pulling.stderr
         assert kubelet_pulled(cluster, NODE) == [image]

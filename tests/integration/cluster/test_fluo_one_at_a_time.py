@@ -15,16 +15,14 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
-import peers
 import pytest
 from apiserver import Cluster
-from fixtures.docker_env import Registry
-from fluo import install as install_fluo
 from fluo import running_agent, running_operator
-from gate import gate_env, install, kubelet_pulled, push_image, run_gate_once
-from gpu_operator import flatcar_node, install_operator, nvidia_driver, register_node, wait_for
+from gate import gate_env, kubelet_pulled, push_image, run_gate_once
+from gpu_operator import wait_for
+from reboot_scenario import DRIVER, RUNNING, STAGED, RebootScenario
 from system_bus import private_system_bus
-from test_fluo_flow import DRIVER, KERNEL, RUNNING, STAGED, STEP_SECONDS
+from test_fluo_flow import STEP_SECONDS
 
 from nvidia_driver.gate.managers import APPROVAL, BEFORE_REBOOT, REBOOT_NEEDED, REBOOT_OK
 
@@ -44,23 +42,13 @@ def scenario(cluster: Cluster) -> Iterator[Cluster]:
 
 
 def test_a_held_node_keeps_fluo_from_rebooting_the_others(
-    scenario: Cluster,
-    operator_module: Path,
-    *,
-    peer_dirs: dict[str, Path],
-    registry: Registry,
-    releases_feed: str,
-    tmp_path: Path,
+    scenario: Cluster, rebooting: RebootScenario, tmp_path: Path
 ) -> None:
     cluster = scenario
-    install_operator(cluster, operator_module)
-    install(cluster, "fluo")
-    install_fluo(cluster, peers.module_dir(peers.load()["fluo"]))
+    rebooting.install("fluo")
     for name in NODES:
-        cluster.apply(nvidia_driver(operator_module, name, f"{registry.address}/gdc", DRIVER,
-                                    name))  # fmt: skip
-        register_node(cluster, flatcar_node(name, RUNNING, KERNEL))
-    fluo = peer_dirs["fluo"]
+        rebooting.gpu_node(name, name)
+    fluo = rebooting.binaries["fluo"]
     operator_log = cluster.logs / "update-operator.log"
     agent_log = cluster.logs / "update-agent.log"
 
@@ -93,7 +81,7 @@ def test_a_held_node_keeps_fluo_from_rebooting_the_others(
         [first] = picked()
         [second] = [name for name in NODES if name != first]
         envs = {
-            name: gate_env(cluster, name, releases_feed, tmp_path / WORKDIRS[name])
+            name: gate_env(cluster, name, rebooting.releases_feed, tmp_path / WORKDIRS[name])
             for name in NODES
         }
         held = run_gate_once(cluster, envs[first], tmp_path / WORKDIRS[first])
@@ -111,7 +99,7 @@ def test_a_held_node_keeps_fluo_from_rebooting_the_others(
 
         # The image is published: the first node's gate pre-pulls, approves, and FLUO reboots
         # it; the second still waits, now behind a reboot in progress.
-        image = push_image(registry.address, "gdc/driver", f"{DRIVER}-flatcar{STAGED}")
+        image = push_image(rebooting.registry.address, "gdc/driver", f"{DRIVER}-flatcar{STAGED}")
         run_gate_once(cluster, envs[first], tmp_path / WORKDIRS[first])
         assert kubelet_pulled(cluster, first) == [image]
         allowed = run_gate_once(cluster, envs[first], tmp_path / WORKDIRS[first])

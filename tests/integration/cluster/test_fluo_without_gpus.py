@@ -19,6 +19,7 @@ from fluo import install as install_fluo
 from fluo import running_agent, running_operator
 from gate import gate_env, install, run_gate_once
 from gpu_operator import GPU_PRESENT, flatcar_node, register_node, wait_for
+from reboot_scenario import KERNEL, RUNNING, STAGED
 from system_bus import private_system_bus
 from test_fluo_flow import STEP_SECONDS
 
@@ -27,7 +28,6 @@ from nvidia_driver.gate.managers import APPROVAL, BEFORE_REBOOT, REBOOT_NEEDED, 
 pytestmark = pytest.mark.cluster
 
 NODE = "cpu-fluo"
-RUNNING, STAGED, KERNEL = "4459.2.0", "4515.0.0", "6.12.54-flatcar"
 
 
 @pytest.fixture

@@ -14,17 +14,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import peers
 import pytest
 from apiserver import Cluster
-from fixtures.docker_env import Registry
 from gate import NAMESPACE as GATE_NAMESPACE
-from gate import gate_env, install, kubelet_pulled, node_event_reasons, push_image, run_gate_once
-from gpu_operator import flatcar_node, install_operator, nvidia_driver, register_node, wait_for
+from gate import gate_env, kubelet_pulled, node_event_reasons, push_image, run_gate_once
+from gpu_operator import wait_for
 from kured import LOCK, running_kured
 from kured import NAMESPACE as KURED_NAMESPACE
-from kured import install as install_kured
 from pods import daemonset_pod
+from reboot_scenario import DRIVER, STAGED, RebootScenario
 from system_bus import private_system_bus
 
 from nvidia_driver.gate.managers import HELD, POD_LABEL, VERDICT
@@ -33,8 +31,6 @@ pytestmark = pytest.mark.cluster
 
 SELECTOR = f"{POD_LABEL}={HELD}"  # kured's --blocking-pod-selector (deploy/reboot-gate/kured)
 DAEMONSET = "nvidia-reboot-gate"  # deploy/reboot-gate/kured/0500_daemonset.yaml
-DRIVER = "595.91.07"
-RUNNING, STAGED, KERNEL = "4459.2.0", "4515.0.0", "6.12.54-flatcar"
 NODE = "gpu-kured"
 # kured waits 30 to 90 s before its first look (delaytick, kured.py), then every --period.
 FIRST_LOOK_SECONDS = 150.0
@@ -51,21 +47,11 @@ def scenario(cluster: Cluster) -> Iterator[Cluster]:
 
 
 def test_kured_reboots_a_gpu_node_only_once_the_staged_release_has_its_image(
-    scenario: Cluster,
-    operator_module: Path,
-    *,
-    peer_dirs: dict[str, Path],
-    registry: Registry,
-    releases_feed: str,
-    tmp_path: Path,
+    scenario: Cluster, rebooting: RebootScenario, tmp_path: Path
 ) -> None:
     cluster = scenario
-    install_operator(cluster, operator_module)
-    install(cluster, "kured")
-    install_kured(cluster, peers.module_dir(peers.load()["kured"]))
-    cluster.apply(nvidia_driver(operator_module, "kured-pool", f"{registry.address}/gdc", DRIVER,
-                                NODE))  # fmt: skip
-    register_node(cluster, flatcar_node(NODE, RUNNING, KERNEL))
+    rebooting.install("kured")
+    rebooting.gpu_node(NODE, "kured-pool")
     daemonset = cluster.get(f"/apis/apps/v1/namespaces/{GATE_NAMESPACE}/daemonsets/{DAEMONSET}")
     pod = daemonset_pod(cluster, daemonset, NODE)
     pod_path = f"/api/v1/namespaces/{GATE_NAMESPACE}/pods/{pod['metadata']['name']}"
@@ -82,12 +68,12 @@ def test_kured_reboots_a_gpu_node_only_once_the_staged_release_has_its_image(
     with (
         private_system_bus(tmp_path, cluster.logs, staged=STAGED) as bus,
         running_kured(
-            cluster, peer_dirs["kured"], tmp_path, NODE, blocking_pod_selector=SELECTOR
+            cluster, rebooting.binaries["kured"], tmp_path, NODE, blocking_pod_selector=SELECTOR
         ) as kured,  # fmt: skip
     ):
         kured.sentinel.touch()  # update_engine's postinst: a reboot is required
         env = {
-            **gate_env(cluster, NODE, releases_feed, tmp_path),
+            **gate_env(cluster, NODE, rebooting.releases_feed, tmp_path),
             "POD_NAME": pod["metadata"]["name"],
         }  # the downward API's metadata.name
         held = run_gate_once(cluster, env, tmp_path, "kured", bus.directory)
@@ -105,7 +91,7 @@ def test_kured_reboots_a_gpu_node_only_once_the_staged_release_has_its_image(
         assert kured.rebooted() == []
         assert not cluster.get(f"/api/v1/nodes/{NODE}")["spec"].get("unschedulable")
 
-        image = push_image(registry.address, "gdc/driver", f"{DRIVER}-flatcar{STAGED}")
+        image = push_image(rebooting.registry.address, "gdc/driver", f"{DRIVER}-flatcar{STAGED}")
         pulling = run_gate_once(
             cluster, env, tmp_path, "kured", bus.directory
         )  # pre-pull: the image onto the node first

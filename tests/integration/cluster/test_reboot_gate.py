@@ -20,13 +20,12 @@ from apiserver import APIError, Cluster
 from fixtures.docker_env import Registry
 from gate import gate_env, install, kubelet_pulled, node_event_reasons, push_image, run_gate_once
 from gpu_operator import flatcar_node, install_operator, register_node, sample
+from reboot_scenario import DRIVER, KERNEL, RUNNING, STAGED
 
 from nvidia_driver.gate.managers import APPROVAL, BEFORE_REBOOT, NEW_VERSION, VERDICT
 
 pytestmark = pytest.mark.cluster
 
-DRIVER = "595.91.07"
-RUNNING, STAGED, KERNEL = "4459.2.0", "4515.0.0", "6.12.54-flatcar"
 NODE = "gpu-v267"
 
 
