@@ -57,8 +57,9 @@ class Configured:
                                f"use {', '.join(known)}")  # fmt: skip
             wanted = int if key == "zstd_level" else str
             if not isinstance(value, wanted) or isinstance(value, bool):
+                kind = "a whole number" if wanted is int else "a string"
                 raise TagError(f"invoke's configuration {CONFIG_SECTION}.{key} is {value!r}: "
-                               f"give a {wanted.__name__}")  # fmt: skip
+                               f"give {kind}")  # fmt: skip
             values[key] = value
         return cls(**values)  # type: ignore[arg-type]  # each value's type is checked above
 
