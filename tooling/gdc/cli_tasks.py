@@ -1,8 +1,8 @@
-"""What each task of tasks.py does: tasks.py holds their signatures, docstrings and help.
+"""What each task of tasks.py does; tasks.py holds their signatures and docstrings.
 
 Each function takes the task's options as invoke parses them ("" or 0: not given, so invoke's
-configuration or the built-in default applies, see :mod:`gdc.task_options`), runs the tooling, and
-turns its failures into one line: ``invoke <task>: <why>`` and exit status 1.
+configuration or the built-in default applies; their help is :mod:`gdc.task_options`'s), runs the
+tooling, and turns its failures into one line: ``invoke <task>: <why>`` and exit status 1.
 """
 
 from __future__ import annotations
