@@ -18,7 +18,7 @@ from invoke.exceptions import Exit
 from invoke.runners import Result
 from oci_registry import IMAGE, INDEX, OCIRegistry, tar_layer
 
-from gdc import inputs, matrix, publish
+from gdc import cli_tasks, inputs, matrix, publish
 from gdc.compression import Compression
 from gdc.coverage import LtsInfo, parse_lts_info
 from gdc.docker_api import BuildJob, DockerError, ImageInfo, Progress
@@ -777,7 +777,7 @@ def test_invoke_publish_builds_each_arch_then_merges_the_tags(
         connected.append(multi)
         return docker
 
-    monkeypatch.setattr(tasks, "connect_docker", connect)
+    monkeypatch.setattr(cli_tasks, "connect_docker", connect)
     versions, feed = _files(tmp_path, ("amd64", "arm64"))
     tasks.publish(c, registry=f"{registry.host}/gdc", versions_file=versions, releases_url=feed,
                   base_image="debian@sha256:" + "1" * 64)  # fmt: skip
@@ -817,7 +817,7 @@ def test_invoke_publish_refuses_a_dockerd_that_cannot_pull_zstd_before_any_build
     capsys: Any,
 ) -> None:  # fmt: skip
     docker = RegistryDocker(registry, server_version="20.10.24+dfsg1")
-    monkeypatch.setattr(tasks, "connect_docker", lambda _host, _multi: docker)
+    monkeypatch.setattr(cli_tasks, "connect_docker", lambda _host, _multi: docker)
     versions, feed = _files(tmp_path, ("amd64",))
     options = {"registry": f"{registry.host}/gdc", "versions_file": versions,
                "releases_url": feed, "base_image": PINNED}  # fmt: skip
@@ -847,7 +847,7 @@ def test_invoke_publish_exits_non_zero_after_a_failure(
         raise DockerError("docker build failed: no space left on device\nmore")
 
     monkeypatch.setattr(docker, "build", broken_build)
-    monkeypatch.setattr(tasks, "connect_docker", lambda _host, _multi: docker)
+    monkeypatch.setattr(cli_tasks, "connect_docker", lambda _host, _multi: docker)
     versions, feed = _files(tmp_path, ("amd64",))
     with pytest.raises(Exit, match=r"invoke publish: 2 of 2 images failed \(see the summary\)"):
         tasks.publish(c, registry=f"{registry.host}/gdc", versions_file=versions,
@@ -872,7 +872,7 @@ def test_feed_errors_are_one_line_and_nothing_is_built(  # noqa: PLR0917 - fixtu
     feed: str, message: str,
 ) -> None:  # fmt: skip
     docker = RegistryDocker(registry)
-    monkeypatch.setattr(tasks, "connect_docker", lambda _host, _multi: docker)
+    monkeypatch.setattr(cli_tasks, "connect_docker", lambda _host, _multi: docker)
     versions, _ = _files(tmp_path, ("amd64",))
     url = (tmp_path / "nowhere.json").as_uri()
     if feed != "missing":
@@ -891,7 +891,7 @@ def test_a_current_release_without_a_kernel_is_excluded_and_the_rest_published(
     capsys: Any,
 ) -> None:  # fmt: skip
     docker = RegistryDocker(registry)
-    monkeypatch.setattr(tasks, "connect_docker", lambda _host, _multi: docker)
+    monkeypatch.setattr(cli_tasks, "connect_docker", lambda _host, _multi: docker)
     feed = feed_from_tsv()
     feed["4593.2.6"] = feed_entry("stable", "2026-09-10", None)
     versions, url = _files(tmp_path, ("amd64",), with_markers(feed), pinned=("4593.2.5",))
@@ -972,7 +972,7 @@ def test_a_dry_run_needs_no_dockerd_and_prints_the_plan(
     c: MockContext, registry: OCIRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: Any,
 ) -> None:  # fmt: skip
-    monkeypatch.setattr(tasks, "connect_docker", _no_dockerd)
+    monkeypatch.setattr(cli_tasks, "connect_docker", _no_dockerd)
     versions, feed = _files(tmp_path, ("amd64", "arm64"))
     # The Dockerfile's base image, pinned by digest.
     tasks.publish(c, registry=f"{registry.host}/gdc", versions_file=versions, releases_url=feed,
@@ -988,10 +988,10 @@ def test_a_dry_run_needs_no_dockerd_and_prints_the_plan(
                       releases_url=feed)  # fmt: skip
     # Once published, a base image by tag has no digest to compare without dockerd: each build
     # image says so for each arch (in its progress line and in the summary), and the plan goes on.
-    monkeypatch.setattr(tasks, "connect_docker", lambda _host, _multi: RegistryDocker(registry))
+    monkeypatch.setattr(cli_tasks, "connect_docker", lambda _host, _multi: RegistryDocker(registry))
     tasks.publish(c, registry=f"{registry.host}/gdc", versions_file=versions, releases_url=feed,
                   base_image=PINNED)  # fmt: skip
-    monkeypatch.setattr(tasks, "connect_docker", _no_dockerd)
+    monkeypatch.setattr(cli_tasks, "connect_docker", _no_dockerd)
     tasks.publish(c, registry=f"{registry.host}/gdc", versions_file=versions, releases_url=feed,
                   dry_run=True, base_image=PINNED)  # fmt: skip
     assert capsys.readouterr().out.splitlines()[-2] == "skipped 2"
@@ -1008,7 +1008,7 @@ def test_a_dry_run_fails_where_the_real_run_would_a_checksum_still_todo(
     c: MockContext, registry: OCIRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: Any,
 ) -> None:  # fmt: skip
-    monkeypatch.setattr(tasks, "connect_docker", _no_dockerd)
+    monkeypatch.setattr(cli_tasks, "connect_docker", _no_dockerd)
     versions, feed = _files(tmp_path, ("amd64",))
     path = Path(versions)
     path.write_text(path.read_text().replace(f'sha256 = {{ amd64 = "{SUM}" }}',

@@ -18,7 +18,7 @@ from invoke.context import MockContext
 from invoke.exceptions import Exit
 from invoke.runners import Result
 
-from gdc import docker_api
+from gdc import cli_tasks, docker_api
 from gdc.docker_api import BuildJob, Buildx, ImageInfo, Progress
 from gdc.versions import Driver, load_versions
 
@@ -111,7 +111,7 @@ class FakeDocker:
 @pytest.fixture
 def docker(monkeypatch: pytest.MonkeyPatch) -> FakeDocker:
     fake = FakeDocker()
-    monkeypatch.setattr(tasks, "connect_docker", lambda _host, _multi: fake)
+    monkeypatch.setattr(cli_tasks, "connect_docker", lambda _host, _multi: fake)
     return fake
 
 
@@ -310,7 +310,7 @@ def test_a_multi_arch_build_goes_through_buildx(
         assert multi_arch
         return Buildx(fake, lambda argv: commands.append(list(argv)) or 0, docker_host=host)
 
-    monkeypatch.setattr(tasks, "connect_docker", connect)
+    monkeypatch.setattr(cli_tasks, "connect_docker", connect)
     tasks.build(c, variant="build", arch="amd64,arm64", push=True, registry="ghcr.io/me",
                 releases_url=feed_url, driver_sha256=f"amd64={SUM},arm64={SUM}",
                 redist_sha256=REDIST)  # fmt: skip
