@@ -61,14 +61,24 @@ RUN_TREES = (
 GOAL = 1.2  # issue 38: tarfile replaces formats/tar.py's parser if within this of it
 
 
-def make_archive(trees: tuple[tuple[str, str], ...], compressor: list[str], out: Path) -> int:
+def absolute_links(trees: tuple[tuple[str, str], ...]) -> list[str]:
+    """--exclude options for the links to absolute paths under trees: a .run has none (its
+    links are relative, docs/nvidia-run-format.md section 3.3) and runfile.py refuses them."""
+    paths = [path for source, _ in trees for path in (Path("/") / source).rglob("*")]
+    return [f"--exclude=./{path.relative_to('/')}" for path in paths
+            if path.is_symlink() and path.readlink().is_absolute()]  # fmt: skip
+
+
+def make_archive(
+    trees: tuple[tuple[str, str], ...], compressor: list[str], out: Path, excludes: list[str]
+) -> int:
     """GNU tar of trees (renamed as given), through compressor; the count of its members."""
     transforms = [f"--transform=s,^\\./{src},./{dst},S" for src, dst in trees]
     sources = [f"./{src}" for src, _ in trees]
     with out.open("wb") as sink:
         tar_process = subprocess.Popen(
             ["tar", "-C", "/", "--sort=name", "--numeric-owner", "--owner=0", "--group=0",
-             "--format=gnu", "--ignore-failed-read", *transforms, "-cf", "-", *sources],
+             "--format=gnu", "--ignore-failed-read", *excludes, *transforms, "-cf", "-", *sources],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         assert tar_process.stdout is not None
@@ -209,6 +219,8 @@ def _run_member(
     budget.take(member.name, member.size if member.kind in tar.REGULAR else None)
     if member.kind == tar.DIRECTORY:
         writer.directory(rel)
+    elif member.kind in (tar.SYMLINK, tar.HARDLINK) and member.linkname.startswith("/"):
+        raise tar.UnsafeMemberError(f"a link to an absolute path ({member.name})")
     elif member.kind == tar.SYMLINK:
         writer.symlink(rel, tar.symlink_target(rel, member.name, member.linkname), member.mtime)
     elif member.kind == tar.HARDLINK:
@@ -225,18 +237,22 @@ def _run_member(
 
 
 def median_seconds(
-    extract: Callable[[Path, Path], None], archive: Path, scratch: Path, runs: int
-) -> tuple[float, Path]:
-    samples = []
+    readers: list[tuple[str, Callable[[Path, Path], None]]], archive: Path, scratch: Path, runs: int
+) -> list[tuple[str, float, Path]]:
+    """Each reader's median time and its last output; the readers take turns, run by run, so
+    that a change in the machine's load falls on all of them."""
+    samples: dict[str, list[float]] = {label: [] for label, _ in readers}
+    outs: dict[str, Path] = {}
     for run in range(runs):
-        out = scratch / f"{extract.__name__}-{run}"
-        out.mkdir()
-        started = time.perf_counter()
-        extract(archive, out)
-        samples.append(time.perf_counter() - started)
-        if run < runs - 1:
-            shutil.rmtree(out)
-    return statistics.median(samples), out
+        for label, extract in readers:
+            out = outs[label] = scratch / f"{extract.__name__}-{run}"
+            out.mkdir()
+            started = time.perf_counter()
+            extract(archive, out)
+            samples[label].append(time.perf_counter() - started)
+            if run < runs - 1:
+                shutil.rmtree(out)
+    return [(label, statistics.median(samples[label]), outs[label]) for label, _ in readers]
 
 
 def compare(
@@ -248,8 +264,7 @@ def compare(
 ) -> dict[str, float]:
     """Print each reader's median and its ratio to the first's; the ratios, by reader."""
     print(title)
-    results = [(label, *median_seconds(extract, archive, scratch, runs))
-               for label, extract in readers]  # fmt: skip
+    results = median_seconds(readers, archive, scratch, runs)
     base_seconds, base_out = results[0][1], results[0][2]
     base = digests(base_out)
     ratios = {}
@@ -266,7 +281,7 @@ def compare(
 
 def main() -> int:
     options = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    options.add_argument("--runs", type=int, default=3)
+    options.add_argument("--runs", type=int, default=5)
     add_record_option(options)
     args = options.parse_args()
     if shutil.which("tar") is None or shutil.which("zstd") is None:
@@ -278,7 +293,7 @@ def main() -> int:
     ):
         scratch = Path(name)
         tarball = scratch / "flatcar-container.tar.gz"
-        members = make_archive(CONTAINER_TREES, ["gzip", "-c"], tarball)
+        members = make_archive(CONTAINER_TREES, ["gzip", "-c"], tarball, [])
         sources = ", ".join(f"/{source}" for source, _ in CONTAINER_TREES)
         print(f"container tarball: {tarball.stat().st_size / 2**20:.0f} MiB gzip, "
               f"{members} members ({sources})")  # fmt: skip
@@ -291,7 +306,8 @@ def main() -> int:
             scratch, args.runs,
         )  # fmt: skip
         payload = scratch / "payload.tar.zst"
-        members = make_archive(RUN_TREES, ["zstd", "-q", "-T2", "-c"], payload)
+        members = make_archive(RUN_TREES, ["zstd", "-q", "-T2", "-c"], payload,
+                               absolute_links(RUN_TREES))  # fmt: skip
         sources = ", ".join(f"/{source}" for source, _ in RUN_TREES)
         print(f".run payload: {payload.stat().st_size / 2**20:.0f} MiB zstd, {members} members "
               f"({sources})")  # fmt: skip
