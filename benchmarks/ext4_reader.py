@@ -1,9 +1,11 @@
-"""The project's ext4 reader beside ``debugfs -R rdump`` (e2fsprogs), on one image.
+"""What extracting the developer container's ext4 costs: debugfs, as the entrypoint runs it.
 
 Usage: python benchmarks/ext4_reader.py [--source DIR] [--runs N] [--record]
-Packs DIR (default /usr/include) into an ext4 image with ``mkfs.ext4 -d``, extracts the whole
-image with each, and prints the median times, their ratio, the bytes each output takes on disk,
-and whether both hold the same files with the same contents. Needs e2fsprogs; no root.
+Packs DIR (default /usr/include) into an ext4 filesystem with ``mkfs.ext4 -d``, 2 MiB into a
+disk file as partition 9 lies in the developer container, extracts it whole with
+``devcontainer.extract_root`` (``debugfs -R rdump`` at that offset, then the tree settled), and
+prints the median time, the rate, the bytes on disk beside the source's, and whether the
+extracted tree holds the source's files, contents and links. Needs e2fsprogs; no root.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from contextlib import redirect_stdout
 from pathlib import Path
 
@@ -25,9 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "entrypoint" / "
 
 from record import Report, add_record_option
 
-from nvidia_driver.formats.ext4 import Ext4
+from nvidia_driver.commands import Commands
+from nvidia_driver.kbuild import devcontainer
 
-HEADROOM = 64 << 20  # the image's free space beyond what the source takes
+HEADROOM = 64 << 20  # the filesystem's free space beyond what the source takes
+OFFSET = 2 << 20  # where partition 9 starts in Flatcar's developer container
 
 
 def tree_bytes(top: Path) -> int:
@@ -47,42 +50,24 @@ def digests(top: Path) -> dict[str, str]:
     return found
 
 
-def make_image(source: Path, image: Path) -> int:
-    size = tree_bytes(source) * 2 + HEADROOM
+def make_disk(source: Path, disk: Path) -> devcontainer.Partition:
+    size = (tree_bytes(source) * 2 + HEADROOM) >> 20 << 20
+    with disk.open("wb") as file:
+        file.truncate(OFFSET + size)
     subprocess.run(
-        ["mkfs.ext4", "-q", "-F", "-b", "4096", "-d", str(source), str(image), f"{size >> 10}k"],
+        ["mkfs.ext4", "-q", "-F", "-b", "4096", "-d", str(source), "-E", f"offset={OFFSET}",
+         str(disk), str(size // 4096)],
         check=True,
-    )
-    return image.stat().st_size
+    )  # fmt: skip
+    return devcontainer.Partition(9, "ROOT", devcontainer.LINUX_FILESYSTEM, OFFSET, size)
 
 
-def with_reader(image: Path, size: int, out: Path) -> None:
-    with image.open("rb") as disk, open(os.devnull, "w") as quiet, redirect_stdout(quiet):  # noqa: PTH123
-        Ext4(disk.fileno(), 0, size, image.name).extract(["/"], out)
-
-
-def with_debugfs(image: Path, _size: int, out: Path) -> None:
+def extract(disk: Path, partition: devcontainer.Partition, out: Path) -> float:
     out.mkdir()
-    subprocess.run(
-        ["debugfs", "-R", f"rdump / {out}", str(image)],
-        check=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-
-def median_seconds(
-    extract: Callable[[Path, int, Path], None], image: Path, size: int, scratch: Path, runs: int
-) -> tuple[float, Path]:
-    samples = []
-    for run in range(runs):
-        out = scratch / f"{extract.__name__}-{run}"
-        started = time.perf_counter()
-        extract(image, size, out)
-        samples.append(time.perf_counter() - started)
-        if run < runs - 1:
-            shutil.rmtree(out)
-    return statistics.median(samples), out
+    started = time.perf_counter()
+    with open(os.devnull, "w") as quiet, redirect_stdout(quiet):  # noqa: PTH123
+        devcontainer.extract_root(disk, partition, ["/"], out, label=disk.name, commands=Commands())
+    return time.perf_counter() - started
 
 
 def main() -> int:
@@ -92,28 +77,31 @@ def main() -> int:
     add_record_option(options)
     args = options.parse_args()
     if shutil.which("debugfs") is None or shutil.which("mkfs.ext4") is None:
-        print("needs e2fsprogs (debugfs, mkfs.ext4)", file=sys.stderr)
+        print("needs e2fsprogs (debugfs, mkfs.ext4) on PATH", file=sys.stderr)
         return 1
     with (
         Report("ext4_reader", record=args.record),
         tempfile.TemporaryDirectory(prefix="ext4-bench.", dir="/var/tmp") as name,
     ):
         scratch = Path(name)
-        image = scratch / "root.ext4"
-        size = make_image(args.source, image)
+        disk = scratch / "disk.bin"
+        partition = make_disk(args.source, disk)
         files = sum(1 for path in args.source.rglob("*") if path.is_file())
-        print(f"image: {size / 2**20:.0f} MiB ext4 of {args.source} ({files} files)")
-        ours, ours_out = median_seconds(with_reader, image, size, scratch, args.runs)
-        theirs, theirs_out = median_seconds(with_debugfs, image, size, scratch, args.runs)
-        # rdump writes the root's entries into the directory it is given, lost+found too.
-        shutil.rmtree(theirs_out / "lost+found", ignore_errors=True)
-        shutil.rmtree(ours_out / "lost+found", ignore_errors=True)
-        same = digests(ours_out) == digests(theirs_out)
-        print(f"formats/ext4.py extract:   {ours:6.2f} s (median of {args.runs})")
-        print(f"debugfs -R 'rdump / DIR':  {theirs:6.2f} s (median of {args.runs})")
-        print(f"ratio debugfs / reader:    {theirs / ours:6.2f}")
-        print(f"on disk: reader {tree_bytes(ours_out):,} bytes, debugfs {tree_bytes(theirs_out):,}")
-        print(f"same files and contents: {'yes' if same else 'no'}")
+        source_bytes = tree_bytes(args.source)
+        print(f"filesystem: {partition.size >> 20} MiB ext4 of {args.source} ({files} files)")
+        samples = []
+        for run in range(args.runs):
+            out = scratch / f"out-{run}"
+            samples.append(extract(disk, partition, out))
+            shutil.rmtree(out / "lost+found")
+            if run < args.runs - 1:
+                shutil.rmtree(out)
+        seconds = statistics.median(samples)
+        print(f"extract_root (debugfs rdump): {seconds:6.2f} s (median of {args.runs})")
+        print(f"rate:                         {source_bytes / seconds / 1e6:6.0f} MB/s on disk")
+        print(f"on disk: source {source_bytes:,} bytes, extracted {tree_bytes(out):,}")
+        same = digests(out) == digests(args.source)
+        print(f"same files, contents and links as the source: {'yes' if same else 'no'}")
     return 0
 
 

@@ -37,6 +37,10 @@ from fixtures.release_server import (
     build_release_artifacts,
 )
 
+from nvidia_driver.commands import Commands
+from nvidia_driver.kbuild.devcontainer import extract_developer_container
+from nvidia_driver.kbuild.release import DEVELOPER_CONTAINER_PATHS
+
 pytestmark = pytest.mark.integration
 
 KVER = TEST_RELEASE.kernel.release
@@ -438,14 +442,19 @@ def test_root_partition_holds_gcc_and_the_kernel_tree(root_partition: Path) -> N
 
 
 def test_hello_module_builds_inside_the_developer_container(
-    root_partition: Path, tmp_path: Path
+    flatcar_release_artifacts: ReleaseArtifacts, tmp_path: Path
 ) -> None:
-    root = tmp_path / "root"
-    root.mkdir()
-    dump = run("debugfs", "-R", f"rdump / {root}", root_partition)
-    assert dump.returncode == 0, dump.stderr
-    # systemd-nspawn provides /dev in the real use; kbuild only needs /dev/null.
+    """Extracted as the entrypoint extracts it (partx, debugfs, the tree settled)."""
+    compressed = flatcar_release_artifacts.path(DEVELOPER_CONTAINER)
+    root = extract_developer_container(
+        compressed, tmp_path / "root", DEVELOPER_CONTAINER_PATHS, Commands()
+    )
+    assert (root / "usr/bin").is_dir()
+    assert (root / "bin").readlink() == Path("usr/bin")  # trixie's merged /usr, as Flatcar's
+    # The entrypoint provides /dev (release.py); kbuild only needs /dev/null.
+    (root / "dev").mkdir()
     os.mknod(root / "dev" / "null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    (root / "tmp").mkdir()  # not extracted: where the module is built here
     write_hello_module(root / "tmp" / "hello")
     build = f"/usr/lib/modules/{KVER}/build"
     result = run("chroot", root, "make", "-C", build, "M=/tmp/hello", "modules")

@@ -167,12 +167,6 @@ def mkfs_ext4(image: Path, source: Path, size: int, options: list[str]) -> None:
     subprocess.run(["e2fsck", "-fyD", str(image)], check=False, capture_output=True)
 
 
-def supports_orphan_file() -> bool:
-    result = subprocess.run(["mkfs.ext4", "-V"], capture_output=True, text=True, check=False)
-    version = (result.stdout + result.stderr).split()[1]
-    return tuple(int(part) for part in version.split(".")[:2]) >= (1, 47)
-
-
 @dataclass(frozen=True)
 class GptPartition:
     number: int

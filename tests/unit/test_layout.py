@@ -5,7 +5,7 @@
     gate/             the reboot gate (imports neither node/ nor image/)
     kbuild/           kernel trees and their providers, compiler, patches, make, packages, pipeline
     sources/          Flatcar's release facts and server, verified downloads, NVIDIA's redist
-    formats/          bounded readers: tar streams, GPT, ext4, ELF, kernel images, a registry's
+    formats/          bounded readers: tar streams, ELF, kernel images, a registry's
                       OCI answers (oci: the gate and the tooling both read them there)
     the rest          errors, log, limits, links, atomic, digests, commands, paths, config,
                       settings, safetext, naming (arch names, NVIDIA's file names, version

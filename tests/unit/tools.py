@@ -23,13 +23,15 @@ PACKAGES = {
     "lzop": "lzop",
     "lbzip2": "lbzip2",
     "mkfs.ext4": "e2fsprogs",
+    "debugfs": "e2fsprogs",
+    "partx": "util-linux",
     "gcc": "gcc",
     "strip": "binutils",
     "readelf": "binutils",
     "nm": "binutils",
 }
-# mkfs.ext4 lives in /usr/sbin, which a normal user's PATH on Debian lacks; it runs unprivileged
-# on image files.
+# mkfs.ext4 and debugfs live in /usr/sbin, which a normal user's PATH on Debian lacks; they run
+# unprivileged on image files.
 SBIN = ("/usr/sbin", "/sbin")
 
 

@@ -33,16 +33,11 @@ RUN_ENTRIES = 100_000  # files, links and directories written
 PATH_DEPTH = 128
 LINK_TARGET = 4095  # bytes: PATH_MAX without its NUL
 
-# flatcar_developer_container.bin.bz2: ~480 MB of bzip2, a 6 GiB GPT disk, written sparse.
+# flatcar_developer_container.bin.bz2: ~480 MB of bzip2, a 6 GiB GPT disk, written sparse, whose
+# ext4 partition debugfs extracts (partx reads the GPT).
 DISK_IMAGE = 12 * GiB  # the decompressed disk image, holes included
-EXT4_METADATA = 32 * MiB  # a directory read whole (a 10,000-entry directory: ~400 KiB)
-EXT4_ENTRIES = 1_000_000  # written; a 6 GiB ext4 at mke2fs's default ratio has 393,216 inodes
-# The files written out of the ext4 filesystem are bounded by its partition's size: a file
-# system holds no more data than that. An extent tree or block map is bounded by the file's
-# own blocks: each mapped block is a block of the file.
-
-# GPT: the partition entry array (128 entries of 128 bytes on Flatcar images).
-GPT_TABLE = 1 * MiB
+EXT4_ENTRIES = 1_000_000  # extracted; a 6 GiB ext4 at mke2fs's default ratio has 393,216 inodes
+DEBUGFS_SECONDS = 30 * 60  # debugfs's rdump of the wanted paths (a few GB, at ~0.3 GB/s)
 
 # flatcar_production_image.vmlinuz: a 32 MiB bzImage (11 MiB in the Debian fixture) whose
 # payload decompresses to the kernel with its built-in initramfs.

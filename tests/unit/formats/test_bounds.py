@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import bz2
 import io
-import struct
 import tarfile
 import time
 import tracemalloc
@@ -19,12 +18,8 @@ import pytest
 from kerneltree_fixtures import (
     DECOMPRESSORS,
     KERNEL,
-    LINUX_FILESYSTEM,
-    SECTOR,
-    GptPartition,
     decompressor_commands,
     flatcar_root,
-    gpt_disk,
     mkfs_ext4,
     tar_gz,
     write,
@@ -34,14 +29,15 @@ from tools import needs
 from vmlinuz_images import vmlinux
 
 from nvidia_driver import limits
+from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
-from nvidia_driver.formats import ext4, gpt, output
+from nvidia_driver.formats import output
 from nvidia_driver.formats.vmlinuz import kernel_banner, kernel_banner_from_file
 from nvidia_driver.image import runfile
 from nvidia_driver.kbuild import container, devcontainer, kerneltree
 
 MODULES = f"usr/lib/modules/{KERNEL}"
-needs_e2fsprogs = needs("mkfs.ext4")
+needs_e2fsprogs = needs("mkfs.ext4", "debugfs")
 
 
 class Written:
@@ -194,7 +190,7 @@ def test_a_run_s_tar_stream_is_bounded(tmp_path: Path, monkeypatch: pytest.Monke
         runfile.extract(bomb, tmp_path / "out")
 
 
-# The developer container: its disk image, its GPT and its ext4 file system.
+# The developer container: its disk image and what debugfs extracts from its ext4 file system.
 
 
 @pytest.mark.parametrize("kind", DECOMPRESSORS)
@@ -211,86 +207,42 @@ def test_the_decompressed_disk_image_is_bounded(
     assert (tmp_path / "disk.bin").stat().st_size <= 5 << 20
 
 
-def test_a_gpt_table_beyond_the_image_is_refused(tmp_path: Path) -> None:
-    write(tmp_path / "partition.img", "data")
-    disk = gpt_disk(
-        tmp_path / "disk.bin",
-        [GptPartition(9, LINUX_FILESYSTEM, "ROOT", tmp_path / "partition.img")],
-    )
-    with disk.open("r+b") as image:
-        image.seek(SECTOR)
-        header = bytearray(image.read(92))
-        struct.pack_into("<Q", header, 72, 1 << 62)  # the partition entries' LBA
-        struct.pack_into("<I", header, 16, 0)
-        struct.pack_into("<I", header, 16, zlib.crc32(header))
-        image.seek(SECTOR)
-        image.write(header)
-    with disk.open("rb") as image, pytest.raises(DriverError, match="lies beyond the image"):
-        gpt.read_gpt(image.fileno(), "disk.bin")
-
-
-EXTENT_MAGIC, BLOCK = 0xF30A, 4096
-PER_NODE = (BLOCK - 12) // 12  # 340 entries in a 4 KiB extent node
-
-
-def _extent_node(entries: int, depth: int, child: int | None) -> bytes:
-    node = struct.pack("<HHHHI", EXTENT_MAGIC, entries, entries, depth, 0)
-    for index in range(entries):
-        if child is None:  # a leaf: one block each
-            node += struct.pack("<IHHI", index, 1, 0, 1)
-        else:  # an index: every entry points at the same child node
-            node += struct.pack("<IIHH", index, child, 0, 0)
-    return node
+@pytest.fixture
+def small_root_partition(tmp_path: Path) -> Path:
+    """An ext4 image holding usr/share/deep/d/.../d, 8 d deep, with 4 files at the bottom."""
+    deep = tmp_path / "source/usr/share/deep" / "/".join("d" * 8)
+    for number in range(4):
+        write(deep / f"f{number}", f"{number}\n")
+    mkfs_ext4(tmp_path / "root.img", tmp_path / "source", 4 << 20, ["-O", "^has_journal"])
+    return tmp_path / "root.img"
 
 
 @needs_e2fsprogs
-def test_an_extent_tree_that_fans_out_is_refused(tmp_path: Path) -> None:
-    # Four entries at the root, each leading to 340 x 340 x 340 runs: 157 million, where the
-    # one-block file has one. It used to end in MemoryError.
-    write(tmp_path / "source/victim", "x" * 100)
-    image = tmp_path / "root.img"
-    mkfs_ext4(image, tmp_path / "source", 8 << 20, ["-b", str(BLOCK), "-O", "^has_journal"])
-    with image.open("r+b") as disk:
-        filesystem = ext4.Ext4(disk.fileno(), 0, image.stat().st_size, "root.img")
-        resolved = filesystem.resolve("victim")
-        assert resolved is not None
-        number = resolved[1].number
-        group, index = divmod(number - 1, filesystem.sb.inodes_per_group)
-        inode_at = filesystem._inode_table(group) * BLOCK + index * filesystem.sb.inode_size
-        last = filesystem.sb.blocks_count - 1
-        nodes = {last - 2: (2, last - 1), last - 1: (1, last), last: (0, None)}
-        for block, (depth, child) in nodes.items():
-            disk.seek(block * BLOCK)
-            disk.write(_extent_node(PER_NODE, depth, child).ljust(BLOCK, b"\0"))
-        disk.seek(inode_at + 0x28)  # i_block
-        disk.write(_extent_node(4, 3, last - 2).ljust(60, b"\0"))
-    with image.open("rb") as disk:
-        filesystem = ext4.Ext4(disk.fileno(), 0, image.stat().st_size, "root.img")
-        with pytest.raises(DriverError, match=f"inode {number} maps more blocks than it has"):
-            filesystem.extract(["victim"], tmp_path / "out")
-
-
-@needs_e2fsprogs
-def test_file_data_beyond_the_partition_size_is_refused(tmp_path: Path) -> None:
-    # Three names for one inode whose links count says 1: each name is written in full.
-    big = write(tmp_path / "source/big", "y" * (3 << 20))
-    for name in ("big2", "big3"):
-        (tmp_path / "source" / name).hardlink_to(big)
-    image = tmp_path / "root.img"
-    mkfs_ext4(image, tmp_path / "source", 8 << 20, ["-b", str(BLOCK), "-O", "^has_journal"])
-    with image.open("r+b") as disk:
-        filesystem = ext4.Ext4(disk.fileno(), 0, image.stat().st_size, "root.img")
-        resolved = filesystem.resolve("big")
-        assert resolved is not None
-        assert resolved[1].links == 3
-        group, index = divmod(resolved[1].number - 1, filesystem.sb.inodes_per_group)
-        inode_at = filesystem._inode_table(group) * BLOCK + index * filesystem.sb.inode_size
-        disk.seek(inode_at + 0x1A)  # i_links_count
-        disk.write(struct.pack("<H", 1))
-    with image.open("rb") as disk:
-        filesystem = ext4.Ext4(disk.fileno(), 0, image.stat().st_size, "root.img")
-        with pytest.raises(DriverError, match="its files hold more than its 8388608-byte"):
-            filesystem.extract(["/"], tmp_path / "out")
+@pytest.mark.parametrize(("bound", "value", "expected"), [
+    ("EXT4_ENTRIES", 14, "holds more than 14 entries to extract"),  # it has 15
+    ("PATH_DEPTH", 11, r"/usr/share/deep(/d){8}/f[0-3] is more than 11 directories deep"),
+])  # fmt: skip
+def test_the_extracted_developer_container_is_bounded(  # noqa: PLR0917 - pytest's fixtures
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    small_root_partition: Path,
+    bound: str,
+    value: int,
+    expected: str,
+) -> None:
+    monkeypatch.setattr(limits, bound, value)
+    partition = devcontainer.Partition(9, "ROOT", devcontainer.LINUX_FILESYSTEM, 0, 4 << 20)
+    (tmp_path / "root").mkdir()
+    with pytest.raises(DriverError, match=expected) as failure:
+        devcontainer.extract_root(
+            small_root_partition,
+            partition,
+            ["usr"],
+            tmp_path / "root",
+            label="root.img",
+            commands=Commands(),
+        )
+    assert "\n" not in str(failure.value)
 
 
 # vmlinuz

@@ -211,7 +211,7 @@ def test_a_link_chain_in_the_hosts_tree_is_left_out_of_the_copy(
     assert f"{MODULES}/build/scripts resolves outside the kernel tree" in capsys.readouterr().out
 
 
-@needs("mkfs.ext4")
+@needs("mkfs.ext4", "debugfs", "partx")
 def test_a_link_chain_in_the_developer_container_is_left_out(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
