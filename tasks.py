@@ -82,7 +82,7 @@ def build(  # noqa: PLR0917
     network: str = "",
     docker_host: str = "",
     compression: str = "",
-    zstd_level: int = 0,
+    zstd_level: int = task_options.LEVEL_NOT_GIVEN,
 ) -> None:
     """Build a driver image (a precompiled build also builds its build image)."""
     cli_tasks.build(c, variant=variant, driver_version=driver_version,
@@ -110,7 +110,7 @@ def push_(  # noqa: PLR0917
     releases_url: str = "",
     docker_host: str = "",
     compression: str = "",
-    zstd_level: int = 0,
+    zstd_level: int = task_options.LEVEL_NOT_GIVEN,
 ) -> None:
     """Push the tags of an earlier invoke build (same options) to the registry."""
     cli_tasks.push(c, variant=variant, driver_version=driver_version,
@@ -163,7 +163,7 @@ def publish(  # noqa: PLR0917
     docker_host: str = "",
     retry_budget: int = task_options.RETRY_BUDGET_SECONDS,
     compression: str = "",
-    zstd_level: int = 0,
+    zstd_level: int = task_options.LEVEL_NOT_GIVEN,
 ) -> None:
     """Build and push what the registry lacks or what changed; merge the arches; summarize."""
     cli_tasks.publish(c, registry=registry, image=image, prefix=prefix, ci_prefix=ci_prefix,

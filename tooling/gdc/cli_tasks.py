@@ -1,8 +1,9 @@
 """What each task of tasks.py does; tasks.py holds their signatures and docstrings.
 
-Each function takes the task's options as invoke parses them ("" or 0: not given, so invoke's
-configuration or the built-in default applies; their help is :mod:`gdc.task_options`'s), runs the
-tooling, and turns its failures into one line: ``invoke <task>: <why>`` and exit status 1.
+Each function takes the task's options as invoke parses them ("" or LEVEL_NOT_GIVEN: not
+given, so invoke's configuration or the built-in default applies; their help is
+:mod:`gdc.task_options`'s), runs the tooling, and turns its failures into one line:
+``invoke <task>: <why>`` and exit status 1.
 """
 
 from __future__ import annotations

@@ -23,6 +23,10 @@ from gdc import publish as publishing
 from gdc.tags import TagError
 
 CONFIG_SECTION = "images"
+# What a task's --zstd-level is when it is not given: no level zstd has (1-22), and none that
+# can be given on a command line either (invoke reads "-1" as an option), so that an explicit
+# --zstd-level 0 is still refused as out of range.
+LEVEL_NOT_GIVEN = -1
 RETRY_BUDGET_SECONDS = int(publishing.RETRY_BUDGET_SECONDS)  # publish's --retry-budget
 
 
@@ -64,8 +68,11 @@ class Configured:
         return cls(**values)  # type: ignore[arg-type]  # each value's type is checked above
 
     def given(self, **options: str | int) -> Configured:
-        """These settings with the options a task was given over them ("" or 0: not given)."""
-        return replace(self, **{key: value for key, value in options.items() if value})  # type: ignore[arg-type]
+        """These settings with the options a task was given over them ("" or LEVEL_NOT_GIVEN:
+        not given)."""
+        chosen = {key: value for key, value in options.items()
+                  if value not in {"", LEVEL_NOT_GIVEN}}  # fmt: skip
+        return replace(self, **chosen)  # type: ignore[arg-type]
 
     @property
     def upstream(self) -> plan.Upstream:

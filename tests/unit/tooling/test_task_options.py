@@ -17,7 +17,7 @@ from invoke.runners import Result
 from gdc import cli_tasks, task_options
 from gdc.compression import DEFAULT_LEVEL
 from gdc.tags import TagError
-from gdc.task_options import CONFIG_SECTION, Configured
+from gdc.task_options import CONFIG_SECTION, LEVEL_NOT_GIVEN, Configured
 
 ROOT = Path(tasks.__file__).parent
 
@@ -42,8 +42,9 @@ def test_without_configuration_the_built_in_defaults() -> None:
 
 def test_an_option_wins_over_the_configuration() -> None:
     configured = Configured.of({"base_image": "mirror/debian", "zstd_level": 3})
-    given = configured.given(base_image="", zstd_level=0, compression="gzip")  # "" and 0: not given
+    given = configured.given(base_image="", zstd_level=LEVEL_NOT_GIVEN, compression="gzip")
     assert (given.base_image, given.zstd_level, given.compression) == ("mirror/debian", 3, "gzip")
+    assert configured.given(zstd_level=0).zstd_level == 0  # given, so check_level refuses it
     assert configured.given(base_image="other").upstream.base_image == "other"
 
 
