@@ -17,6 +17,7 @@ from pathlib import Path, PurePosixPath
 from nvidia_driver.errors import DriverError
 from nvidia_driver.links import escaping_links
 from nvidia_driver.log import warn
+from nvidia_driver.safetext import shown
 
 
 def _normalized(base: PurePosixPath, target: str, clamp: bool) -> list[str] | None:
@@ -163,5 +164,6 @@ class TreeWriter:
 def drop_escaping_links(root: Path, links: list[str], what: str) -> None:
     """Remove the links that resolve outside root (all judged before any is removed)."""
     for rel in escaping_links(root, links):
-        warn(f"{rel} resolves outside {what} ({(root / rel).readlink()}); left out")
+        target = str((root / rel).readlink())
+        warn(f"{shown(rel)} resolves outside {what} ({shown(target)}); left out")
         (root / rel).unlink()

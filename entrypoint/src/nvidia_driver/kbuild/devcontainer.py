@@ -34,6 +34,7 @@ from nvidia_driver.kbuild.kerneltree import (
 )
 from nvidia_driver.links import resolve_within
 from nvidia_driver.log import say, warn
+from nvidia_driver.safetext import shown
 
 _CHUNK = 1 << 20
 _SPARSE_BLOCK = 4096
@@ -196,7 +197,7 @@ def _rdump(
         elif line and not line.startswith("debugfs "):  # not its version banner
             complaints.append(line)
     if result.returncode or complaints:
-        first = complaints[0][:300] if complaints else f"exit {result.returncode}"
+        first = shown(complaints[0], 300) if complaints else f"exit {result.returncode}"
         storage = any(os.strerror(code) in first for code in (errno.ENOSPC, errno.EDQUOT))
         advice = f"make room in {slots.parent}, then retry" if storage else UNSUPPORTED
         raise DriverError(f"{label}: debugfs cannot extract {WHAT} from {WHERE}: {first}; {advice}")
@@ -239,7 +240,7 @@ def _settle(root: Path, label: str) -> None:
                 rel = f"{directory}/{entry.name}" if directory else entry.name
                 if depth > limits.PATH_DEPTH:
                     raise DriverError(
-                        f"{label}: /{rel[:200]} is more than {limits.PATH_DEPTH} directories "
+                        f"{label}: /{shown(rel, 200)} is more than {limits.PATH_DEPTH} directories "
                         f"deep; {THROUGH_LINK}"
                     )
                 mode = entry.stat(follow_symlinks=False).st_mode
@@ -255,7 +256,7 @@ def _settle(root: Path, label: str) -> None:
                         pending.append(rel)
                 else:
                     raise DriverError(
-                        f"{label}: /{rel} is not a directory, a file or a symbolic link; "
+                        f"{label}: /{shown(rel)} is not a directory, a file or a symbolic link; "
                         f"{THROUGH_LINK}"
                     )
     # Each link was checked as text; through one another (a chain of "..") they may leave.
@@ -267,7 +268,7 @@ def _settle_link(path: str, rel: str) -> bool:
     target = os.readlink(path)  # noqa: PTH115 - scandir's string path
     contained = output.contained_link_target(PurePosixPath(rel), target)
     if contained is None:
-        warn(f"/{rel} points outside {WHAT}; left out")
+        warn(f"/{shown(rel)} points outside {WHAT}; left out")
         os.unlink(path)  # noqa: PTH108
         return False
     if contained != target:
