@@ -32,12 +32,12 @@ from fixtures.daemonset import (
     image_packages,
     mismatched,
     node_host,
-    process_gone,
 )
 from fixtures.gpg import SigningKey
 from fixtures.images import DRIVER, Invoke
 from fixtures.qemu import BROKEN_BUILD, NO_GPU, boot_and_insmod
 from fixtures.release_server import BUILD_ARTIFACTS, TEST_RELEASE, FlatcarReleaseServer
+from processes import process_gone
 
 from nvidia_driver.kbuild.packages import Package, load_package
 

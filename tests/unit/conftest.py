@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 from flatcar_feed import lts_info_text
+from processes import process_gone
 from simhost import (
     FLATCAR_OS_RELEASE_UNQUOTED,
     H100,
     SimulatedHost,
     install_stubs,
-    process_alive,
 )
 from tools import add_sbin_to_path, require
 
@@ -62,7 +62,7 @@ def host(tmp_path: Path) -> Iterator[SimulatedHost]:
     yield simulated
     # The stub daemons are real background processes: never leak them.
     for pid in simulated.daemon_pids():
-        if process_alive(pid):
+        if not process_gone(pid):
             os.kill(pid, signal.SIGKILL)
 
 

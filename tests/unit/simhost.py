@@ -7,7 +7,6 @@ PATH that also act on that directory (modprobe creates /sys/module/<m>/refcnt, m
 
 from __future__ import annotations
 
-import os
 import queue
 import signal
 import subprocess
@@ -425,15 +424,6 @@ class SimulatedHost:
             if text.isdigit():
                 pids.append(int(text))
         return pids
-
-
-def process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 class RunningDriver:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from fetch_server import ReleaseServer
+from processes import process_gone
 from simhost import (
     BANNER,
     DRIVER,
@@ -18,7 +19,6 @@ from simhost import (
     L40S,
     V100,
     SimulatedHost,
-    process_alive,
 )
 
 from nvidia_driver.kbuild.packages import LinkedModule, PackageMetadata, write_package
@@ -82,7 +82,7 @@ def test_h100_with_nvswitch_installs_the_matching_package_and_starts_the_fabric_
     assert host.calls("rmmod") == ["rmmod nvidia_modeset nvidia_uvm nvidia"]
     assert not host.path("/run/nvidia/nvidia-driver.pid").exists()
     assert str(host.path("/run/nvidia/driver")) not in host.path("/proc/mounts").read_text()
-    assert not any(process_alive(pid) for pid in host.daemon_pids())
+    assert all(process_gone(pid) for pid in host.daemon_pids())
 
 
 def test_a_banner_one_character_off_does_not_match_and_builds_at_runtime(
@@ -291,7 +291,7 @@ def test_sigterm_with_busy_modules_leaves_them_loaded(host: SimulatedHost) -> No
     assert host.is_loaded("nvidia")
     assert host.is_loaded("nvidia_uvm")
     assert not host.path("/run/nvidia/nvidia-driver.pid").exists()
-    assert not any(process_alive(pid) for pid in host.daemon_pids())
+    assert all(process_gone(pid) for pid in host.daemon_pids())
 
 
 def test_a_second_init_is_refused_while_one_runs(host: SimulatedHost) -> None:
@@ -316,7 +316,7 @@ def test_failure_halfway_cleans_up_completely(host: SimulatedHost) -> None:
     )
     assert "Cleaning up after the failure..." in result.stdout
     assert "Stopping NVIDIA persistence daemon..." in result.stdout
-    assert not any(process_alive(pid) for pid in host.daemon_pids())
+    assert all(process_gone(pid) for pid in host.daemon_pids())
     assert host.calls("rmmod") == ["rmmod nvidia_modeset nvidia_uvm nvidia"]
     assert not host.is_loaded("nvidia")
     assert not host.path("/run/nvidia/nvidia-driver.pid").exists()
@@ -593,13 +593,13 @@ def test_a_gb200_node_starts_nvlsm_from_opt_through_the_start_script(host: Simul
     assert f"--config {host.path('/usr/share/nvidia/nvlsm/nvlsm.conf')}" in nvlsm
     pids = {name: int(host.path(f"/var/run/nvidia-fabricmanager/{name}.pid").read_text())
             for name in ("nvlsm", "nv-fabricmanager")}  # fmt: skip
-    assert all(process_alive(pid) for pid in pids.values())
+    assert not any(process_gone(pid) for pid in pids.values())
     status = host.run("status").stdout
     assert "NVLink subnet manager: pid" in status
     assert "/opt/nvidia/nvlsm/sbin/nvlsm (present)" in status
     assert driver.terminate() == 0
     assert "Stopping NVIDIA NVLink subnet manager daemon..." in driver.output
-    assert not any(process_alive(pid) for pid in pids.values())
+    assert all(process_gone(pid) for pid in pids.values())
 
 
 def test_a_gb200_node_without_nvlsm_fails_in_one_line(host: SimulatedHost) -> None:
@@ -755,10 +755,10 @@ def test_imex_starts_only_on_a_node_configured_for_a_domain(host: SimulatedHost)
     assert "DAEMONIZE=0" in seen
     assert f"IMEX_NODE_CONFIG_FILE={host.path('/var/run/nvidia-imex/nodes_config.cfg')}" in seen
     pid = int(host.path("/var/run/nvidia-imex/nvidia-imex.pid").read_text())
-    assert process_alive(pid)
+    assert not process_gone(pid)
     assert second.terminate() == 0
     assert "Stopping NVIDIA IMEX daemon..." in second.output
-    assert not process_alive(pid)
+    assert process_gone(pid)
 
 
 def test_module_parameters_other_than_name_value_are_refused(host: SimulatedHost) -> None:
