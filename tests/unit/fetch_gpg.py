@@ -1,10 +1,16 @@
-"""Throw-away OpenPGP keys for the fetch tests, each in its own GNUPGHOME."""
+"""Throw-away OpenPGP keys for the fetch tests, each in its own GNUPGHOME, and the signed
+artifacts they publish."""
 
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from fetch_server import flatcar_digests
+from tools import require
 
 # An empty passphrase, supplied without a pinentry: the tests never wait for a prompt.
 _UNATTENDED = ["--batch", "--yes", "--pinentry-mode", "loopback", "--passphrase", ""]
@@ -74,3 +80,51 @@ class Signer:
             capture_output=True,
             check=False,
         )
+
+
+@dataclass(frozen=True)
+class Keys:
+    """A trusted release key and somebody else's."""
+
+    trusted: Signer
+    other: Signer
+    armored: Path  # the trusted public key, as FLATCAR_KEYRING may name it
+    binary: Path
+
+
+@contextmanager
+def release_keys(base: Path) -> Iterator[Keys]:
+    require("gpg", "gpgv", "gpgconf")
+    trusted = Signer.create(base / "trusted", "Test Release Builder <trusted@example.invalid>")
+    other = Signer.create(base / "other", "Somebody Else <other@example.invalid>")
+    try:
+        yield Keys(
+            trusted,
+            other,
+            armored=trusted.export(base / "keyring.asc", armor=True),
+            binary=trusted.export(base / "keyring.gpg", armor=False),
+        )
+    finally:
+        trusted.stop_agent()
+        other.stop_agent()
+
+
+def publish(
+    root: Path,
+    name: str,
+    content: bytes,
+    signer: Signer,
+    *,
+    key: str | None = None,
+    options: tuple[str, ...] = (),
+) -> Path:
+    """Put an artifact with its DIGESTS file and detached signature on the release server
+    (Signer.sign's key and options)."""
+    artifact = root / name
+    artifact.parent.mkdir(parents=True, exist_ok=True)
+    artifact.write_bytes(content)
+    artifact.with_name(f"{artifact.name}.DIGESTS").write_text(
+        flatcar_digests(artifact.name, content)
+    )
+    signer.sign(artifact, key=key, options=options)
+    return artifact

@@ -460,41 +460,34 @@ def test_archive_links_cannot_lead_out_of_their_directory(
     assert not (tmp_path / "planted").exists()
 
 
-@pytest.mark.parametrize("name", ["../escape", "/abs/file", "other-top/bin/x"])
-def test_archive_members_cannot_escape(tmp_path: Path, name: str) -> None:
+def _install_one(tmp_path: Path, info: tarfile.TarInfo, data: bytes = b"") -> None:
+    """Install a fabric manager archive of that one member into tmp_path/root."""
     path = tmp_path / "a.tar.xz"
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:xz") as tar:
-        tar.addfile(tarfile.TarInfo(name), io.BytesIO(b""))
-    path.write_bytes(buffer.getvalue())
-    archive = redist.Archive(redist.FABRICMANAGER, VERSION, f"x/{FM_TOP}.tar.xz", "0" * 64)
-    with pytest.raises(DriverError, match=r"not a plain relative path|outside its top directory"):
-        redist.install_archive(path, archive, tmp_path / "root", "amd64")
-
-
-def test_devices_and_hard_links_are_refused(tmp_path: Path) -> None:
-    path = tmp_path / "a.tar.xz"
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:xz") as tar:
-        info = tarfile.TarInfo(f"{FM_TOP}/bin/nv-fabricmanager")
-        info.type, info.linkname = tarfile.LNKTYPE, "/etc/shadow"
-        tar.addfile(info)
-    path.write_bytes(buffer.getvalue())
-    archive = redist.Archive(redist.FABRICMANAGER, VERSION, f"x/{FM_TOP}.tar.xz", "0" * 64)
-    with pytest.raises(DriverError, match="neither a file nor a symlink"):
-        redist.install_archive(path, archive, tmp_path / "root", "amd64")
-
-
-def test_setuid_bits_in_an_archive_are_dropped(tmp_path: Path) -> None:
-    path = tmp_path / "a.tar.xz"
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:xz") as tar:
-        info = tarfile.TarInfo(f"{FM_TOP}/bin/nv-fabricmanager")
-        info.size, info.mode = 2, 0o4755
-        tar.addfile(info, io.BytesIO(b"fm"))
+        tar.addfile(info, io.BytesIO(data))
     path.write_bytes(buffer.getvalue())
     archive = redist.Archive(redist.FABRICMANAGER, VERSION, f"x/{FM_TOP}.tar.xz", "0" * 64)
     redist.install_archive(path, archive, tmp_path / "root", "amd64")
+
+
+@pytest.mark.parametrize("name", ["../escape", "/abs/file", "other-top/bin/x"])
+def test_archive_members_cannot_escape(tmp_path: Path, name: str) -> None:
+    with pytest.raises(DriverError, match=r"not a plain relative path|outside its top directory"):
+        _install_one(tmp_path, tarfile.TarInfo(name))
+
+
+def test_devices_and_hard_links_are_refused(tmp_path: Path) -> None:
+    info = tarfile.TarInfo(f"{FM_TOP}/bin/nv-fabricmanager")
+    info.type, info.linkname = tarfile.LNKTYPE, "/etc/shadow"
+    with pytest.raises(DriverError, match="neither a file nor a symlink"):
+        _install_one(tmp_path, info)
+
+
+def test_setuid_bits_in_an_archive_are_dropped(tmp_path: Path) -> None:
+    info = tarfile.TarInfo(f"{FM_TOP}/bin/nv-fabricmanager")
+    info.size, info.mode = 2, 0o4755
+    _install_one(tmp_path, info, b"fm")
     mode = (tmp_path / "root/usr/bin/nv-fabricmanager").stat().st_mode
     assert mode & 0o7777 == 0o755
 

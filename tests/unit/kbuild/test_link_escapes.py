@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from fetch_gpg import Signer
-from fetch_server import ReleaseServer, flatcar_digests
+from fetch_gpg import Keys, publish, release_keys
+from fetch_server import ReleaseServer
 from kerneltree_fixtures import (
     KERNEL,
     LINUX_FILESYSTEM,
@@ -35,7 +35,7 @@ from kerneltree_fixtures import (
     write,
 )
 from simhost import SimulatedHost
-from tools import needs, require
+from tools import needs
 
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
@@ -53,24 +53,10 @@ CLIMB = 20  # more levels than any temporary directory is deep: p20 is /
 MODULES = f"usr/lib/modules/{KERNEL}"
 
 
-@dataclass(frozen=True)
-class Keys:
-    trusted: Signer
-    other: Signer
-    keyring: Path
-
-
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Keys]:
-    require("gpg", "gpgv", "gpgconf")
-    base = tmp_path_factory.mktemp("gpg")
-    trusted = Signer.create(base / "trusted", "Test Release Builder <trusted@example.invalid>")
-    other = Signer.create(base / "other", "Somebody Else <other@example.invalid>")
-    try:
-        yield Keys(trusted, other, trusted.export(base / "keyring.asc", armor=True))
-    finally:
-        trusted.stop_agent()
-        other.stop_agent()
+    with release_keys(tmp_path_factory.mktemp("gpg")) as made:
+        yield made
 
 
 @dataclass(frozen=True)
@@ -129,16 +115,6 @@ def chain_tarball(sentinel: Sentinel) -> bytes:
     return buffer.getvalue()
 
 
-def publish(root: Path, content: bytes, signer: Signer) -> None:
-    artifact = root / ARCHIVE
-    artifact.parent.mkdir(parents=True, exist_ok=True)
-    artifact.write_bytes(content)
-    artifact.with_name(f"{artifact.name}.DIGESTS").write_text(
-        flatcar_digests(artifact.name, content)
-    )
-    signer.sign(artifact)
-
-
 @pytest.mark.parametrize("signed_by", ["other", "trusted"])
 def test_a_link_chain_in_the_container_tarball_changes_nothing_outside(
     tmp_path: Path, keys: Keys, signed_by: str
@@ -147,13 +123,13 @@ def test_a_link_chain_in_the_container_tarball_changes_nothing_outside(
     before = sentinel.state()
     signer = keys.other if signed_by == "other" else keys.trusted
     with ReleaseServer(tmp_path / "release") as server:
-        publish(server.root, chain_tarball(sentinel), signer)
+        publish(server.root, ARCHIVE, chain_tarball(sentinel), signer)
         releases = FlatcarReleases(
             Commands(),
             tmp_path / "cache",
             tmp_path / "cache",  # the work directory too: the tree lands in cache/trees
             server=FlatcarServer(server.url("{channel}")),
-            trust=Trust.of_keyring(keys.keyring),
+            trust=Trust.of_keyring(keys.armored),
         )
         expected = (
             "signed by a key that is not in the keyring"

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fetch_gpg import Signer
-from fetch_server import ReleaseServer, flatcar_digests
+from fetch_gpg import Signer, publish
+from fetch_server import ReleaseServer
 from kerneltree_fixtures import (
     KERNEL,
     LINUX_FILESYSTEM,
@@ -39,6 +39,9 @@ from nvidia_driver.sources.flatcar import check_release_file
 from nvidia_driver.sources.verify import Trust
 
 NEW, OLD = "4593.2.5", "4593.2.4"
+# Where the release server publishes NEW's artifacts.
+CONTAINER = f"stable/amd64-usr/{NEW}/flatcar-container.tar.gz"
+DEVCONTAINER = f"stable/amd64-usr/{NEW}/flatcar_developer_container.bin.bz2"
 APPID = "{e96281a6-d1af-4bde-9a0a-97b76e56dc57}"
 
 
@@ -113,14 +116,6 @@ def server(tmp_path: Path) -> Iterator[ReleaseServer]:
         yield release_server
 
 
-def publish(server: ReleaseServer, version: str, name: str, data: bytes, signer: Signer) -> None:
-    artifact = server.root / "stable/amd64-usr" / version / name
-    artifact.parent.mkdir(parents=True, exist_ok=True)
-    artifact.write_bytes(data)
-    artifact.with_name(f"{name}.DIGESTS").write_text(flatcar_digests(name, data))
-    signer.sign(artifact)
-
-
 def releases(server: ReleaseServer, cache: Path, signer: Signer, tmp_path: Path) -> FlatcarReleases:
     keyring = signer.export(tmp_path / "keyring.asc", armor=True)
     return FlatcarReleases(
@@ -142,7 +137,7 @@ def container_tarball(tmp_path: Path, version: str) -> bytes:
 def test_an_older_releases_tarball_under_a_new_releases_url_is_refused(
     server: ReleaseServer, signer: Signer, tmp_path: Path
 ) -> None:
-    publish(server, NEW, "flatcar-container.tar.gz", container_tarball(tmp_path, OLD), signer)
+    publish(server.root, CONTAINER, container_tarball(tmp_path, OLD), signer)
     cache = tmp_path / "cache"
     release = releases(server, cache, signer, tmp_path)
 
@@ -155,7 +150,7 @@ def test_an_older_releases_tarball_under_a_new_releases_url_is_refused(
 def test_the_releases_own_tarball_is_used_and_its_cached_tree_rechecked(
     server: ReleaseServer, signer: Signer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    publish(server, NEW, "flatcar-container.tar.gz", container_tarball(tmp_path, NEW), signer)
+    publish(server.root, CONTAINER, container_tarball(tmp_path, NEW), signer)
     cache = tmp_path / "cache"
     release = releases(server, cache, signer, tmp_path)
 
@@ -203,8 +198,7 @@ def test_an_older_releases_developer_container_is_refused_and_forgotten(
         Path(path).touch()
 
     monkeypatch.setattr(os, "mknod", mknod)
-    name = "flatcar_developer_container.bin.bz2"
-    publish(server, NEW, name, developer_container(tmp_path, OLD), signer)
+    publish(server.root, DEVCONTAINER, developer_container(tmp_path, OLD), signer)
     cache = tmp_path / "cache"
     release = releases(server, cache, signer, tmp_path)
 
@@ -213,7 +207,7 @@ def test_an_older_releases_developer_container_is_refused_and_forgotten(
 
     assert list((cache / "devcontainers").iterdir()) == []
     assert list((cache / "downloads/urls").iterdir()) == []  # not cached under the new URL
-    publish(server, NEW, name, developer_container(tmp_path, NEW), signer)
+    publish(server.root, DEVCONTAINER, developer_container(tmp_path, NEW), signer)
     tree = release.developer_container(NEW, "amd64", KERNEL)
     assert (tree.build_dir / "Makefile").is_file()
     assert nodes == {device: (stat.S_IFCHR, 1, minor)

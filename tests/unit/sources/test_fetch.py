@@ -12,15 +12,13 @@ import subprocess
 import tarfile
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO, NoReturn
 
 import pytest
-from fetch_gpg import Signer
+from fetch_gpg import Keys, publish, release_keys
 from fetch_server import ReleaseServer, flatcar_digests
-from tools import require
 
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import CaughtSignalError, DriverError
@@ -39,34 +37,17 @@ ARCHIVE = f"{RELEASE}/flatcar-container.tar.gz"
 CONTENT = bytes(range(256)) * 4096 + b"tail"  # 1 MiB and a bit: more than one read chunk
 BACKOFF = Backoff(attempts=3, first_delay=0.25, multiplier=2.0)
 
+OTHER_KEY = "signed by a key that is not in the keyring"
+TRUNCATED = r"truncated: .*discard what was unpacked"
+
 FLATCAR_DOCUMENTED_SUBKEY = "858A560F97C9AEB22EC1C732961DDDD5250D4A42"
 FLATCAR_NEWEST_SUBKEY = "52F145DFD00BBDCD928CBB5A32DA80F91EF52974"
 
 
-@dataclass(frozen=True)
-class Keys:
-    trusted: Signer
-    other: Signer
-    armored: Path  # the trusted public key, as FLATCAR_KEYRING may name it
-    binary: Path
-
-
 @pytest.fixture(scope="session")
 def keys(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Keys]:
-    require("gpg", "gpgv", "gpgconf")
-    base = tmp_path_factory.mktemp("gpg")
-    trusted = Signer.create(base / "trusted", "Test Release Builder <trusted@example.invalid>")
-    other = Signer.create(base / "other", "Somebody Else <other@example.invalid>")
-    try:
-        yield Keys(
-            trusted,
-            other,
-            armored=trusted.export(base / "keyring.asc", armor=True),
-            binary=trusted.export(base / "keyring.gpg", armor=False),
-        )
-    finally:
-        trusted.stop_agent()
-        other.stop_agent()
+    with release_keys(tmp_path_factory.mktemp("gpg")) as made:
+        yield made
 
 
 @pytest.fixture
@@ -100,18 +81,6 @@ def make_fetcher(
     # sleep=sleeps.append: the backoff is recorded, not waited for.
     downloader = Downloader(DownloadLimits(timeout=timeout), BACKOFF, sleep=sleeps.append)
     return Fetcher(cache, Commands(), trust or Trust.of_keyring(keyring), downloader)
-
-
-def publish(root: Path, name: str, content: bytes, signer: Signer) -> Path:
-    """Put an artifact with its DIGESTS file and detached signature on the release server."""
-    artifact = root / name
-    artifact.parent.mkdir(parents=True, exist_ok=True)
-    artifact.write_bytes(content)
-    artifact.with_name(f"{artifact.name}.DIGESTS").write_text(
-        flatcar_digests(artifact.name, content)
-    )
-    signer.sign(artifact)
-    return artifact
 
 
 def corrupt(content: bytes) -> bytes:
@@ -339,16 +308,6 @@ def test_fetch_retries_a_truncated_download_then_gives_up_and_keeps_nothing(
     assert leftovers(cache) == []
 
 
-def test_fetch_refuses_a_signature_by_another_key_and_keeps_nothing(
-    server: ReleaseServer, cache: Path, keys: Keys, fetcher: Fetcher
-) -> None:
-    publish(server.root, ARTIFACT, CONTENT, keys.other)
-
-    with pytest.raises(DriverError, match="signed by a key that is not in the keyring"):
-        fetcher.fetch(server.url(ARTIFACT))
-    assert leftovers(cache) == []
-
-
 def test_fetch_refuses_a_tampered_file_whose_digests_were_rewritten(
     server: ReleaseServer, cache: Path, keys: Keys, fetcher: Fetcher
 ) -> None:
@@ -377,17 +336,6 @@ def test_fetch_reports_an_unknown_release_without_retrying(
     assert sum(server.requests.values()) == 1
     assert sleeps == []
     assert leftovers(cache) == []
-
-
-def test_fetch_retries_server_errors_with_exponential_backoff(
-    server: ReleaseServer, keys: Keys, fetcher: Fetcher, sleeps: list[float]
-) -> None:
-    publish(server.root, ARTIFACT, CONTENT, keys.trusted)
-    server.failures[f"/{ARTIFACT}"] = 2
-
-    assert fetcher.fetch(server.url(ARTIFACT)).read_bytes() == CONTENT
-    assert server.requests[f"/{ARTIFACT}"] == 3
-    assert sleeps == [0.25, 0.5]
 
 
 def test_fetch_gives_up_on_an_unreachable_server(
@@ -421,7 +369,57 @@ def test_fetch_refuses_unsupported_url_schemes(fetcher: Fetcher) -> None:
         fetcher.fetch("ftp://example.invalid/flatcar.bin")
 
 
+# --- both modes ----------------------------------------------------------------------------
+
+
+def read_whole(fetcher: Fetcher, url: str, mode: str) -> bytes:
+    """The artifact at url as a caller gets it: fetched to the cache, or streamed to the end
+    (where the stream's checks run)."""
+    if mode == "fetch":
+        return fetcher.fetch(url).read_bytes()
+    with fetcher.stream(url) as stream:
+        return stream.read()
+
+
+@pytest.mark.parametrize("mode", ["fetch", "stream"])
+def test_a_signature_by_another_key_is_refused_and_nothing_kept(
+    server: ReleaseServer, cache: Path, keys: Keys, fetcher: Fetcher, mode: str
+) -> None:
+    publish(server.root, ARTIFACT, CONTENT, keys.other)
+
+    with pytest.raises(DriverError, match=OTHER_KEY):
+        read_whole(fetcher, server.url(ARTIFACT), mode)
+    assert leftovers(cache) == []
+
+
+@pytest.mark.parametrize("mode", ["fetch", "stream"])
+def test_server_errors_are_retried_with_exponential_backoff(
+    server: ReleaseServer, keys: Keys, fetcher: Fetcher, sleeps: list[float], mode: str
+) -> None:
+    publish(server.root, ARTIFACT, CONTENT, keys.trusted)
+    server.failures[f"/{ARTIFACT}"] = 2
+
+    assert read_whole(fetcher, server.url(ARTIFACT), mode) == CONTENT
+    assert server.requests[f"/{ARTIFACT}"] == 3
+    assert sleeps == [0.25, 0.5]
+
+
 # --- streaming mode -------------------------------------------------------------------------
+
+
+def read_all(stream: BinaryIO) -> bytes:
+    return stream.read()
+
+
+def stream_error(
+    fetcher: Fetcher, url: str, read: Callable[[BinaryIO], object], match: str | None = None
+) -> DriverError:
+    """The one-line error the stream of url raises, by the time its block ends, to a caller that
+    reads it with read."""
+    with pytest.raises(DriverError, match=match) as raised, fetcher.stream(url) as stream:
+        read(stream)
+    assert "\n" not in str(raised.value)
+    return raised.value
 
 
 def test_stream_unpacks_a_verified_archive_without_caching_it(
@@ -462,54 +460,15 @@ def test_stream_refuses_a_corrupted_archive_when_the_block_ends(
 ) -> None:
     artifact = publish(server.root, ARTIFACT, CONTENT, keys.trusted)
     artifact.write_bytes(corrupt(CONTENT))
-    consumed = b""
+    consumed: list[bytes] = []
 
-    with (
-        pytest.raises(DriverError, match="does not match its DIGESTS file"),
-        fetcher.stream(server.url(ARTIFACT)) as stream,
-    ):
-        consumed = stream.read()
+    def read(stream: BinaryIO) -> None:
+        consumed.append(stream.read())
 
-    assert consumed == corrupt(CONTENT)  # the caller saw it all; only the exit refuses it
+    stream_error(fetcher, server.url(ARTIFACT), read, "does not match its DIGESTS file")
+
+    assert consumed == [corrupt(CONTENT)]  # the caller saw it all; only the exit refuses it
     assert leftovers(cache) == []
-
-
-def test_stream_refuses_a_signature_by_another_key_when_the_block_ends(
-    server: ReleaseServer, cache: Path, keys: Keys, fetcher: Fetcher
-) -> None:
-    publish(server.root, ARTIFACT, CONTENT, keys.other)
-
-    with (
-        pytest.raises(DriverError, match="signed by a key that is not in the keyring"),
-        fetcher.stream(server.url(ARTIFACT)) as stream,
-    ):
-        stream.read()
-    assert leftovers(cache) == []
-
-
-def test_stream_fails_mid_read_on_a_truncated_body(
-    server: ReleaseServer, cache: Path, keys: Keys, fetcher: Fetcher
-) -> None:
-    publish(server.root, ARTIFACT, CONTENT, keys.trusted)
-    server.truncated.add(f"/{ARTIFACT}")
-
-    with (
-        pytest.raises(DriverError, match=r"truncated: .*discard what was unpacked"),
-        fetcher.stream(server.url(ARTIFACT)) as stream,
-    ):
-        stream.read()
-    assert leftovers(cache) == []
-
-
-def test_stream_retries_before_the_first_byte(
-    server: ReleaseServer, keys: Keys, fetcher: Fetcher, sleeps: list[float]
-) -> None:
-    publish(server.root, ARTIFACT, CONTENT, keys.trusted)
-    server.failures[f"/{ARTIFACT}"] = 2
-
-    with fetcher.stream(server.url(ARTIFACT)) as stream:
-        assert stream.read() == CONTENT
-    assert sleeps == [0.25, 0.5]
 
 
 def test_stream_reports_an_unknown_release(
@@ -570,15 +529,13 @@ def test_stream_reports_a_corrupted_download_the_caller_failed_to_parse(
     artifact = publish(server.root, ARCHIVE, BIG_ARCHIVE, keys.trusted)
     artifact.write_bytes(b"\0" + BIG_ARCHIVE[1:])  # no gzip magic: tarfile fails at once
 
-    with pytest.raises(DriverError) as raised, fetcher.stream(server.url(ARCHIVE)) as stream:
-        first_member(stream)
+    error = stream_error(fetcher, server.url(ARCHIVE), first_member)
 
-    message = str(raised.value)
+    message = str(error)
     assert "SHA512 of" in message
     assert "does not match its DIGESTS file" in message
     assert "the download is corrupted or truncated; try again" in message
-    assert "\n" not in message
-    assert isinstance(raised.value.__cause__, tarfile.ReadError)  # what the caller saw
+    assert isinstance(error.__cause__, tarfile.ReadError)  # what the caller saw
     assert server.requests[f"/{ARCHIVE}"] == 1
     assert leftovers(cache) == []
 
@@ -608,30 +565,36 @@ def test_stream_reports_a_truncated_download_the_caller_failed_on_before_its_end
     server.truncated.add(f"/{ARCHIVE}")
     garbage = ValueError("garbage in the tar header")
 
-    with pytest.raises(DriverError) as raised, fetcher.stream(server.url(ARCHIVE)) as stream:
-        read_then_fail(stream, garbage)
+    error = stream_error(
+        fetcher, server.url(ARCHIVE), lambda stream: read_then_fail(stream, garbage)
+    )
 
-    message = str(raised.value)
+    message = str(error)
     assert f"truncated: got {len(BIG_ARCHIVE) // 2} of {len(BIG_ARCHIVE)} bytes" in message
     assert message.endswith("discard what was unpacked and try again")
-    assert "\n" not in message
-    assert raised.value.__cause__ is garbage
+    assert error.__cause__ is garbage
     assert leftovers(cache) == []
 
 
-def test_stream_reports_a_truncation_the_caller_wrapped_in_its_own_error(
-    server: ReleaseServer, cache: Path, keys: Keys, fetcher: Fetcher
+@pytest.mark.parametrize(
+    ("read", "seen"),
+    [(read_all, Exception), (read_wrapping_errors, RuntimeError)],
+    ids=["mid-read", "wrapped-by-the-caller"],
+)
+def test_stream_reports_a_truncated_body_whatever_the_caller_made_of_it(  # noqa: PLR0917 - fixtures
+    server: ReleaseServer,
+    cache: Path,
+    keys: Keys,
+    fetcher: Fetcher,
+    read: Callable[[BinaryIO], bytes],
+    seen: type[Exception],
 ) -> None:
     publish(server.root, ARTIFACT, CONTENT, keys.trusted)
     server.truncated.add(f"/{ARTIFACT}")
 
-    with (
-        pytest.raises(DriverError, match=r"truncated: .*discard what was unpacked") as raised,
-        fetcher.stream(server.url(ARTIFACT)) as stream,
-    ):
-        read_wrapping_errors(stream)
+    error = stream_error(fetcher, server.url(ARTIFACT), read, TRUNCATED)
 
-    assert isinstance(raised.value.__cause__, RuntimeError)
+    assert isinstance(error.__cause__, seen)  # what the caller's read raised, if its own
     assert server.requests[f"/{ARTIFACT}"] == 1
     assert leftovers(cache) == []
 

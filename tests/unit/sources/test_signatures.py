@@ -10,9 +10,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import fetch_gpg
 import pytest
 from fetch_gpg import Signer, gpg
-from fetch_server import ReleaseServer, flatcar_digests
+from fetch_server import ReleaseServer
 from tools import require
 
 from nvidia_driver.commands import Commands
@@ -102,13 +103,7 @@ def server(tmp_path: Path) -> Iterator[ReleaseServer]:
 
 
 def publish(server: ReleaseServer, name: str, signer: Signer, key: str, *options: str) -> None:
-    artifact = server.root / name
-    artifact.parent.mkdir(parents=True, exist_ok=True)
-    artifact.write_bytes(CONTENT)
-    artifact.with_name(f"{artifact.name}.DIGESTS").write_text(
-        flatcar_digests(artifact.name, CONTENT)
-    )
-    signer.sign(artifact, key=key, options=options)
+    fetch_gpg.publish(server.root, name, CONTENT, signer, key=key, options=options)
 
 
 def publish_key(server: ReleaseServer, signer: Signer) -> None:
