@@ -6,14 +6,13 @@ from pathlib import Path
 
 import pytest
 from simhost import SimulatedHost
+from synthetic_patch import synthetic_patch
 from tools import needs
 
 from nvidia_driver.commands import Commands
 from nvidia_driver.kbuild import build
 from nvidia_driver.kbuild.build import module_sources_digest, strip_debug_info
 from nvidia_driver.kbuild.compiler import CHROOT_PATH, Toolchain
-from nvidia_driver.kbuild.patches import Patch
-from nvidia_driver.naming import KernelVersion
 
 
 def test_strip_runs_in_the_developer_container_like_the_compiler(
@@ -70,34 +69,20 @@ def _relocations_against(symbol: str, obj: Path, commands: Commands) -> list[str
     return [line.split(maxsplit=2)[2] for line in listing.splitlines() if symbol in line]
 
 
-def _patch(path: Path, name: str = "fix") -> Patch:
-    return Patch(
-        name=name,
-        path=path,
-        branches=frozenset({580}),
-        min_kernel=KernelVersion(6, 12, 0),
-        max_kernel=None,
-        trees=frozenset({"kernel-open"}),
-        reason="r",
-        note="n",
-    )
-
-
 def test_the_module_sources_digest_follows_the_sources_and_the_patches(tmp_path: Path) -> None:
     sources = tmp_path / "kernel-open"
     sources.mkdir()
     (sources / "nv.c").write_text("int x;\n")
-    patch = tmp_path / "fix.patch"
-    patch.write_text("--- a/nv.c\n+++ b/nv.c\n")
+    patch = synthetic_patch(tmp_path, "--- a/nv.c\n+++ b/nv.c\n")
 
     unpatched = module_sources_digest(sources, [])
-    patched = module_sources_digest(sources, [_patch(patch)])
+    patched = module_sources_digest(sources, [patch])
     assert unpatched.startswith("sha256:")
     assert patched != unpatched
-    assert module_sources_digest(sources, [_patch(patch)]) == patched, "stable for the same inputs"
+    assert module_sources_digest(sources, [patch]) == patched, "stable for the same inputs"
 
-    patch.write_text("--- a/nv.c\n+++ b/nv.c\n@@ changed @@\n")
-    assert module_sources_digest(sources, [_patch(patch)]) != patched
+    patch.path.write_text("--- a/nv.c\n+++ b/nv.c\n@@ changed @@\n")
+    assert module_sources_digest(sources, [patch]) != patched
     (sources / "nv.c").write_text("int y;\n")
     assert module_sources_digest(sources, []) != unpatched
 

@@ -5,13 +5,13 @@ import re
 from pathlib import Path
 
 import pytest
+from synthetic_patch import synthetic_patch
 from tools import needs
 
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
 from nvidia_driver.kbuild.patches import (
     PATCH_DIR,
-    Patch,
     apply_patches,
     load_index,
     select_patches,
@@ -190,22 +190,6 @@ BROKEN_SECOND_FILE = """\
 """
 
 
-def _synthetic_patch(tmp_path: Path, text: str) -> Patch:
-    path = tmp_path / "patches" / "demo.patch"
-    path.parent.mkdir(exist_ok=True)
-    path.write_text(text)
-    return Patch(
-        name="demo",
-        path=path,
-        branches=frozenset({999}),
-        min_kernel=KernelVersion(6, 1, 0),
-        max_kernel=None,
-        trees=frozenset({"kernel-open"}),
-        reason="the answer is 42",
-        note="synthetic",
-    )
-
-
 @pytest.fixture
 def tree(tmp_path: Path) -> Path:
     source = tmp_path / "kernel-open"
@@ -219,14 +203,14 @@ def tree(tmp_path: Path) -> Path:
 def test_apply_patches_patches_the_tree_and_says_so(
     tmp_path: Path, tree: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    apply_patches([_synthetic_patch(tmp_path, DIFF)], tree, Commands())
+    apply_patches([synthetic_patch(tmp_path, DIFF)], tree, Commands())
     assert (tree / "src" / "answer.c").read_text() == PATCHED
     assert capsys.readouterr().out == "Applying patch demo: the answer is 42\n"
 
 
 @needs_patch_tool
 def test_an_already_applied_patch_is_an_error(tmp_path: Path, tree: Path) -> None:
-    patch = _synthetic_patch(tmp_path, DIFF)
+    patch = synthetic_patch(tmp_path, DIFF)
     apply_patches([patch], tree, Commands())
     with pytest.raises(DriverError, match=r"patch demo .* does not apply .*Reversed"):
         apply_patches([patch], tree, Commands())
@@ -235,7 +219,7 @@ def test_an_already_applied_patch_is_an_error(tmp_path: Path, tree: Path) -> Non
 
 @needs_patch_tool
 def test_a_patch_that_does_not_apply_whole_changes_nothing(tmp_path: Path, tree: Path) -> None:
-    patch = _synthetic_patch(tmp_path, DIFF + BROKEN_SECOND_FILE)
+    patch = synthetic_patch(tmp_path, DIFF + BROKEN_SECOND_FILE)
     with pytest.raises(DriverError) as caught:
         apply_patches([patch], tree, Commands())
     message = str(caught.value)
@@ -250,4 +234,4 @@ def test_a_patch_that_does_not_apply_whole_changes_nothing(tmp_path: Path, tree:
 def test_apply_patches_without_patch_tool_names_the_tool(tmp_path: Path, tree: Path) -> None:
     commands = Commands(env={"PATH": str(tmp_path / "empty")})
     with pytest.raises(DriverError, match="patch not found on PATH"):
-        apply_patches([_synthetic_patch(tmp_path, DIFF)], tree, commands)
+        apply_patches([synthetic_patch(tmp_path, DIFF)], tree, commands)

@@ -717,31 +717,33 @@ def test_other_options_are_refused_in_one_line(
     assert not host.calls("modprobe")
 
 
+def init_output(host: SimulatedHost) -> str:
+    """What an init that reached its Done line, then ended cleanly on SIGTERM, said."""
+    driver = host.start("init")
+    driver.wait_for("Done, now waiting for signal")
+    assert driver.terminate() == 0
+    return driver.output
+
+
 def test_an_image_without_nvidia_imex_says_why_it_skips_the_daemon(host: SimulatedHost) -> None:
     host.add_package("open")
     (host.bin_dir / "nvidia-imex").unlink()
     host.write("/proc/1/root/etc/nvidia-imex/nodes_config.cfg", "10.0.0.1\n10.0.0.2\n")
-    result = host.start("init")
-    result.wait_for("Done, now waiting for signal")
     assert (
         "Skipping NVIDIA IMEX daemon: this image has no nvidia-imex (NVIDIA's redist lists no "
         "IMEX for this driver, or versions.toml records no IMEX digest and the image build "
-        "left it out)" in result.output
+        "left it out)" in init_output(host)
     )
-    assert result.terminate() == 0
 
 
 def test_imex_starts_only_on_a_node_configured_for_a_domain(host: SimulatedHost) -> None:
     host.add_package("open")
     host.write("/etc/nvidia-imex/config.cfg", "DAEMONIZE=1\nSERVER_PORT=50000\n")
-    first = host.start("init")
-    first.wait_for("Done, now waiting for signal")
     assert (
         "Skipping NVIDIA IMEX daemon: the node lists no IMEX domain in "
         "/etc/nvidia-imex/nodes_config.cfg (the NVIDIA DRA driver's ComputeDomains run "
-        "nvidia-imex from the driver root" in first.output
+        "nvidia-imex from the driver root" in init_output(host)
     )
-    assert first.terminate() == 0
     host.write("/proc/1/root/etc/nvidia-imex/nodes_config.cfg", "10.0.0.1\n10.0.0.2\n")
     second = host.start("init")
     second.wait_for("Done, now waiting for signal")
