@@ -10,6 +10,7 @@ from importlib import metadata
 
 import pytest
 from simhost import FLATCAR_OS_RELEASE_UNQUOTED, SimulatedHost
+from tools import python_m
 
 import nvidia_driver
 from nvidia_driver import cli
@@ -21,14 +22,9 @@ from nvidia_driver.safetext import unsafe
 
 
 def test_help_lists_every_subcommand() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "nvidia_driver", "--help"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    output = python_m("nvidia_driver", "--help")
     for command in cli.SUBCOMMANDS:
-        assert command in result.stdout
+        assert command in output
 
 
 def test_help_imports_nothing_heavy() -> None:
@@ -45,15 +41,10 @@ def test_help_imports_nothing_heavy() -> None:
 
 
 def test_version_is_the_packages() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "nvidia_driver", "--version"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    output = python_m("nvidia_driver", "--version")
     # The tests run against the installed package: its metadata and its code say the same.
     assert metadata.version(cli.DISTRIBUTION) == nvidia_driver.__version__
-    assert result.stdout == f"nvidia-driver {nvidia_driver.__version__}\n"
+    assert output == f"nvidia-driver {nvidia_driver.__version__}\n"
 
 
 def test_version_without_package_metadata(

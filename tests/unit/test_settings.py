@@ -12,12 +12,11 @@ from __future__ import annotations
 import ast
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from tools import python_m
 
 from nvidia_driver import cli, settings
 from nvidia_driver.gate.main import CACHE, OPERATOR_NAMESPACE, WORK
@@ -253,12 +252,7 @@ def test_the_docs_carry_the_registry_s_table() -> None:
 
 
 def test_the_settings_command_lists_every_variable() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "nvidia_driver", "settings"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    listed = {line.split("=", 1)[0] for line in result.stdout.splitlines() if line[:1].isupper()}
+    lines = python_m("nvidia_driver", "settings").splitlines()
+    listed = {line.split("=", 1)[0] for line in lines if line[:1].isupper()}
     assert listed == {name + "<FIELD>" if name.endswith("_") else name for name in SETTINGS}
-    assert "NVIDIA_DRIVER_HOST_ROOT=/" in result.stdout.splitlines()
+    assert "NVIDIA_DRIVER_HOST_ROOT=/" in lines

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -60,3 +63,13 @@ def require(*tools: str) -> None:
 def needs(*tools: str) -> pytest.MarkDecorator:
     """Mark a test that runs tools: conftest.py fails it at setup when one is missing."""
     return pytest.mark.tools(*tools)
+
+
+def python_m(
+    module: str, *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> str:
+    """What ``python -m module args`` prints, run by this interpreter; a failure raises."""
+    command = [sys.executable, "-m", module, *args]
+    return subprocess.run(
+        command, capture_output=True, text=True, check=True, cwd=cwd, env=env
+    ).stdout
