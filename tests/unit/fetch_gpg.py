@@ -82,10 +82,29 @@ class Signer:
         )
 
 
+def publish(
+    root: Path,
+    name: str,
+    content: bytes,
+    signer: Signer,
+    *,
+    key: str | None = None,
+    options: tuple[str, ...] = (),
+) -> Path:
+    """Put an artifact with its DIGESTS file and detached signature on the release server
+    (Signer.sign's key and options)."""
+    artifact = root / name
+    artifact.parent.mkdir(parents=True, exist_ok=True)
+    artifact.write_bytes(content)
+    artifact.with_name(f"{artifact.name}.DIGESTS").write_text(
+        flatcar_digests(artifact.name, content)
+    )
+    signer.sign(artifact, key=key, options=options)
+    return artifact
+
+
 @dataclass(frozen=True)
 class Keys:
-    """A trusted release key and somebody else's."""
-
     trusted: Signer
     other: Signer
     armored: Path  # the trusted public key, as FLATCAR_KEYRING may name it
@@ -107,24 +126,3 @@ def release_keys(base: Path) -> Iterator[Keys]:
     finally:
         trusted.stop_agent()
         other.stop_agent()
-
-
-def publish(
-    root: Path,
-    name: str,
-    content: bytes,
-    signer: Signer,
-    *,
-    key: str | None = None,
-    options: tuple[str, ...] = (),
-) -> Path:
-    """Put an artifact with its DIGESTS file and detached signature on the release server
-    (Signer.sign's key and options)."""
-    artifact = root / name
-    artifact.parent.mkdir(parents=True, exist_ok=True)
-    artifact.write_bytes(content)
-    artifact.with_name(f"{artifact.name}.DIGESTS").write_text(
-        flatcar_digests(artifact.name, content)
-    )
-    signer.sign(artifact, key=key, options=options)
-    return artifact
