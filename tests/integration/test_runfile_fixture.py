@@ -21,12 +21,13 @@ import pytest
 from fixtures.runfile import (
     FORMAT_REVISION,
     RELEASE_SUITES,
-    PosixCksum,
     build_run_fixture,
     header_keys,
     manifest_mode,
     payload_offset,
 )
+
+from nvidia_driver.image.runfile import PosixCksum
 
 pytestmark = pytest.mark.integration
 
