@@ -43,6 +43,11 @@ def install(cluster: Cluster, module: Path) -> None:
     cluster.apply_files([module / "examples" / "deploy" / name for name in DEPLOY])
 
 
+def fluo_logs(cluster: Cluster) -> tuple[Path, Path]:
+    """Where running_operator and running_agent log: the update-operator's, the update-agent's."""
+    return cluster.logs / "update-operator.log", cluster.logs / "update-agent.log"
+
+
 @contextlib.contextmanager
 def running_operator(cluster: Cluster, binaries: Path, workdir: Path,
                      before_reboot: list[str]) -> Iterator[subprocess.Popen[bytes]]:  # fmt: skip
@@ -51,7 +56,7 @@ def running_operator(cluster: Cluster, binaries: Path, workdir: Path,
     argv = [str(binaries / "update-operator"), f"--kubeconfig={kubeconfig}",
             f"--before-reboot-annotations={','.join(before_reboot)}", "-v=4"]  # fmt: skip
     env = {"PATH": "/usr/bin:/bin", "POD_NAMESPACE": NAMESPACE}
-    process = start(argv, cluster.logs / "update-operator.log", env)
+    process = start(argv, fluo_logs(cluster)[0], env)
     try:
         yield process
     finally:
@@ -102,7 +107,7 @@ def running_agent(cluster: Cluster, binaries: Path, workdir: Path, node: str, *,
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DBUS_SYSTEM_BUS_ADDRESS": BUS_ADDRESS,
            "HOME": "/", **in_cluster_env(cluster)}  # fmt: skip
     _refuse_unless_private(argv, env, bus)
-    process = start(argv, cluster.logs / "update-agent.log", env)
+    process = start(argv, fluo_logs(cluster)[1], env)
     try:
         yield process
     finally:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from apiserver import Cluster
-from fluo import running_agent, running_operator
+from fluo import fluo_logs, running_agent, running_operator
 from gate import gate_env, kubelet_pulled, node_event_reasons, push_image, run_gate_once
 from gpu_operator import wait_for
 from reboot_scenario import DRIVER, RUNNING, STAGED, RebootScenario
@@ -44,9 +44,12 @@ STEP_SECONDS = 75.0
 
 
 @pytest.fixture
-def scenario(cluster: Cluster) -> Iterator[Cluster]:
+def scenario(cluster: Cluster, rebooting: RebootScenario) -> Iterator[Cluster]:
+    """FLUO and the gate's variant for it installed, a GPU node in its pool (deleted after)."""
     with cluster.deleted_after(f"/api/v1/nodes/{NODE}",
                                "/apis/nvidia.com/v1alpha1/nvidiadrivers/fluo-pool"):  # fmt: skip
+        rebooting.install("fluo")
+        rebooting.gpu_node(NODE, "fluo-pool")
         yield cluster
 
 
@@ -66,11 +69,8 @@ def test_fluo_reboots_a_gpu_node_only_once_the_staged_release_has_its_image(
     scenario: Cluster, rebooting: RebootScenario, tmp_path: Path
 ) -> None:
     cluster = scenario
-    rebooting.install("fluo")
-    rebooting.gpu_node(NODE, "fluo-pool")
     fluo = rebooting.binaries["fluo"]
-    operator_log = cluster.logs / "update-operator.log"
-    agent_log = cluster.logs / "update-agent.log"
+    operator_log, agent_log = fluo_logs(cluster)
 
     with (
         private_system_bus(tmp_path, cluster.logs) as bus,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from apiserver import Cluster
-from fluo import running_agent, running_operator
+from fluo import fluo_logs, running_agent, running_operator
 from gate import gate_env, kubelet_pulled, push_image, run_gate_once
 from gpu_operator import wait_for
 from reboot_scenario import DRIVER, RUNNING, STAGED, RebootScenario
@@ -34,10 +34,15 @@ WORKDIRS = {"gpu-fluo-a": "a", "gpu-fluo-b": "b"}
 
 
 @pytest.fixture
-def scenario(cluster: Cluster) -> Iterator[Cluster]:
+def scenario(cluster: Cluster, rebooting: RebootScenario) -> Iterator[Cluster]:
+    """FLUO and the gate's variant for it installed, GPU nodes each in its own pool (deleted
+    after)."""
     paths = [f"/api/v1/nodes/{node}" for node in NODES]
     paths += [f"/apis/nvidia.com/v1alpha1/nvidiadrivers/{node}" for node in NODES]
     with cluster.deleted_after(*paths):
+        rebooting.install("fluo")
+        for name in NODES:
+            rebooting.gpu_node(name, name)
         yield cluster
 
 
@@ -45,12 +50,8 @@ def test_a_held_node_keeps_fluo_from_rebooting_the_others(
     scenario: Cluster, rebooting: RebootScenario, tmp_path: Path
 ) -> None:
     cluster = scenario
-    rebooting.install("fluo")
-    for name in NODES:
-        rebooting.gpu_node(name, name)
     fluo = rebooting.binaries["fluo"]
-    operator_log = cluster.logs / "update-operator.log"
-    agent_log = cluster.logs / "update-agent.log"
+    operator_log, agent_log = fluo_logs(cluster)
 
     def metadata(name: str, key: str) -> dict[str, str]:
         return dict(cluster.get(f"/api/v1/nodes/{name}")["metadata"].get(key) or {})

@@ -37,12 +37,15 @@ FIRST_LOOK_SECONDS = 150.0
 
 
 @pytest.fixture
-def scenario(cluster: Cluster) -> Iterator[Cluster]:
+def scenario(cluster: Cluster, rebooting: RebootScenario) -> Iterator[Cluster]:
+    """kured and the gate's variant for it installed, a GPU node in its pool (deleted after)."""
     with cluster.deleted_after(
         f"/api/v1/nodes/{NODE}",
         "/apis/nvidia.com/v1alpha1/nvidiadrivers/kured-pool",
         f"/api/v1/namespaces/{GATE_NAMESPACE}/pods/{DAEMONSET}-{NODE}",
     ):
+        rebooting.install("kured")
+        rebooting.gpu_node(NODE, "kured-pool")
         yield cluster
 
 
@@ -50,8 +53,6 @@ def test_kured_reboots_a_gpu_node_only_once_the_staged_release_has_its_image(
     scenario: Cluster, rebooting: RebootScenario, tmp_path: Path
 ) -> None:
     cluster = scenario
-    rebooting.install("kured")
-    rebooting.gpu_node(NODE, "kured-pool")
     daemonset = cluster.get(f"/apis/apps/v1/namespaces/{GATE_NAMESPACE}/daemonsets/{DAEMONSET}")
     pod = daemonset_pod(cluster, daemonset, NODE)
     pod_path = f"/api/v1/namespaces/{GATE_NAMESPACE}/pods/{pod['metadata']['name']}"

@@ -131,12 +131,18 @@ def rendered(cluster: Cluster, count: int = 1) -> dict[str, str]:
                     log)  # fmt: skip
 
 
+def stable_node_images(cluster: Cluster, module: Path, **driver: Any) -> dict[str, str]:
+    """What the Operator renders for one Flatcar stable node under the ClusterPolicy sample with
+    these driver fields."""
+    register_node(cluster, flatcar_node("gpu-stable", STABLE, KERNEL))
+    cluster.apply(cluster_policy(module, **driver))
+    return rendered(cluster)
+
+
 def test_cluster_policy_default_asks_for_a_published_precompiled_tag(
     clean: Cluster, operator_module: Path, releases_feed: str
 ) -> None:
-    register_node(clean, flatcar_node("gpu-stable", STABLE, KERNEL))
-    clean.apply(cluster_policy(operator_module, version=DRIVER))
-    (image,) = rendered(clean).values()
+    (image,) = stable_node_images(clean, operator_module, version=DRIVER).values()
     assert image in published("precompiled", STABLE, releases_feed)
 
 
@@ -145,9 +151,7 @@ def test_the_driver_container_is_the_one_the_integration_suite_runs(
 ) -> None:
     """The Operator's driver container, kept in tests/integration/data for the docker harness
     (test_operator_daemonset.py): the file is what this Operator renders, field for field."""
-    register_node(clean, flatcar_node("gpu-stable", STABLE, KERNEL))
-    clean.apply(cluster_policy(operator_module, version=DRIVER))
-    (name,) = rendered(clean)
+    (name,) = stable_node_images(clean, operator_module, version=DRIVER)
     daemonset = clean.get(f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets/{name}")
     spec = daemonset["spec"]["template"]["spec"]
     (container,) = [c for c in spec["containers"] if c["name"] == DRIVER_CONTAINER]
@@ -165,27 +169,23 @@ def test_the_driver_container_is_the_one_the_integration_suite_runs(
 def test_cluster_policy_build_image_version_asks_for_a_published_alias(
     clean: Cluster, operator_module: Path, releases_feed: str
 ) -> None:
-    register_node(clean, flatcar_node("gpu-stable", STABLE, KERNEL))
-    clean.apply(cluster_policy(operator_module, version=f"{DRIVER}-flatcar"))
-    (image,) = rendered(clean).values()
+    (image,) = stable_node_images(clean, operator_module, version=f"{DRIVER}-flatcar").values()
     assert image in published("build", STABLE, releases_feed)
 
 
 def test_use_precompiled_asks_for_a_published_per_kernel_tag(
     clean: Cluster, operator_module: Path, releases_feed: str
 ) -> None:
-    register_node(clean, flatcar_node("gpu-stable", STABLE, KERNEL))
-    clean.apply(cluster_policy(operator_module, version=BRANCH, usePrecompiled=True))
-    (image,) = rendered(clean).values()
+    (image,) = stable_node_images(
+        clean, operator_module, version=BRANCH, usePrecompiled=True
+    ).values()
     assert image in published("precompiled", STABLE, releases_feed)
 
 
 def test_a_one_character_change_to_our_tag_scheme_fails_the_check(
     clean: Cluster, operator_module: Path, releases_feed: str
 ) -> None:
-    register_node(clean, flatcar_node("gpu-stable", STABLE, KERNEL))
-    clean.apply(cluster_policy(operator_module, version=DRIVER))
-    (image,) = rendered(clean).values()
+    (image,) = stable_node_images(clean, operator_module, version=DRIVER).values()
     mutated = published("precompiled", STABLE, releases_feed, scheme=MUTANT)
     assert mutated, "the mutated tasks.py published nothing"
     assert image not in mutated
