@@ -38,6 +38,13 @@ def arch_of(name: str) -> str:
         ) from None
 
 
+def known_arch(arch: str) -> str:
+    """``arch`` if it is amd64 or arm64 (Go's names only)."""
+    if arch not in ARCHES:
+        raise DriverError(f"unsupported architecture {arch!r}: expected amd64 or arm64")
+    return arch
+
+
 def redist_platform(arch: str) -> str:
     return f"linux-{REDIST_ARCH[arch]}"
 
@@ -47,9 +54,7 @@ def redist_platform(arch: str) -> str:
 
 def run_name(version: str, arch: str) -> str:
     """NVIDIA's installer of ``version`` for ``arch``: NVIDIA-Linux-x86_64-580.105.08.run."""
-    if arch not in MACHINE:
-        raise DriverError(f"unsupported architecture {arch!r}: expected amd64 or arm64")
-    return f"NVIDIA-Linux-{MACHINE[arch]}-{version}.run"
+    return f"NVIDIA-Linux-{MACHINE[known_arch(arch)]}-{version}.run"
 
 
 def driver_url(base_url: str, version: str, arch: str) -> str:
