@@ -82,9 +82,6 @@ class Commands:
             raise DriverError(f"{name} failed (exit {result.returncode}): {reason}")
         return result
 
-    def succeeds(self, name: str, *args: str | os.PathLike[str]) -> bool:
-        return self.run(name, *args, check=False).returncode == 0
-
     def spawn(self, name: str, *args: str | os.PathLike[str], log: Path) -> int:
         """Start a daemon that stays in the foreground, detached, its output in log; its pid."""
         argv = self.argv(name, args)

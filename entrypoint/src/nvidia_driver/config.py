@@ -141,7 +141,3 @@ class DriverConfig:
             allow_non_flatcar=_flag(env, ALLOW_NON_FLATCAR),
             max_threads=int(threads) if threads else 0,
         )
-
-    @property
-    def driver_arch(self) -> str:
-        return naming.MACHINE[self.target_arch]

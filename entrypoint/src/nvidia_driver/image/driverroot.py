@@ -130,11 +130,10 @@ def exclusion(file_name: str, file_type: str, arch: str | None = None) -> str | 
 def unclaimed_error(version: str, entries: Iterable[tuple[int, str, str]]) -> DriverError:
     """One line naming the .manifest entries (line, file, type) nothing claims or excludes."""
     listed = list(entries)
-    shown = ", ".join(f"{file} ({file_type}, line {line})" for line, file, file_type in listed)
+    shown = ", ".join(
+        f"{file} ({file_type}, line {line})" for line, file, file_type in listed[:_MAX_LISTED]
+    )
     if len(listed) > _MAX_LISTED:
-        shown = ", ".join(
-            f"{file} ({file_type}, line {line})" for line, file, file_type in listed[:_MAX_LISTED]
-        )
         shown += f" and {len(listed) - _MAX_LISTED} more"
     return DriverError(
         f"the NVIDIA {version} .manifest lists {shown}, which no install group claims and no "

@@ -14,7 +14,6 @@ from nvidia_driver.paths import Paths
 
 NVIDIA_VENDOR = 0x10DE
 GPU_CLASSES = (0x0300, 0x0302)  # VGA controller, 3D controller
-NVSWITCH_CLASS = 0x0680  # "other bridge"
 MELLANOX_VENDOR = 0x15B3
 _MAX_FACT_BYTES = 1 << 20  # os-release, /proc and /sys files are a few KiB at most
 _ABSENT = (FileNotFoundError, NotADirectoryError, IsADirectoryError)
@@ -77,10 +76,6 @@ class PciDevice:
     @property
     def is_gpu(self) -> bool:
         return self.vendor == NVIDIA_VENDOR and (self.pci_class >> 8) in GPU_CLASSES
-
-    @property
-    def is_nvswitch(self) -> bool:
-        return self.vendor == NVIDIA_VENDOR and (self.pci_class >> 8) == NVSWITCH_CLASS
 
     def describe(self) -> str:
         return f"{self.address} [{self.vendor:04x}:{self.device:04x}]"
