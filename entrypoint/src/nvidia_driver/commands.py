@@ -52,7 +52,7 @@ class Commands:
         return found
 
     def argv(self, name: str, args: Sequence[str | os.PathLike[str]]) -> list[str]:
-        return [self.require(name), *map(os.fspath, args)]
+        return [self.require(name), *(os.fspath(arg) for arg in args)]
 
     def run(
         self,
