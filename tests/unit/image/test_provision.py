@@ -466,40 +466,37 @@ def test_archive_links_cannot_lead_out_of_their_directory(
     assert not (tmp_path / "planted").exists()
 
 
-@pytest.mark.parametrize("name", ["../escape", "/abs/file", "other-top/bin/x"])
-def test_archive_members_cannot_escape(tmp_path: Path, name: str) -> None:
+def _one_member_archive(
+    tmp_path: Path, info: tarfile.TarInfo, data: bytes = b""
+) -> tuple[Path, redist.Archive]:
+    """A fabric manager archive of the one member ``info``."""
     path = tmp_path / "a.tar.xz"
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:xz") as tar:
-        tar.addfile(tarfile.TarInfo(name), io.BytesIO(b""))
+        tar.addfile(info, io.BytesIO(data))
     path.write_bytes(buffer.getvalue())
-    archive = redist.Archive(redist.FABRICMANAGER, VERSION, f"x/{FM_TOP}.tar.xz", "0" * 64)
+    return path, redist.Archive(redist.FABRICMANAGER, VERSION, f"x/{FM_TOP}.tar.xz", "0" * 64)
+
+
+@pytest.mark.parametrize("name", ["../escape", "/abs/file", "other-top/bin/x"])
+def test_archive_members_cannot_escape(tmp_path: Path, name: str) -> None:
+    path, archive = _one_member_archive(tmp_path, tarfile.TarInfo(name))
     with pytest.raises(DriverError, match=r"not a plain relative path|outside its top directory"):
         redist.install_archive(path, archive, tmp_path / "root", "amd64")
 
 
 def test_devices_and_hard_links_are_refused(tmp_path: Path) -> None:
-    path = tmp_path / "a.tar.xz"
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:xz") as tar:
-        info = tarfile.TarInfo(f"{FM_TOP}/bin/nv-fabricmanager")
-        info.type, info.linkname = tarfile.LNKTYPE, "/etc/shadow"
-        tar.addfile(info)
-    path.write_bytes(buffer.getvalue())
-    archive = redist.Archive(redist.FABRICMANAGER, VERSION, f"x/{FM_TOP}.tar.xz", "0" * 64)
+    info = tarfile.TarInfo(f"{FM_TOP}/bin/nv-fabricmanager")
+    info.type, info.linkname = tarfile.LNKTYPE, "/etc/shadow"
+    path, archive = _one_member_archive(tmp_path, info)
     with pytest.raises(DriverError, match="neither a file nor a symlink"):
         redist.install_archive(path, archive, tmp_path / "root", "amd64")
 
 
 def test_setuid_bits_in_an_archive_are_dropped(tmp_path: Path) -> None:
-    path = tmp_path / "a.tar.xz"
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:xz") as tar:
-        info = tarfile.TarInfo(f"{FM_TOP}/bin/nv-fabricmanager")
-        info.size, info.mode = 2, 0o4755
-        tar.addfile(info, io.BytesIO(b"fm"))
-    path.write_bytes(buffer.getvalue())
-    archive = redist.Archive(redist.FABRICMANAGER, VERSION, f"x/{FM_TOP}.tar.xz", "0" * 64)
+    info = tarfile.TarInfo(f"{FM_TOP}/bin/nv-fabricmanager")
+    info.size, info.mode = 2, 0o4755
+    path, archive = _one_member_archive(tmp_path, info, b"fm")
     redist.install_archive(path, archive, tmp_path / "root", "amd64")
     mode = (tmp_path / "root/usr/bin/nv-fabricmanager").stat().st_mode
     assert mode & 0o7777 == 0o755

@@ -1,10 +1,8 @@
 """What a headless compute node gets of a driver .run, and where nvidia-installer would put it.
 
-The groups cover the container toolkit's utility, compute, video and graphics lists
-(driver-root.toml) and what they load (docs/nvidia-run-format.md section 4). Files
-are picked by basename (the manifest's TYPE does not separate compute from graphics) and the
-TYPE decides where they go; every entry is installed by a group or excluded by a rule of
-driver-root.toml.
+Files are picked by basename (the manifest's TYPE does not separate compute from graphics) and
+the TYPE decides where they go (docs/nvidia-run-format.md section 4); every entry is installed
+by a group or excluded by a rule of driver-root.toml.
 """
 
 from __future__ import annotations

@@ -7,11 +7,8 @@ the other tools, the GSP firmware (under /opt/lib/firmware/nvidia/<version>, whi
 into the Operator's /lib/firmware mount), and the kernel module sources that the build and the
 GDS/GDRCopy sidecars look for in /usr/src/nvidia-<version>.
 
-Files are picked by basename (the manifest's TYPE does not separate compute from graphics) and
-the TYPE decides where they go (manifest.py, selection.py). The install is all or nothing
-(transaction.py): every file is first written under a temporary name beside its destination,
-then all are renamed into place; a failure before or during that, or in ldconfig afterwards,
-removes what was written and puts back what was replaced.
+What goes where is selection.py's; the install, ldconfig included, is all or nothing
+(transaction.py).
 
 Usage at image build::
 

@@ -78,10 +78,6 @@ def _kernel(entry: Mapping[str, object], key: str, index: Path) -> KernelVersion
     return parse_kernel_release(text)
 
 
-def _optional_kernel(entry: Mapping[str, object], key: str, index: Path) -> KernelVersion | None:
-    return None if entry.get(key) is None else _kernel(entry, key, index)
-
-
 def _branches(entry: Mapping[str, object], index: Path) -> frozenset[int]:
     value = entry.get("branches")
     if not isinstance(value, list) or not value:
@@ -113,7 +109,7 @@ def _patch(entry: object, patch_dir: Path, index: Path) -> Patch:
         path=_patch_file(entry, patch_dir, index),
         branches=_branches(entry, index),
         min_kernel=_kernel(entry, "min_kernel", index),
-        max_kernel=_optional_kernel(entry, "max_kernel", index),
+        max_kernel=None if entry["max_kernel"] is None else _kernel(entry, "max_kernel", index),
         trees=_trees(entry, index),
         reason=_text(entry, "reason", index),
         note=_text(entry, "note", index),
