@@ -20,15 +20,17 @@ from nvidia_driver.paths import FABRICMANAGER_CONFIG, Paths
 from nvidia_driver.safetext import unsafe
 
 
+def _nvidia_driver(*args: str) -> str:
+    """What ``python -m nvidia_driver args`` prints."""
+    return subprocess.run(
+        [sys.executable, "-m", "nvidia_driver", *args], capture_output=True, text=True, check=True
+    ).stdout
+
+
 def test_help_lists_every_subcommand() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "nvidia_driver", "--help"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    output = _nvidia_driver("--help")
     for command in cli.SUBCOMMANDS:
-        assert command in result.stdout
+        assert command in output
 
 
 def test_help_imports_nothing_heavy() -> None:
@@ -45,15 +47,10 @@ def test_help_imports_nothing_heavy() -> None:
 
 
 def test_version_is_the_packages() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "nvidia_driver", "--version"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    output = _nvidia_driver("--version")
     # The tests run against the installed package: its metadata and its code say the same.
     assert metadata.version(cli.DISTRIBUTION) == nvidia_driver.__version__
-    assert result.stdout == f"nvidia-driver {nvidia_driver.__version__}\n"
+    assert output == f"nvidia-driver {nvidia_driver.__version__}\n"
 
 
 def test_version_without_package_metadata(
