@@ -7,6 +7,7 @@ Every grammar is ASCII: ``\\d`` and ``str.isdigit()`` take digits such as "²" o
 
 from __future__ import annotations
 
+import platform
 import re
 from typing import NamedTuple
 
@@ -26,6 +27,12 @@ TRIPLETS = {"amd64": "x86_64-linux-gnu", "arm64": "aarch64-linux-gnu"}
 KBUILD_ARCH = {"amd64": "x86_64", "arm64": "arm64"}
 # The platform redistrib_<V>.json names (linux-x86_64, linux-sbsa).
 REDIST_ARCH = {"amd64": "x86_64", "arm64": "sbsa"}
+
+
+def machine_arch() -> str:
+    """This machine's architecture, as Go names it (an unknown one as uname -m does)."""
+    machine = platform.machine()
+    return ARCH_OF.get(machine, machine)
 
 
 def arch_of(name: str) -> str:

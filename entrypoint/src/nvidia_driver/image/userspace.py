@@ -19,7 +19,6 @@ Usage at image build::
 from __future__ import annotations
 
 import argparse
-import platform
 import shutil
 import sys
 import tempfile
@@ -49,7 +48,7 @@ from nvidia_driver.image.selection import (
 )
 from nvidia_driver.image.transaction import Transaction, all_or_nothing
 from nvidia_driver.log import error, say, warn
-from nvidia_driver.naming import ARCH_OF, MACHINE, TRIPLETS
+from nvidia_driver.naming import MACHINE, TRIPLETS, machine_arch
 
 SETUID_PROGRAM = "nvidia-modprobe"  # setuid root, so that users can create the device nodes
 _PRIVILEGE_BITS = 0o6000  # setuid and setgid
@@ -76,10 +75,10 @@ class InstallResult:
 
 
 def host_arch() -> str:
-    machine = platform.machine()
-    if machine in MACHINE.values():
-        return ARCH_OF[machine]
-    raise DriverError(f"no NVIDIA driver userspace for this machine ({machine}); use --arch")
+    arch = machine_arch()
+    if arch in TRIPLETS:
+        return arch
+    raise DriverError(f"no NVIDIA driver userspace for this machine ({arch}); use --arch")
 
 
 def _known_arch(arch: str) -> str:
