@@ -253,12 +253,8 @@ def test_the_docs_carry_the_registry_s_table() -> None:
 
 
 def test_the_settings_command_lists_every_variable() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "nvidia_driver", "settings"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    listed = {line.split("=", 1)[0] for line in result.stdout.splitlines() if line[:1].isupper()}
+    command = [sys.executable, "-m", "nvidia_driver", "settings"]
+    output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    listed = {line.split("=", 1)[0] for line in output.splitlines() if line[:1].isupper()}
     assert listed == {name + "<FIELD>" if name.endswith("_") else name for name in SETTINGS}
-    assert "NVIDIA_DRIVER_HOST_ROOT=/" in result.stdout.splitlines()
+    assert "NVIDIA_DRIVER_HOST_ROOT=/" in output.splitlines()

@@ -701,12 +701,12 @@ def test_an_image_without_nvidia_imex_says_why_it_skips_the_daemon(host: Simulat
     (host.bin_dir / "nvidia-imex").unlink()
     host.write("/proc/1/root/etc/nvidia-imex/nodes_config.cfg", "10.0.0.1\n10.0.0.2\n")
     result = init_waiting(host)
+    assert result.terminate() == 0
     assert (
         "Skipping NVIDIA IMEX daemon: this image has no nvidia-imex (NVIDIA's redist lists no "
         "IMEX for this driver, or versions.toml records no IMEX digest and the image build "
         "left it out)" in result.output
     )
-    assert result.terminate() == 0
 
 
 def test_imex_starts_only_on_a_node_configured_for_a_domain(host: SimulatedHost) -> None:
