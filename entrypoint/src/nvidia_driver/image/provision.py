@@ -185,15 +185,13 @@ def install_redist(
             path.unlink()
             if archive.component is redist.NVLSM:
                 redist.link_nvlsm_config(root)
-            _check_installed(root, archive.component.key, arch)
+            _check_installed(root, archive.component.key)
     _update_linker_cache(root)
     return archives
 
 
-def _check_installed(root: Path, component: str, arch: str) -> None:
-    required = [name.format(lib=f"usr/lib/{TRIPLETS[arch]}") for name in REQUIRED_FILES.get(
-        component, ())]  # fmt: skip
-    missing = [name for name in required if not (root / name).exists()]
+def _check_installed(root: Path, component: str) -> None:
+    missing = [name for name in REQUIRED_FILES.get(component, ()) if not (root / name).exists()]
     if missing:
         raise DriverError(f"the {component} archive lacks {', '.join(missing)}: wrong archive?")
 

@@ -78,12 +78,8 @@ def print_status(ctx: Context, env: Mapping[str, str]) -> int:
         _row("Precompiled package", found)
     _row("Loaded modules", describe_modules(facts.module_refcounts) or "none")
     daemons = DaemonManager(ctx.paths, ctx.commands, config).running()
-    _row(
-        "Daemons",
-        ", ".join(
-            f"{name}: {f'pid {pid}' if pid else 'not running'}" for name, pid in daemons.items()
-        ),
-    )
+    states = (f"{name}: {f'pid {pid}' if pid else 'not running'}" for name, pid in daemons.items())
+    _row("Daemons", ", ".join(states))
     _fabric_rows(ctx.paths)
     root = ctx.paths.driver_root
     _row("Driver root", f"{root} ({'mounted' if is_mounted(ctx.paths) else 'not mounted'})")
