@@ -29,10 +29,7 @@ DRAIN_LIMIT = 16 * 1024 * 1024
 
 
 def _first_line(text: str) -> str:
-    for line in text.splitlines():
-        if line.strip():
-            return line.strip()
-    return ""
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
 
 
 @dataclass

@@ -152,10 +152,8 @@ def select_patches(branch: int, kernel_release: str, module_type_dir: str) -> li
 
 def _problem(result: subprocess.CompletedProcess[str]) -> str:
     lines = [line.strip() for line in (result.stdout + result.stderr).splitlines() if line.strip()]
-    for line in lines:
-        if _PATCH_PROBLEM.search(line):
-            return line
-    return lines[-1] if lines else f"exit {result.returncode}"
+    fallback = lines[-1] if lines else f"exit {result.returncode}"
+    return next((line for line in lines if _PATCH_PROBLEM.search(line)), fallback)
 
 
 def _run_patch(patch: Patch, source_dir: Path, commands: Commands, *extra: str) -> None:

@@ -117,13 +117,8 @@ def read_os_release(paths: Paths) -> dict[str, str]:
 
 def read_lockdown(paths: Paths) -> str:
     """The active lockdown mode: none, integrity or confidentiality ("" if unknown)."""
-    text = _read(paths.lockdown)
-    if not text:
-        return ""
-    for word in text.split():
-        if word.startswith("[") and word.endswith("]"):
-            return word[1:-1]
-    return ""
+    words = (_read(paths.lockdown) or "").split()
+    return next((word[1:-1] for word in words if word.startswith("[") and word.endswith("]")), "")
 
 
 def module_refcounts(paths: Paths) -> dict[str, int]:
