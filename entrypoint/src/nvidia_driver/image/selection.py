@@ -167,10 +167,8 @@ def _group_of(entry: ManifestEntry, man_pages: bool) -> str | None:
         wanted = man_pages and entry.name.endswith(MAN_PAGE_SUFFIX) and page_of in PROGRAMS
         return MAN_PAGES_GROUP if wanted else None
     library = library_name(entry.name)
-    for group in GROUPS:
-        if entry.name in group.files or library in group.libraries:
-            return group.title
-    return None
+    groups = (group for group in GROUPS if entry.name in group.files or library in group.libraries)
+    return next((group.title for group in groups), None)
 
 
 def _destination(entry: ManifestEntry, layout: Layout) -> PurePosixPath | None:
