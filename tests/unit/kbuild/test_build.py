@@ -71,16 +71,9 @@ def _relocations_against(symbol: str, obj: Path, commands: Commands) -> list[str
 
 
 def _patch(path: Path, name: str = "fix") -> Patch:
-    return Patch(
-        name=name,
-        path=path,
-        branches=frozenset({580}),
-        min_kernel=KernelVersion(6, 12, 0),
-        max_kernel=None,
-        trees=frozenset({"kernel-open"}),
-        reason="r",
-        note="n",
-    )
+    """A patch for branch 580 on kernel-open from 6.12 on."""
+    kernel_open = frozenset({"kernel-open"})
+    return Patch(name, path, frozenset({580}), KernelVersion(6, 12, 0), None, kernel_open, "r", "n")
 
 
 def test_the_module_sources_digest_follows_the_sources_and_the_patches(tmp_path: Path) -> None:
