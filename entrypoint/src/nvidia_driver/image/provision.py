@@ -37,7 +37,7 @@ from nvidia_driver.commands import Commands
 from nvidia_driver.digests import ANY, digest_list
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats import jsontext
-from nvidia_driver.image.driverroot import verify_root
+from nvidia_driver.image.driverroot import ldconfig_root, verify_root
 from nvidia_driver.log import say
 from nvidia_driver.naming import ARCHES, TRIPLETS, driver_url, known_arch, redist_manifest_url
 from nvidia_driver.settings import NVIDIA_DRIVER_REDIRECT_HOSTS
@@ -198,8 +198,7 @@ def _check_installed(root: Path, component: str) -> None:
 
 def _update_linker_cache(root: Path) -> None:
     # SONAME links (libnvidia-nscq.so.2) come from ldconfig, as nvidia-installer's do.
-    argv = ["ldconfig"] if root == Path("/") else ["ldconfig", "-r", str(root)]
-    _run(argv)
+    _run(["ldconfig", *ldconfig_root(root)])
 
 
 def verify(*, version: str, arch: str, root: Path) -> None:

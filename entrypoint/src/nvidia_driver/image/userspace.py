@@ -29,6 +29,7 @@ from pathlib import Path, PurePosixPath
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
 from nvidia_driver.image import runfile as run
+from nvidia_driver.image.driverroot import ldconfig_root
 from nvidia_driver.image.manifest import (
     MANIFEST,
     ManifestEntry,
@@ -238,12 +239,8 @@ def _stage_sources(
 
 
 def _update_linker_cache(root: Path, commands: Commands) -> None:
-    # ldconfig also creates SONAME links the manifest lacks. -r chroots, so only for a root
-    # other than the running system's.
-    if root == Path("/"):
-        commands.run("ldconfig")
-    else:
-        commands.run("ldconfig", "-r", root)
+    # ldconfig also creates SONAME links the manifest lacks.
+    commands.run("ldconfig", *ldconfig_root(root))
 
 
 def _groups(planned: list[PlannedFile]) -> list[InstalledGroup]:
