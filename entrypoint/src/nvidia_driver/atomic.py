@@ -49,6 +49,14 @@ def write_atomically(path: Path, data: str | bytes, mode: int = DEFAULT_MODE) ->
     sync_directory(path.parent)
 
 
+def remove(path: Path, *, ignore_errors: bool = False) -> None:
+    """Remove a file, a link or a directory tree; a link to a directory is not followed."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=ignore_errors)
+    else:
+        path.unlink(missing_ok=True)
+
+
 def sync_directory(directory: Path) -> None:
     """Make a rename in ``directory`` durable."""
     descriptor = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)

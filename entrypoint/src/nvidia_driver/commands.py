@@ -29,10 +29,7 @@ DRAIN_LIMIT = 16 * 1024 * 1024
 
 
 def _first_line(text: str) -> str:
-    for line in text.splitlines():
-        if line.strip():
-            return line.strip()
-    return ""
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
 
 
 @dataclass
@@ -51,6 +48,9 @@ class Commands:
             )
         return found
 
+    def argv(self, name: str, args: Sequence[str | os.PathLike[str]]) -> list[str]:
+        return [self.require(name), *(os.fspath(arg) for arg in args)]
+
     def run(
         self,
         name: str,
@@ -61,17 +61,15 @@ class Commands:
         extra_env: Mapping[str, str] | None = None,
     ) -> subprocess.CompletedProcess[str]:
         """Run to completion, capturing output; on failure raise with the command's own reason."""
-        argv = [self.require(name), *(os.fspath(arg) for arg in args)]
-        env = {**self.env, **(extra_env or {})}
         try:
             result = subprocess.run(
-                argv,
+                self.argv(name, args),
                 capture_output=True,
                 text=True,
                 check=False,
                 timeout=timeout,
                 cwd=cwd,
-                env=env,
+                env={**self.env, **(extra_env or {})},
                 stdin=subprocess.DEVNULL,
             )
         except subprocess.TimeoutExpired as exc:
@@ -81,12 +79,9 @@ class Commands:
             raise DriverError(f"{name} failed (exit {result.returncode}): {reason}")
         return result
 
-    def succeeds(self, name: str, *args: str | os.PathLike[str]) -> bool:
-        return self.run(name, *args, check=False).returncode == 0
-
     def spawn(self, name: str, *args: str | os.PathLike[str], log: Path) -> int:
         """Start a daemon that stays in the foreground, detached, its output in log; its pid."""
-        argv = [self.require(name), *(os.fspath(arg) for arg in args)]
+        argv = self.argv(name, args)
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("ab") as out:
             actions = [
@@ -111,9 +106,8 @@ class Commands:
         It runs in its own process group: leaving the block early (an error, a signal) kills
         the whole group, so no compiler a ``make -j`` started keeps writing after it.
         """
-        argv = [self.require(name), *(os.fspath(arg) for arg in args)]
         process = subprocess.Popen(
-            argv,
+            self.argv(name, args),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -143,7 +137,7 @@ class Commands:
         to :data:`DRAIN_LIMIT` bytes, so that a filter is never killed by a closed pipe; a failed
         exit raises with its own reason, and more output than the limit with that.
         """
-        argv = [self.require(name), *(os.fspath(arg) for arg in args)]
+        argv = self.argv(name, args)
         # stderr goes to a file: a pipe nobody reads while stdout is read could fill and block.
         with tempfile.TemporaryFile() as errors:
             process = subprocess.Popen(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import platform
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -83,7 +82,7 @@ def _driver_branch(env: Mapping[str, str], version: str) -> int:
 def _target_arch(env: Mapping[str, str]) -> str:
     raw = env.get(TARGETARCH, "").strip()
     if not raw:
-        return naming.ARCH_OF.get(platform.machine(), platform.machine())
+        return naming.machine_arch()
     if raw not in naming.ARCHES:
         raise _invalid(TARGETARCH, raw, ", ".join(naming.ARCHES))
     return raw
@@ -141,7 +140,3 @@ class DriverConfig:
             allow_non_flatcar=_flag(env, ALLOW_NON_FLATCAR),
             max_threads=int(threads) if threads else 0,
         )
-
-    @property
-    def driver_arch(self) -> str:
-        return naming.MACHINE[self.target_arch]

@@ -24,12 +24,8 @@ from nvidia_driver.errors import DriverError
 MAX_SYMLINKS = 40  # the kernel's limit (MAXSYMLINKS)
 
 
-class _LeavesRootError(Exception):
-    pass
-
-
-class _LoopError(Exception):
-    pass
+class _UnresolvableError(Exception):
+    """The walk leaves the root (never in a chroot), or loops."""
 
 
 def _walk(root: str, parts: list[str], *, chroot: bool) -> list[str]:
@@ -45,7 +41,7 @@ def _walk(root: str, parts: list[str], *, chroot: bool) -> list[str]:
             if resolved:
                 resolved.pop()
             elif not chroot:
-                raise _LeavesRootError
+                raise _UnresolvableError
             continue
         try:
             # String paths: a lookup per component, no Path object built for each.
@@ -55,10 +51,10 @@ def _walk(root: str, parts: list[str], *, chroot: bool) -> list[str]:
             continue
         followed += 1
         if followed > MAX_SYMLINKS:
-            raise _LoopError
+            raise _UnresolvableError
         if target.startswith("/"):
             if not chroot:
-                raise _LeavesRootError
+                raise _UnresolvableError
             resolved = []
         pending.extend(reversed(target.split("/")))
     return resolved
@@ -76,7 +72,7 @@ def resolve_within(root: Path, path: Path) -> Path:
         raise DriverError(f"{path} is not under {root}") from None
     try:
         resolved = _walk(os.fspath(root), list(relative.parts), chroot=True)
-    except _LoopError:
+    except _UnresolvableError:
         raise DriverError(f"too many levels of symbolic links at {path}") from None
     return root.joinpath(*resolved)
 
@@ -85,7 +81,7 @@ def resolves_inside(root: Path, relative: str) -> bool:
     """Whether ``relative`` (a path in the tree at ``root``) resolves to a place in it."""
     try:
         _walk(os.fspath(root), relative.split("/"), chroot=False)
-    except (_LeavesRootError, _LoopError):
+    except _UnresolvableError:
         return False
     return True
 

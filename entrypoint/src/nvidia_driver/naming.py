@@ -7,6 +7,7 @@ Every grammar is ASCII: ``\\d`` and ``str.isdigit()`` take digits such as "²" o
 
 from __future__ import annotations
 
+import platform
 import re
 from typing import NamedTuple
 
@@ -28,6 +29,12 @@ KBUILD_ARCH = {"amd64": "x86_64", "arm64": "arm64"}
 REDIST_ARCH = {"amd64": "x86_64", "arm64": "sbsa"}
 
 
+def machine_arch() -> str:
+    """This machine's architecture, as Go names it (an unknown one as uname -m does)."""
+    machine = platform.machine()
+    return ARCH_OF.get(machine, machine)
+
+
 def arch_of(name: str) -> str:
     """amd64 or arm64 for either spelling of an architecture."""
     try:
@@ -36,6 +43,13 @@ def arch_of(name: str) -> str:
         raise DriverError(
             f"unsupported architecture {name!r}: expected one of {', '.join(ARCH_OF)}"
         ) from None
+
+
+def known_arch(arch: str) -> str:
+    """``arch`` if it is amd64 or arm64 (Go's names only)."""
+    if arch not in ARCHES:
+        raise DriverError(f"unsupported architecture {arch!r}: expected amd64 or arm64")
+    return arch
 
 
 def redist_platform(arch: str) -> str:
@@ -47,9 +61,7 @@ def redist_platform(arch: str) -> str:
 
 def run_name(version: str, arch: str) -> str:
     """NVIDIA's installer of ``version`` for ``arch``: NVIDIA-Linux-x86_64-580.105.08.run."""
-    if arch not in MACHINE:
-        raise DriverError(f"unsupported architecture {arch!r}: expected amd64 or arm64")
-    return f"NVIDIA-Linux-{MACHINE[arch]}-{version}.run"
+    return f"NVIDIA-Linux-{MACHINE[known_arch(arch)]}-{version}.run"
 
 
 def driver_url(base_url: str, version: str, arch: str) -> str:

@@ -29,6 +29,16 @@ IMAGE_FIRMWARE_DIR = "/opt/lib/firmware/nvidia"
 FIRMWARE_DIR = "/lib/firmware/nvidia"
 
 
+class Under:
+    """A fixed path under the root: ``paths.mounts`` is ``paths("/proc/mounts")``."""
+
+    def __init__(self, absolute: str) -> None:
+        self.absolute = absolute
+
+    def __get__(self, paths: Paths, owner: type[Paths]) -> Path:
+        return paths(self.absolute)
+
+
 @dataclass(frozen=True)
 class Paths:
     root: Path
@@ -49,120 +59,43 @@ class Paths:
         """The path ``absolute`` under the root."""
         return self.root / absolute.lstrip("/")
 
-    @property
-    def host_os_release(self) -> Path:
-        return self("/host-etc/os-release")
-
-    @property
-    def host_filesystem(self) -> Path:
-        # With hostPID, PID 1's root is the host's /.
-        return self("/proc/1/root")
-
-    @property
-    def proc_version(self) -> Path:
-        return self("/proc/version")
-
-    @property
-    def kernel_osrelease(self) -> Path:
-        # uname -r is not namespaced; this file is the same fact, readable under the root.
-        return self("/proc/sys/kernel/osrelease")
-
-    @property
-    def mounts(self) -> Path:
-        return self("/proc/mounts")
-
-    @property
-    def pci_devices(self) -> Path:
-        return self("/sys/bus/pci/devices")
-
-    @property
-    def nvswitch_devices(self) -> Path:
-        return self("/proc/driver/nvidia-nvswitch/devices")
-
-    @property
-    def infiniband(self) -> Path:
-        return self("/sys/class/infiniband")
-
-    @property
-    def lockdown(self) -> Path:
-        return self("/sys/kernel/security/lockdown")
-
-    @property
-    def selinux_enforce(self) -> Path:
-        return self("/sys/fs/selinux/enforce")
-
-    @property
-    def sys_module(self) -> Path:
-        return self("/sys/module")
-
-    @property
-    def firmware_search_path(self) -> Path:
-        return self("/sys/module/firmware_class/parameters/path")
-
-    @property
-    def run_nvidia(self) -> Path:
-        return self("/run/nvidia")
-
-    @property
-    def pid_file(self) -> Path:
-        return self("/run/nvidia/nvidia-driver.pid")
-
-    @property
-    def state_file(self) -> Path:
-        return self("/run/nvidia/nvidia-driver.state")
-
-    @property
-    def validations(self) -> Path:
-        return self("/run/nvidia/validations")
-
-    @property
-    def daemons_status(self) -> Path:
-        return self("/run/nvidia/validations/.driver-daemons-status")
-
-    @property
-    def driver_ctr_ready(self) -> Path:
-        return self("/run/nvidia/validations/.driver-ctr-ready")
-
-    @property
-    def driver_root(self) -> Path:
-        return self(DRIVER_ROOT)
-
-    @property
-    def build_cache(self) -> Path:
-        # Under /run/nvidia (a hostPath) so that a restarted pod finds what it built before.
-        return self("/run/nvidia/cache")
-
-    @property
-    def work_cache(self) -> Path:
-        # In the container's own writable layer, on the node's disk: large transient material
-        # (kernel trees, developer containers) that must not fill /run, which is RAM.
-        return self("/var/cache/nvidia-driver")
-
-    @property
-    def mellanox_ready(self) -> Path:
-        return self("/run/mellanox/drivers/.driver-ready")
-
-    @property
-    def ofa_kernel(self) -> Path:
-        return self(OFA_KERNEL)
+    host_os_release = Under("/host-etc/os-release")
+    # With hostPID, PID 1's root is the host's /.
+    host_filesystem = Under("/proc/1/root")
+    proc_version = Under("/proc/version")
+    # uname -r is not namespaced; this file is the same fact, readable under the root.
+    kernel_osrelease = Under("/proc/sys/kernel/osrelease")
+    mounts = Under("/proc/mounts")
+    pci_devices = Under("/sys/bus/pci/devices")
+    nvswitch_devices = Under("/proc/driver/nvidia-nvswitch/devices")
+    infiniband = Under("/sys/class/infiniband")
+    lockdown = Under("/sys/kernel/security/lockdown")
+    selinux_enforce = Under("/sys/fs/selinux/enforce")
+    sys_module = Under("/sys/module")
+    firmware_search_path = Under("/sys/module/firmware_class/parameters/path")
+    run_nvidia = Under("/run/nvidia")
+    pid_file = Under("/run/nvidia/nvidia-driver.pid")
+    state_file = Under("/run/nvidia/nvidia-driver.state")
+    validations = Under("/run/nvidia/validations")
+    daemons_status = Under("/run/nvidia/validations/.driver-daemons-status")
+    driver_ctr_ready = Under("/run/nvidia/validations/.driver-ctr-ready")
+    driver_root = Under(DRIVER_ROOT)
+    # Under /run/nvidia (a hostPath) so that a restarted pod finds what it built before.
+    build_cache = Under("/run/nvidia/cache")
+    # In the container's own writable layer, on the node's disk: large transient material
+    # (kernel trees, developer containers) that must not fill /run, which is RAM.
+    work_cache = Under("/var/cache/nvidia-driver")
+    mellanox_ready = Under("/run/mellanox/drivers/.driver-ready")
+    ofa_kernel = Under(OFA_KERNEL)
+    drivers = Under("/drivers")
+    modprobe_d = Under("/etc/modprobe.d")
+    # The precompiled image adds exactly this directory on top of the build image.
+    precompiled = Under("/opt/nvidia/precompiled")
 
     @property
     def host_imex_nodes(self) -> Path:
         """The node's IMEX domain (NVIDIA's IMEX_NODE_CONFIG_FILE default), seen via hostPID."""
         return self.host_filesystem / "etc/nvidia-imex/nodes_config.cfg"
-
-    @property
-    def drivers(self) -> Path:
-        return self("/drivers")
-
-    @property
-    def modprobe_d(self) -> Path:
-        return self("/etc/modprobe.d")
-
-    @property
-    def precompiled(self) -> Path:
-        # The precompiled image adds exactly this directory on top of the build image.
-        return self("/opt/nvidia/precompiled")
 
     def image_firmware(self, driver_version: str) -> Path:
         return self(f"{IMAGE_FIRMWARE_DIR}/{driver_version}")

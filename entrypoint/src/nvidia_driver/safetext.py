@@ -44,10 +44,7 @@ ANNOTATION_SHOWN = 400
 
 def unsafe(text: str) -> str | None:
     """The first line break or control character in ``text``; None when it holds none."""
-    for character in text:
-        if unicodedata.category(character) in UNSAFE_CATEGORIES:
-            return character
-    return None
+    return next((c for c in text if unicodedata.category(c) in UNSAFE_CATEGORIES), None)
 
 
 def check(text: str, what: str, fix: str) -> str:

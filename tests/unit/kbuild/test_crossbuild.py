@@ -13,9 +13,10 @@ from simhost import SimulatedHost
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
 from nvidia_driver.kbuild.compiler import choose_compiler, kernel_config
-from nvidia_driver.kbuild.crossbuild import build_machine, build_target, tree_arch
+from nvidia_driver.kbuild.crossbuild import build_target, tree_arch
+from nvidia_driver.naming import machine_arch
 
-ON_ARM64 = build_machine() == "arm64"
+ON_ARM64 = machine_arch() == "arm64"
 OTHER_ARCH = "amd64" if ON_ARM64 else "arm64"
 OTHER_PREFIX = "x86_64-linux-gnu-" if ON_ARM64 else "aarch64-linux-gnu-"
 
@@ -30,7 +31,7 @@ def test_a_cross_build_without_the_cross_gcc_says_which_package_it_needs(
     triplet = OTHER_PREFIX.removesuffix("-").replace("_", "-")  # Debian's package names
     assert str(caught.value) == (
         f"the kernel was built with gcc 14 for {OTHER_ARCH}, and cross-building for "
-        f"{OTHER_ARCH} on this {build_machine()} machine needs {OTHER_PREFIX}gcc-14 (Debian's "
+        f"{OTHER_ARCH} on this {machine_arch()} machine needs {OTHER_PREFIX}gcc-14 (Debian's "
         f"gcc-14-{triplet}), which is not on PATH (found: none); install it, or build on a "
         f"{OTHER_ARCH} machine"
     )

@@ -13,9 +13,9 @@ from __future__ import annotations
 import pytest
 from simhost import ARM64_BANNER, GB200, GH200, KERNEL, SimulatedHost
 
-from nvidia_driver.kbuild.crossbuild import build_machine
+from nvidia_driver.naming import machine_arch
 
-ON_ARM64 = build_machine() == "arm64"
+ON_ARM64 = machine_arch() == "arm64"
 
 
 @pytest.mark.parametrize("gpu", [GH200, GB200], ids=["gh200", "gb200"])

@@ -133,7 +133,7 @@ def test_configuration_from_the_operator_environment() -> None:
     )
     assert parsed.kernel_module_type == "open"
     assert parsed.driver_branch == 580
-    assert parsed.driver_arch == "x86_64"
+    assert parsed.target_arch == "amd64"
     assert parsed.gpu_direct_rdma
     assert not parsed.use_host_mofed
     assert parsed.fabricmanager_overrides == {"FABRIC_MODE": "1"}

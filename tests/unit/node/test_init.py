@@ -18,6 +18,7 @@ from simhost import (
     KERNEL,
     L40S,
     V100,
+    RunningDriver,
     SimulatedHost,
 )
 
@@ -33,6 +34,13 @@ INSTALL_LINES = [
     "Starting NVIDIA fabric manager daemon...",
     "Done, now waiting for signal",
 ]
+
+
+def init_waiting(host: SimulatedHost, *args: str, **env: str) -> RunningDriver:
+    """``init`` started, once it waits for a signal."""
+    driver = host.start("init", *args, **env)
+    driver.wait_for("Done, now waiting for signal")
+    return driver
 
 
 def in_order(output: str, expected: list[str]) -> bool:
@@ -56,8 +64,7 @@ def test_h100_with_nvswitch_installs_the_matching_package_and_starts_the_fabric_
     host.add_nvswitches(4)
     host.add_package("open")
     host.add_package("proprietary")
-    driver = host.start("init", NVFM_CONFIG_FABRIC_MODE="1", NVFM_CONFIG_LOG_FILE_NAME="")
-    driver.wait_for("Done, now waiting for signal")
+    driver = init_waiting(host, NVFM_CONFIG_FABRIC_MODE="1", NVFM_CONFIG_LOG_FILE_NAME="")
 
     assert in_order(driver.output, INSTALL_LINES), driver.output
     assert "Using the open kernel modules (auto: branch 580" in driver.output
@@ -92,8 +99,7 @@ def test_a_banner_one_character_off_does_not_match_and_builds_at_runtime(
     host.add_host_kernel_tree()
     # The host's tree is copied to the container's disk (never built in place on the host).
     tree = host.path(f"/var/cache/nvidia-driver/trees/host-{KERNEL}/usr/lib/modules/{KERNEL}/build")
-    driver = host.start("init")
-    driver.wait_for("Done, now waiting for signal")
+    driver = init_waiting(host)
 
     assert "kernel interface matches." not in driver.output
     assert "building one" in driver.output
@@ -109,8 +115,7 @@ def test_a_banner_one_character_off_does_not_match_and_builds_at_runtime(
     assert installed.read_text() == "built nvidia\n"
     # The build is cached under /run/nvidia with the exact banner: a restart reuses it.
     assert driver.terminate() == 0
-    again = host.start("init")
-    again.wait_for("Done, now waiting for signal")
+    again = init_waiting(host)
     assert "Found NVIDIA driver package nvidia-modules-6.12.81" in again.output
     assert len(host.calls("make")) == 1
     assert again.terminate() == 0
@@ -125,16 +130,14 @@ def _cached_package(host: SimulatedHost, module_type: str) -> Path:
 
 def test_a_cached_package_from_other_driver_sources_is_rebuilt(host: SimulatedHost) -> None:
     host.add_host_kernel_tree()
-    first = host.start("init")
-    first.wait_for("Done, now waiting for signal")
+    first = init_waiting(host)
     assert first.terminate() == 0
     built = json.loads(_cached_package(host, "open").read_text())
     assert built["source_digest"].startswith("sha256:")
 
     # An image update ships other sources (or patches) for the same driver version.
     host.write(f"/usr/src/nvidia-{DRIVER}/kernel-open/nv.c", "/* fixed */\n")
-    second = host.start("init")
-    second.wait_for("Done, now waiting for signal")
+    second = init_waiting(host)
     assert second.terminate() == 0
     assert "building one" in second.output
     assert len(host.calls("make")) == 2
@@ -142,8 +145,7 @@ def test_a_cached_package_from_other_driver_sources_is_rebuilt(host: SimulatedHo
     assert rebuilt["source_digest"] != built["source_digest"]
 
     # The same sources again: the rebuilt package is reused.
-    third = host.start("init")
-    third.wait_for("Done, now waiting for signal")
+    third = init_waiting(host)
     assert third.terminate() == 0
     assert "Found NVIDIA driver package nvidia-modules-6.12.81" in third.output
     assert len(host.calls("make")) == 2
@@ -151,24 +153,21 @@ def test_a_cached_package_from_other_driver_sources_is_rebuilt(host: SimulatedHo
 
 def test_a_damaged_cached_package_is_built_again(host: SimulatedHost) -> None:
     host.add_host_kernel_tree()
-    first = host.start("init")
-    first.wait_for("Done, now waiting for signal")
+    first = init_waiting(host)
     assert first.terminate() == 0
     metadata = _cached_package(host, "open")
     package = metadata.parent
     module = package / min(json.loads(metadata.read_text())["files"])
     module.write_bytes(module.read_bytes() + b"\0")  # a changed byte in /run: a bad RAM page
 
-    second = host.start("init")
-    second.wait_for("Done, now waiting for signal")
+    second = init_waiting(host)
     assert second.terminate() == 0
     warning = (f"cached package {package} is damaged ({module.relative_to(package)} is missing "
                "or does not match its SHA-256): building it again")  # fmt: skip
     assert warning in second.output
     assert len(host.calls("make")) == 2
     assert _cached_package(host, "open") == metadata  # rebuilt in its place, healthy again
-    third = host.start("init")
-    third.wait_for("Done, now waiting for signal")
+    third = init_waiting(host)
     assert third.terminate() == 0
     assert "is damaged" not in third.output
     assert len(host.calls("make")) == 2
@@ -178,8 +177,7 @@ def test_precompiled_packages_match_by_banner_whatever_their_sources(
     host: SimulatedHost,
 ) -> None:
     host.add_package("open")  # source_digest "sha256:0": not these sources
-    driver = host.start("init")
-    driver.wait_for("Done, now waiting for signal")
+    driver = init_waiting(host)
     assert driver.terminate() == 0
     assert "Found NVIDIA driver package nvidia-modules-6.12.81" in driver.output
     assert not host.calls("make")
@@ -187,8 +185,7 @@ def test_precompiled_packages_match_by_banner_whatever_their_sources(
 
 def test_proprietary_packages_are_linked_on_the_node(host: SimulatedHost) -> None:
     host.add_host_kernel_tree()
-    driver = host.start("init", KERNEL_MODULE_TYPE="proprietary")
-    driver.wait_for("Done, now waiting for signal")
+    driver = init_waiting(host, KERNEL_MODULE_TYPE="proprietary")
     # Debug info is stripped from what is packaged, NVIDIA's closed core objects aside.
     [strip] = host.calls("strip")
     stripped = sorted(Path(arg).name for arg in strip.split()[2:])
@@ -228,8 +225,7 @@ def test_a_precompiled_package_whose_core_object_differs_is_built_on_the_node(
     # Another image's core object under the same driver version: never linked with this package.
     core = host.write(f"/usr/src/nvidia-{DRIVER}/kernel/nvidia/nv-kernel.o_binary", "other\n")
 
-    driver = host.start("init", KERNEL_MODULE_TYPE="proprietary")
-    driver.wait_for("Done, now waiting for signal")
+    driver = init_waiting(host, KERNEL_MODULE_TYPE="proprietary")
 
     assert (f"WARNING: package {package} does not fit this image's driver sources: {core} does "
             "not match the SHA-256 the package recorded") in driver.output  # fmt: skip
@@ -243,8 +239,7 @@ def test_a_precompiled_package_whose_core_object_differs_is_built_on_the_node(
 def test_l40s_node_skips_the_fabric_manager(host: SimulatedHost) -> None:
     host.add_gpus(L40S, count=2)
     host.add_package("open")
-    driver = host.start("init")
-    driver.wait_for("Done, now waiting for signal")
+    driver = init_waiting(host)
     assert "No NVSwitch devices found, skipping NVIDIA fabric manager daemon" in driver.output
     assert "Starting NVIDIA fabric manager daemon" not in driver.output
     assert not host.calls("nv-fabricmanager")
@@ -256,8 +251,7 @@ def test_digest_fast_path_keeps_the_loaded_modules(host: SimulatedHost) -> None:
         host.set_module(module, 1 if module == "nvidia" else 0)
     host.set_module("nvidia", 2)
     host.write("/run/nvidia/nvidia-driver.state", "digest-1234")
-    driver = host.start("init", DRIVER_CONFIG_DIGEST="digest-1234")
-    driver.wait_for("Done, now waiting for signal")
+    driver = init_waiting(host, DRIVER_CONFIG_DIGEST="digest-1234")
     assert "performing userspace-only install" in driver.output
     assert "Userspace-only install complete" in driver.output
     assert not host.calls("rmmod")
@@ -272,8 +266,7 @@ def test_a_new_digest_reinstalls(host: SimulatedHost) -> None:
     host.set_module("nvidia", 0)
     host.write("/run/nvidia/nvidia-driver.state", "old-digest")
     host.add_package("open")
-    driver = host.start("init", DRIVER_CONFIG_DIGEST="new-digest")
-    driver.wait_for("Done, now waiting for signal")
+    driver = init_waiting(host, DRIVER_CONFIG_DIGEST="new-digest")
     assert host.calls("rmmod") == ["rmmod nvidia"]
     assert host.path("/run/nvidia/nvidia-driver.state").read_text() == "new-digest"
     driver.terminate()
@@ -281,8 +274,7 @@ def test_a_new_digest_reinstalls(host: SimulatedHost) -> None:
 
 def test_sigterm_with_busy_modules_leaves_them_loaded(host: SimulatedHost) -> None:
     host.add_package("open")
-    driver = host.start("init")
-    driver.wait_for("Done, now waiting for signal")
+    driver = init_waiting(host)
     host.set_module("nvidia_uvm", 1)  # a CUDA process holds the GPU
 
     assert driver.terminate() == 0
@@ -296,8 +288,7 @@ def test_sigterm_with_busy_modules_leaves_them_loaded(host: SimulatedHost) -> No
 
 def test_a_second_init_is_refused_while_one_runs(host: SimulatedHost) -> None:
     host.add_package("open")
-    first = host.start("init")
-    first.wait_for("Done, now waiting for signal")
+    first = init_waiting(host)
     second = host.run("init")
     assert second.returncode == 1
     assert "An instance of the NVIDIA driver is already running, aborting" in second.stderr
@@ -397,8 +388,7 @@ def test_auto_module_type_follows_the_gpus(
         host.add_pci(f"0000:{0x30 + index:02x}:00.0", 0x10DE, device_id, 0x030200)
     host.add_package("open")
     host.add_package("proprietary")
-    driver = host.start("init")
-    driver.wait_for("Done, now waiting for signal")
+    driver = init_waiting(host)
     assert f"Using the {expected} kernel modules" in driver.output
     assert reason in driver.output
     installed = host.path(f"/lib/modules/{KERNEL}/kernel/drivers/video/nvidia-uvm.ko")
@@ -410,8 +400,7 @@ def test_quoted_os_release_behind_a_relative_symlink(host: SimulatedHost) -> Non
     host.path("/host-etc/os-release").unlink()
     host.set_os_release(FLATCAR_OS_RELEASE_QUOTED, symlink=True)
     host.add_package("open")
-    driver = host.start("init")
-    driver.wait_for("Done, now waiting for signal")
+    driver = init_waiting(host)
     driver.terminate()
     status = host.run("status")
     assert "Flatcar Container Linux by Kinvolk 4757.1.0 (VERSION_ID 4757.1.0)" in status.stdout
@@ -421,8 +410,7 @@ def test_module_parameters_and_firmware_path(host: SimulatedHost) -> None:
     host.write("/drivers/nvidia.conf", "NVreg_EnableStreamMemOPs=1\nNVreg_RegistryDwords=A=1")
     host.write("/drivers/nvidia-uvm.conf", "uvm_perf_prefetch_enable=0\n")
     host.add_package("open")
-    driver = host.start("init")
-    driver.wait_for("Done, now waiting for signal")
+    driver = init_waiting(host)
     assert host.path("/etc/modprobe.d/nvidia.conf").read_text() == (
         "options nvidia NVreg_CoherentGPUMemoryMode=driver NVreg_EnableStreamMemOPs=1 "
         "NVreg_RegistryDwords=A=1\n"
@@ -445,8 +433,7 @@ def test_module_parameters_and_firmware_path(host: SimulatedHost) -> None:
 def test_an_existing_firmware_search_path_is_kept(host: SimulatedHost) -> None:
     host.write("/sys/module/firmware_class/parameters/path", "/opt/firmware\n")
     host.add_package("proprietary", driver="550.163.01")
-    driver = host.start("init", DRIVER_VERSION="550.163.01")
-    driver.wait_for("Done, now waiting for signal")
+    driver = init_waiting(host, DRIVER_VERSION="550.163.01")
     assert "Retaining the current configuration" in driver.output
     # This image has no firmware for 550: proprietary modules go on without GSP.
     assert "WARNING: the image has no GSP firmware for driver 550.163.01" in driver.output
@@ -461,8 +448,7 @@ def test_an_existing_firmware_search_path_is_kept(host: SimulatedHost) -> None:
 def test_selinux_enforcing_host_gets_the_driver_root_relabelled(host: SimulatedHost) -> None:
     host.write("/sys/fs/selinux/enforce", "1\n")
     host.add_package("open")
-    driver = host.start("init")
-    driver.wait_for("Done, now waiting for signal")
+    driver = init_waiting(host)
     assert host.calls("chcon") == [
         f"chcon -R -t container_file_t {host.path('/run/nvidia/driver/dev')}"
     ]
@@ -550,8 +536,7 @@ def test_two_releases_of_one_kernel_share_an_image_and_both_nodes_match(
     compiles = len(host.calls("make"))
     for banner in banners:
         host.set_kernel(KERNEL, banner)
-        driver = host.start("init")
-        driver.wait_for("Done, now waiting for signal")
+        driver = init_waiting(host)
         assert driver.terminate() == 0
         assert "kernel interface matches." in driver.output
         assert "building one" not in driver.output
@@ -576,8 +561,7 @@ def _nvlink5(host: SimulatedHost) -> None:
 def test_a_gb200_node_starts_nvlsm_from_opt_through_the_start_script(host: SimulatedHost) -> None:
     _nvlink5(host)
     host.add_nvlsm()
-    driver = host.start("init")
-    driver.wait_for("Done, now waiting for signal")
+    driver = init_waiting(host)
     assert "Detected NVLink5+ system (management ports: mlx5_0)" in driver.output
     # The fabric manager's start script, with the arguments NVIDIA's image gives it.
     [start] = host.calls("nvidia-fabricmanager-start.sh")
@@ -621,8 +605,7 @@ def test_rdma_without_mofed_skips_peermem_with_its_line_and_reaches_done(
 ) -> None:
     host.add_mellanox_nic()
     host.add_package("open")
-    driver = host.start("init", GPU_DIRECT_RDMA_ENABLED="true")
-    driver.wait_for("Done, now waiting for signal")
+    driver = init_waiting(host, GPU_DIRECT_RDMA_ENABLED="true")
     assert (
         "GPUDirect RDMA is enabled, but /run/mellanox/drivers/usr/src/ofa_kernel is absent (no "
         "MOFED driver container; there is none for Flatcar): not loading nvidia-peermem, which "
@@ -639,8 +622,7 @@ def test_rdma_with_an_ofa_kernel_tree_builds_peermem_against_it(host: SimulatedH
     host.add_package("open")  # built without MOFED: not used for this node
     host.add_host_kernel_tree()
     host.add_ofa_kernel()
-    driver = host.start("init", GPU_DIRECT_RDMA_ENABLED="true")
-    driver.wait_for("Done, now waiting for signal")
+    driver = init_waiting(host, GPU_DIRECT_RDMA_ENABLED="true")
     assert "nvidia-peermem is built against it" in driver.output
     [make] = host.calls("make")
     ofa_dir = next(arg for arg in make.split() if arg.startswith("OFA_DIR="))
@@ -653,8 +635,7 @@ def test_rdma_with_an_ofa_kernel_tree_builds_peermem_against_it(host: SimulatedH
     assert driver.terminate() == 0
     assert host.calls("rmmod") == ["rmmod nvidia_modeset nvidia_uvm nvidia_peermem nvidia"]
     # A restart finds the MOFED package in the cache: no second compile.
-    again = host.start("init", GPU_DIRECT_RDMA_ENABLED="true")
-    again.wait_for("Done, now waiting for signal")
+    again = init_waiting(host, GPU_DIRECT_RDMA_ENABLED="true")
     assert len(host.calls("make")) == 1
     assert again.terminate() == 0
 
@@ -666,8 +647,7 @@ def test_the_fast_path_with_only_nvidia_loaded_takes_the_full_install(
     host.set_module("nvidia", 0)
     host.write("/run/nvidia/nvidia-driver.state", "digest-1234")
     host.add_package("open")
-    driver = host.start("init", DRIVER_CONFIG_DIGEST="digest-1234")
-    driver.wait_for("Done, now waiting for signal")
+    driver = init_waiting(host, DRIVER_CONFIG_DIGEST="digest-1234")
     assert (
         "The NVIDIA driver configuration is unchanged, but nvidia_uvm, nvidia_modeset are not "
         "loaded: performing a full install" in driver.output
@@ -680,8 +660,7 @@ def test_the_fast_path_with_only_nvidia_loaded_takes_the_full_install(
 
 def test_init_takes_the_options_the_nvidiadriver_resource_appends(host: SimulatedHost) -> None:
     host.add_host_kernel_tree()
-    driver = host.start("init", "--accept-license", "-m", "3")
-    driver.wait_for("Done, now waiting for signal")
+    driver = init_waiting(host, "--accept-license", "-m", "3")
     assert "Ignoring --accept-license: NVIDIA's license was accepted when this image" in (
         driver.output
     )
@@ -719,8 +698,7 @@ def test_other_options_are_refused_in_one_line(
 
 def init_output(host: SimulatedHost) -> str:
     """What an init that reached its Done line, then ended cleanly on SIGTERM, said."""
-    driver = host.start("init")
-    driver.wait_for("Done, now waiting for signal")
+    driver = init_waiting(host)
     assert driver.terminate() == 0
     return driver.output
 
@@ -745,8 +723,7 @@ def test_imex_starts_only_on_a_node_configured_for_a_domain(host: SimulatedHost)
         "nvidia-imex from the driver root" in init_output(host)
     )
     host.write("/proc/1/root/etc/nvidia-imex/nodes_config.cfg", "10.0.0.1\n10.0.0.2\n")
-    second = host.start("init")
-    second.wait_for("Done, now waiting for signal")
+    second = init_waiting(host)
     assert "Starting NVIDIA IMEX daemon for a domain of 2 node(s)..." in second.output
     seen_file = host.state / "imex.cfg.seen"  # written by the daemon, which runs on its own
     for _ in range(100):

@@ -130,11 +130,10 @@ def exclusion(file_name: str, file_type: str, arch: str | None = None) -> str | 
 def unclaimed_error(version: str, entries: Iterable[tuple[int, str, str]]) -> DriverError:
     """One line naming the .manifest entries (line, file, type) nothing claims or excludes."""
     listed = list(entries)
-    shown = ", ".join(f"{file} ({file_type}, line {line})" for line, file, file_type in listed)
+    shown = ", ".join(
+        f"{file} ({file_type}, line {line})" for line, file, file_type in listed[:_MAX_LISTED]
+    )
     if len(listed) > _MAX_LISTED:
-        shown = ", ".join(
-            f"{file} ({file_type}, line {line})" for line, file, file_type in listed[:_MAX_LISTED]
-        )
         shown += f" and {len(listed) - _MAX_LISTED} more"
     return DriverError(
         f"the NVIDIA {version} .manifest lists {shown}, which no install group claims and no "
@@ -146,10 +145,14 @@ def unclaimed_error(version: str, entries: Iterable[tuple[int, str, str]]) -> Dr
 # --- the installed root -------------------------------------------------------------------------
 
 
+def ldconfig_root(root: Path) -> list[str]:
+    """ldconfig's arguments for root: -r chroots, so only for a root other than the system's."""
+    return [] if root == Path("/") else ["-r", str(root)]
+
+
 def _linker_cache(root: Path, commands: Commands) -> set[str]:
     """The library names (SONAMEs) in root's /etc/ld.so.cache."""
-    argv = ["-p"] if root == Path("/") else ["-r", str(root), "-p"]
-    listing = commands.run("ldconfig", *argv).stdout
+    listing = commands.run("ldconfig", *ldconfig_root(root), "-p").stdout
     return {line.split()[0] for line in listing.splitlines()[1:] if line.strip()}
 
 

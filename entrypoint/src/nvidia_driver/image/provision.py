@@ -29,7 +29,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -37,9 +37,9 @@ from nvidia_driver.commands import Commands
 from nvidia_driver.digests import ANY, digest_list
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats import jsontext
-from nvidia_driver.image.driverroot import verify_root
+from nvidia_driver.image.driverroot import ldconfig_root, verify_root
 from nvidia_driver.log import say
-from nvidia_driver.naming import ARCHES, TRIPLETS, driver_url, redist_manifest_url
+from nvidia_driver.naming import ARCHES, TRIPLETS, driver_url, known_arch, redist_manifest_url
 from nvidia_driver.settings import NVIDIA_DRIVER_REDIRECT_HOSTS
 from nvidia_driver.sources import redist
 from nvidia_driver.sources.download import Downloader, DownloadLimits, Opened
@@ -57,12 +57,6 @@ REQUIRED_FILES = {
     "nvlsm": (f"{redist.NVLSM_HOME}/sbin/nvlsm", f"{redist.NVLSM_CONFIG_DIR}/nvlsm.conf"),
     "imex": ("usr/bin/nvidia-imex", "usr/bin/nvidia-imex-ctl", "etc/nvidia-imex/config.cfg"),
 }
-
-
-def _arch(arch: str) -> str:
-    if arch not in ARCHES:
-        raise DriverError(f"unsupported architecture {arch!r}: expected amd64 or arm64")
-    return arch
 
 
 def checksum_for(spec: str, arch: str) -> str:
@@ -133,8 +127,6 @@ def _read_json(url: str) -> Any:
 
 # --- driver ------------------------------------------------------------------------------------
 
-Runner = Callable[[Sequence[str]], None]
-
 
 def _run(argv: Sequence[str]) -> None:
     result = subprocess.run(list(argv), check=False)
@@ -142,16 +134,8 @@ def _run(argv: Sequence[str]) -> None:
         raise DriverError(f"{' '.join(argv)} exited {result.returncode}")
 
 
-def install_driver(
-    *,
-    base_url: str,
-    version: str,
-    arch: str,
-    sha256_spec: str,
-    root: Path,
-    runner: Runner = _run,
-) -> None:
-    expected = checksum_for(sha256_spec, _arch(arch))
+def install_driver(*, base_url: str, version: str, arch: str, sha256_spec: str, root: Path) -> None:
+    expected = checksum_for(sha256_spec, known_arch(arch))
     url = driver_url(base_url, version, arch)
     with tempfile.TemporaryDirectory(prefix="nvidia-run.") as scratch:
         runfile = Path(scratch) / PurePosixPath(url).name
@@ -160,7 +144,7 @@ def install_driver(
         say(f"Verified {runfile.name} (sha256 {expected})")
         # No man pages: the image has none (images/build/dpkg/gdc-slim), and the container
         # toolkit injects programs and libraries only.
-        runner(
+        _run(
             [sys.executable, "-m", "nvidia_driver.image.userspace", "install",
              "--run", str(runfile), "--sha256", expected, "--root", str(root), "--arch", arch,
              "--no-man-pages"]
@@ -182,7 +166,7 @@ def install_redist(
         manifest = _read_json(manifest_url)
         if not isinstance(manifest, Mapping):
             raise DriverError(f"{manifest_url} is not a redistrib manifest (not an object)")
-        listed = redist.listed_archives(manifest, _arch(arch), version)
+        listed = redist.listed_archives(manifest, known_arch(arch), version)
         # Every digest is known before anything is downloaded; unrecorded optional ones are
         # left out (expected_digest says so).
         expected: dict[str, str] = {}
@@ -201,27 +185,24 @@ def install_redist(
             path.unlink()
             if archive.component is redist.NVLSM:
                 redist.link_nvlsm_config(root)
-            _check_installed(root, archive.component.key, arch)
+            _check_installed(root, archive.component.key)
     _update_linker_cache(root)
     return archives
 
 
-def _check_installed(root: Path, component: str, arch: str) -> None:
-    required = [name.format(lib=f"usr/lib/{TRIPLETS[arch]}") for name in REQUIRED_FILES.get(
-        component, ())]  # fmt: skip
-    missing = [name for name in required if not (root / name).exists()]
+def _check_installed(root: Path, component: str) -> None:
+    missing = [name for name in REQUIRED_FILES.get(component, ()) if not (root / name).exists()]
     if missing:
         raise DriverError(f"the {component} archive lacks {', '.join(missing)}: wrong archive?")
 
 
 def _update_linker_cache(root: Path) -> None:
     # SONAME links (libnvidia-nscq.so.2) come from ldconfig, as nvidia-installer's do.
-    argv = ["ldconfig"] if root == Path("/") else ["ldconfig", "-r", str(root)]
-    _run(argv)
+    _run(["ldconfig", *ldconfig_root(root)])
 
 
 def verify(*, version: str, arch: str, root: Path) -> None:
-    libdir = PurePosixPath("/usr/lib", TRIPLETS[_arch(arch)])
+    libdir = PurePosixPath("/usr/lib", TRIPLETS[known_arch(arch)])
     verify_root(root, libdir, version, Commands())
 
 

@@ -1,10 +1,8 @@
 """What a headless compute node gets of a driver .run, and where nvidia-installer would put it.
 
-The groups cover the container toolkit's utility, compute, video and graphics lists
-(driver-root.toml) and what they load (docs/nvidia-run-format.md section 4). Files
-are picked by basename (the manifest's TYPE does not separate compute from graphics) and the
-TYPE decides where they go; every entry is installed by a group or excluded by a rule of
-driver-root.toml.
+Files are picked by basename (the manifest's TYPE does not separate compute from graphics) and
+the TYPE decides where they go (docs/nvidia-run-format.md section 4); every entry is installed
+by a group or excluded by a rule of driver-root.toml.
 """
 
 from __future__ import annotations
@@ -169,10 +167,8 @@ def _group_of(entry: ManifestEntry, man_pages: bool) -> str | None:
         wanted = man_pages and entry.name.endswith(MAN_PAGE_SUFFIX) and page_of in PROGRAMS
         return MAN_PAGES_GROUP if wanted else None
     library = library_name(entry.name)
-    for group in GROUPS:
-        if entry.name in group.files or library in group.libraries:
-            return group.title
-    return None
+    groups = (group for group in GROUPS if entry.name in group.files or library in group.libraries)
+    return next((group.title for group in groups), None)
 
 
 def _destination(entry: ManifestEntry, layout: Layout) -> PurePosixPath | None:

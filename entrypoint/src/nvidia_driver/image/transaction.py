@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
+from nvidia_driver.atomic import remove
 from nvidia_driver.log import warn
 
 STAGED_SUFFIX = ".nvidia-staged"
@@ -79,18 +80,18 @@ class Transaction:
 
     def rollback(self) -> None:
         for final, backup in reversed(self.committed):
-            _quietly(final, partial(_remove, final))
+            _quietly(final, partial(remove, final))
             if backup is not None:
                 _quietly(final, partial(backup.replace, final))
         for temporary, _ in self.staged:
-            _quietly(temporary, partial(_remove, temporary))
+            _quietly(temporary, partial(remove, temporary))
         for directory in reversed(self.created_dirs):
             _quietly(directory, directory.rmdir)
 
     def discard_backups(self) -> None:
         for _, backup in self.committed:
             if backup is not None:
-                _quietly(backup, partial(_remove, backup))
+                _quietly(backup, partial(remove, backup))
 
 
 def _set_aside(final: Path) -> Path | None:
@@ -103,13 +104,6 @@ def _set_aside(final: Path) -> Path | None:
     else:
         os.link(final, backup, follow_symlinks=False)  # final stays until replaced atomically
     return backup
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    elif os.path.lexists(path):
-        path.unlink()
 
 
 def _quietly(path: Path, action: Callable[[], object]) -> None:

@@ -7,11 +7,8 @@ the other tools, the GSP firmware (under /opt/lib/firmware/nvidia/<version>, whi
 into the Operator's /lib/firmware mount), and the kernel module sources that the build and the
 GDS/GDRCopy sidecars look for in /usr/src/nvidia-<version>.
 
-Files are picked by basename (the manifest's TYPE does not separate compute from graphics) and
-the TYPE decides where they go (manifest.py, selection.py). The install is all or nothing
-(transaction.py): every file is first written under a temporary name beside its destination,
-then all are renamed into place; a failure before or during that, or in ldconfig afterwards,
-removes what was written and puts back what was replaced.
+What goes where is selection.py's; the install, ldconfig included, is all or nothing
+(transaction.py).
 
 Usage at image build::
 
@@ -22,7 +19,6 @@ Usage at image build::
 from __future__ import annotations
 
 import argparse
-import platform
 import shutil
 import sys
 import tempfile
@@ -33,6 +29,7 @@ from pathlib import Path, PurePosixPath
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
 from nvidia_driver.image import runfile as run
+from nvidia_driver.image.driverroot import ldconfig_root
 from nvidia_driver.image.manifest import (
     MANIFEST,
     ManifestEntry,
@@ -52,7 +49,7 @@ from nvidia_driver.image.selection import (
 )
 from nvidia_driver.image.transaction import Transaction, all_or_nothing
 from nvidia_driver.log import error, say, warn
-from nvidia_driver.naming import ARCH_OF, MACHINE, TRIPLETS
+from nvidia_driver.naming import MACHINE, TRIPLETS, machine_arch
 
 SETUID_PROGRAM = "nvidia-modprobe"  # setuid root, so that users can create the device nodes
 _PRIVILEGE_BITS = 0o6000  # setuid and setgid
@@ -79,10 +76,10 @@ class InstallResult:
 
 
 def host_arch() -> str:
-    machine = platform.machine()
-    if machine in MACHINE.values():
-        return ARCH_OF[machine]
-    raise DriverError(f"no NVIDIA driver userspace for this machine ({machine}); use --arch")
+    arch = machine_arch()
+    if arch in TRIPLETS:
+        return arch
+    raise DriverError(f"no NVIDIA driver userspace for this machine ({arch}); use --arch")
 
 
 def _known_arch(arch: str) -> str:
@@ -242,12 +239,8 @@ def _stage_sources(
 
 
 def _update_linker_cache(root: Path, commands: Commands) -> None:
-    # ldconfig also creates SONAME links the manifest lacks. -r chroots, so only for a root
-    # other than the running system's.
-    if root == Path("/"):
-        commands.run("ldconfig")
-    else:
-        commands.run("ldconfig", "-r", root)
+    # ldconfig also creates SONAME links the manifest lacks.
+    commands.run("ldconfig", *ldconfig_root(root))
 
 
 def _groups(planned: list[PlannedFile]) -> list[InstalledGroup]:

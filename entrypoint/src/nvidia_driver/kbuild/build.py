@@ -1,9 +1,7 @@
 """Compile NVIDIA's module sources against a kernel build tree (patches applied, ``make modules``
 with the chosen compiler) and package the result as a kernel interface package (packages.py).
 
-Where the kernel tree comes from (the node itself, a Flatcar release's container tarball or its
-developer container), its compiler and the module sources (with their digest) are worked out
-by the caller (pipeline.py), once; this module takes them ready.
+The tree, its compiler and the module sources come ready from pipeline.py.
 """
 
 from __future__ import annotations

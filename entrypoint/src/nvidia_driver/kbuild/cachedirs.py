@@ -28,10 +28,10 @@ the other is in the staging directory beside it (atomic.replacing), swept with t
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from nvidia_driver.atomic import remove
 from nvidia_driver.log import say
 from nvidia_driver.settings import NVIDIA_DRIVER_CACHE_DIR, NVIDIA_DRIVER_WORK_DIR
 
@@ -69,20 +69,13 @@ def _stale_entries(cache: Path) -> Iterator[Path]:
                     yield entry
 
 
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
-
-
 def sweep_stale(cache: Path, work: Path) -> list[Path]:
     """Remove what killed runs left: call only while holding the pid lock. Returns it."""
     swept = list(_stale_entries(cache))
     if work.is_dir() and not work.is_symlink():
         swept += sorted(work.iterdir())
     for path in swept:
-        _remove(path)
+        remove(path, ignore_errors=True)
     if swept:
         say(f"Removed {len(swept)} entries left by an interrupted run in {cache} and {work}")
     return swept
@@ -92,4 +85,4 @@ def clear_work(work: Path) -> None:
     """Empty the work directory after a runtime build: its trees are GBs of node disk."""
     if work.is_dir() and not work.is_symlink():
         for entry in work.iterdir():
-            _remove(entry)
+            remove(entry, ignore_errors=True)

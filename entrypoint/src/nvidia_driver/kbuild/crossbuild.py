@@ -11,12 +11,11 @@ their ELF machine against it, and refuses a tree whose tools are the target's.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from nvidia_driver.errors import DriverError
-from nvidia_driver.naming import ARCH_OF, KBUILD_ARCH, TRIPLETS
+from nvidia_driver.naming import KBUILD_ARCH, TRIPLETS, machine_arch
 
 # The kernel config symbol each architecture's trees set, by the architecture names the
 # images and TARGETARCH use.
@@ -48,11 +47,6 @@ class BuildTarget:
         return f"cross-building for {self.arch} on this {self.machine} machine"
 
 
-def build_machine() -> str:
-    machine = os.uname().machine
-    return ARCH_OF.get(machine, machine)
-
-
 def tree_arch(config: Mapping[str, str]) -> str | None:
     """The architecture a kernel ``.config`` is for; None when it names none we know."""
     found = [arch for symbol, arch in _CONFIG_SYMBOLS.items() if config.get(symbol) == "y"]
@@ -65,7 +59,7 @@ def build_target(config: Mapping[str, str], wanted: str = "") -> BuildTarget:
     ``wanted`` is the architecture asked for (TARGETARCH); a tree for another one is refused.
     A tree whose ``.config`` names no architecture is built as for the build machine.
     """
-    machine = build_machine()
+    machine = machine_arch()
     arch = tree_arch(config)
     if arch is not None and wanted and arch != wanted:
         raise DriverError(

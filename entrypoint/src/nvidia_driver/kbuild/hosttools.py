@@ -67,15 +67,8 @@ def _library_dirs(root: Path) -> list[Path]:
     candidates = [resolve_within(root, root / name) for name in LIBRARY_DIRS]
     gcc_dirs = sorted(root.glob(_GCC_RUNTIME_DIRS), reverse=True)
     candidates += [resolve_within(root, directory) for directory in gcc_dirs]
-    unique: list[Path] = []
-    for directory in candidates:  # resolved inside root: equal paths are the same directory
-        if directory.is_dir() and directory not in unique:
-            unique.append(directory)
-    return unique
-
-
-def _is_library(path: Path) -> bool:
-    return bool(LIBRARY_NAME.match(path.name))
+    # Resolved inside root: equal paths are the same directory, listed once, in order.
+    return list(dict.fromkeys(directory for directory in candidates if directory.is_dir()))
 
 
 def _find_library(name: str, directories: list[Path], root: Path) -> Path | None:
@@ -177,7 +170,7 @@ def relocate_host_tools(build_dir: Path, runtime_root: Path) -> list[Path]:
     """
     directories = _library_dirs(runtime_root)
     # Only directories that hold libraries go on the tools' library path.
-    library_path = [d for d in directories if any(map(_is_library, d.iterdir()))]
+    library_path = [d for d in directories if any(LIBRARY_NAME.match(p.name) for p in d.iterdir())]
     tools = _dynamic_executables(build_dir)
     for tool, info in tools:
         _check_machine(tool, info)

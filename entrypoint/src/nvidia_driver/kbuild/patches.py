@@ -78,10 +78,6 @@ def _kernel(entry: Mapping[str, object], key: str, index: Path) -> KernelVersion
     return parse_kernel_release(text)
 
 
-def _optional_kernel(entry: Mapping[str, object], key: str, index: Path) -> KernelVersion | None:
-    return None if entry.get(key) is None else _kernel(entry, key, index)
-
-
 def _branches(entry: Mapping[str, object], index: Path) -> frozenset[int]:
     value = entry.get("branches")
     if not isinstance(value, list) or not value:
@@ -113,7 +109,7 @@ def _patch(entry: object, patch_dir: Path, index: Path) -> Patch:
         path=_patch_file(entry, patch_dir, index),
         branches=_branches(entry, index),
         min_kernel=_kernel(entry, "min_kernel", index),
-        max_kernel=_optional_kernel(entry, "max_kernel", index),
+        max_kernel=None if entry["max_kernel"] is None else _kernel(entry, "max_kernel", index),
         trees=_trees(entry, index),
         reason=_text(entry, "reason", index),
         note=_text(entry, "note", index),
@@ -156,10 +152,8 @@ def select_patches(branch: int, kernel_release: str, module_type_dir: str) -> li
 
 def _problem(result: subprocess.CompletedProcess[str]) -> str:
     lines = [line.strip() for line in (result.stdout + result.stderr).splitlines() if line.strip()]
-    for line in lines:
-        if _PATCH_PROBLEM.search(line):
-            return line
-    return lines[-1] if lines else f"exit {result.returncode}"
+    fallback = lines[-1] if lines else f"exit {result.returncode}"
+    return next((line for line in lines if _PATCH_PROBLEM.search(line)), fallback)
 
 
 def _run_patch(patch: Patch, source_dir: Path, commands: Commands, *extra: str) -> None:

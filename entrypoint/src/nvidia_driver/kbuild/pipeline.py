@@ -6,16 +6,12 @@ patches -> make -> package.
 :meth:`Pipeline.package` once; only the :class:`Target` differs:
 
 * banner: the node's /proc/version, or the release's, read from its vmlinuz (release.py);
-* cached package: on a node the image's own packages first (the banner is enough: they were
-  built from its sources), then the cache, by the module sources digest: of the sources,
-  patches and build code a build would use (with MOFED's tree: only packages built on the
-  node against it),
-  its files checked against their recorded SHA-256s (a damaged one is built again). A
-  precompiled image's build finds there the packages of the image it replaces
-  (images/precompiled/Dockerfile, SEED_IMAGE);
+* cached package: on a node the image's own packages first, then the cache's, by the module
+  sources digest (build.module_sources_digest), its files checked against their recorded
+  SHA-256s (a damaged one is built again). A precompiled image's build finds there the
+  packages of the image it replaces (images/precompiled/Dockerfile, SEED_IMAGE);
 * tree: the node's own (hosttree.py), else the release's (release.py), with a compiler of the
-  kernel's gcc major (compiler.py; else the developer container's); then build.py applies the
-  patches, runs make and writes the package into ``<cache>/packages``;
+  kernel's gcc major (compiler.py); build.py then patches, makes and packages into the cache;
 * afterwards a node's work directory is emptied; a release build keeps it for the next one.
 """
 

@@ -1,15 +1,8 @@
 """Kernel banners and build trees for any Flatcar release, from its release server.
 
-Everything is verified (DIGESTS and signature, see sources/fetch.py). What is small and worth
-keeping goes to the cache (``/run/nvidia/cache``), the rest to the work directory on disk (see
-cachedirs.py)::
-
-    <cache>/banners/<key>               the kernel banner read from a release's vmlinuz
-    <work>/downloads/                   verified artifacts, content-addressed (sources/fetch.py)
-    <work>/trees/<key>/                 a release's kernel build tree from flatcar-container.tar.gz
-    <work>/devcontainers/<key>/         an unpacked developer container (its gcc built the kernel)
-
-<key> is derived from the artifact's versioned URL: release artifacts never change.
+Everything is verified (DIGESTS and signature, see sources/fetch.py). Banners go to the cache,
+downloads, trees and developer containers to the work directory (cachedirs.py lays both out),
+each under a key derived from the artifact's versioned URL: release artifacts never change.
 """
 
 from __future__ import annotations

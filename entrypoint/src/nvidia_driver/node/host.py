@@ -14,7 +14,6 @@ from nvidia_driver.paths import Paths
 
 NVIDIA_VENDOR = 0x10DE
 GPU_CLASSES = (0x0300, 0x0302)  # VGA controller, 3D controller
-NVSWITCH_CLASS = 0x0680  # "other bridge"
 MELLANOX_VENDOR = 0x15B3
 _MAX_FACT_BYTES = 1 << 20  # os-release, /proc and /sys files are a few KiB at most
 _ABSENT = (FileNotFoundError, NotADirectoryError, IsADirectoryError)
@@ -78,10 +77,6 @@ class PciDevice:
     def is_gpu(self) -> bool:
         return self.vendor == NVIDIA_VENDOR and (self.pci_class >> 8) in GPU_CLASSES
 
-    @property
-    def is_nvswitch(self) -> bool:
-        return self.vendor == NVIDIA_VENDOR and (self.pci_class >> 8) == NVSWITCH_CLASS
-
     def describe(self) -> str:
         return f"{self.address} [{self.vendor:04x}:{self.device:04x}]"
 
@@ -122,13 +117,8 @@ def read_os_release(paths: Paths) -> dict[str, str]:
 
 def read_lockdown(paths: Paths) -> str:
     """The active lockdown mode: none, integrity or confidentiality ("" if unknown)."""
-    text = _read(paths.lockdown)
-    if not text:
-        return ""
-    for word in text.split():
-        if word.startswith("[") and word.endswith("]"):
-            return word[1:-1]
-    return ""
+    words = (_read(paths.lockdown) or "").split()
+    return next((word[1:-1] for word in words if word.startswith("[") and word.endswith("]")), "")
 
 
 def module_refcounts(paths: Paths) -> dict[str, int]:

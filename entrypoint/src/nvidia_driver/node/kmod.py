@@ -46,8 +46,8 @@ def nvidia_in_use(paths: Paths) -> bool:
     return counts["nvidia"] > len(present) or any(counts[module] > 0 for module in present)
 
 
-def describe_modules(paths: Paths) -> str:
-    counts = module_refcounts(paths)
+def describe_modules(counts: dict[str, int]) -> str:
+    """The loaded NVIDIA modules with their reference counts."""
     return ", ".join(
         f"{name} (refcnt {count})" for name, count in counts.items() if name.startswith("nvidia")
     )
@@ -59,7 +59,7 @@ def unload_modules(paths: Paths, commands: Commands) -> None:
         return
     say("Unloading NVIDIA driver kernel modules...")
     if nvidia_in_use(paths):
-        say(describe_modules(paths))
+        say(describe_modules(module_refcounts(paths)))
         raise DriverError(BUSY_MESSAGE)
     present = [module for module in (*DEPENDENTS, "nvidia") if is_loaded(paths, module)]
     commands.run("rmmod", *present)

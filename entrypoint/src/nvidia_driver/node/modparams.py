@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
+import filecmp
 import shutil
-import tempfile
 from pathlib import Path
 
-from nvidia_driver.atomic import write_atomically
+from nvidia_driver.atomic import DEFAULT_MODE, replacing, write_atomically
 from nvidia_driver.errors import DriverError
 from nvidia_driver.kbuild.modules import OPEN
 from nvidia_driver.limits import MODULE_PARAMETERS, size
@@ -21,7 +20,6 @@ COHERENT_MEMORY_PARAM = "NVreg_CoherentGPUMemoryMode=driver"
 FIRST_BRANCH_WITH_CDMM = 580
 FIRMWARE_SEARCH_PATH = f"{DRIVER_ROOT}/lib/firmware"
 FIRMWARE_DISABLED = "NVreg_EnableGpuFirmware=0"
-_CHUNK = 1 << 20
 # The kernel module parameters ConfigMap (driver.kernelModuleConfig) is mounted at /drivers, a
 # key per module; a hostPath or CSI volume there can hold any file name.
 PARAMETERS_FIX = "only name=value tokens are accepted; fix the kernel module parameters ConfigMap"
@@ -145,9 +143,11 @@ def provide_gsp_firmware(
         return
     say(f"Copying the GSP firmware into {FIRMWARE_DIR}/{driver_version}...")
     try:
-        destination.mkdir(parents=True, exist_ok=True)
         for file in stale:
-            _copy_atomically(file, destination / file.name)
+            # The kernel may read it at any time: it sees the old file or the new one, never half.
+            with replacing(destination / file.name) as staged:
+                shutil.copyfile(file, staged)
+                staged.chmod(DEFAULT_MODE)
     except OSError as exc:
         raise DriverError(
             f"copying the GSP firmware into {FIRMWARE_DIR}/{driver_version} failed "
@@ -157,25 +157,6 @@ def provide_gsp_firmware(
 
 def _same_content(source: Path, copy: Path) -> bool:
     try:
-        if copy.stat().st_size != source.stat().st_size:
-            return False
-        with source.open("rb") as original, copy.open("rb") as copied:
-            while chunk := original.read(_CHUNK):
-                if copied.read(_CHUNK) != chunk:
-                    return False
+        return filecmp.cmp(source, copy, shallow=False)
     except FileNotFoundError:
         return False
-    return True
-
-
-def _copy_atomically(source: Path, destination: Path) -> None:
-    # The kernel may read the file at any time: it sees the old one or the new one, never half.
-    handle, temporary = tempfile.mkstemp(prefix=f".{destination.name}.", dir=destination.parent)
-    try:
-        with os.fdopen(handle, "wb") as out, source.open("rb") as data:
-            shutil.copyfileobj(data, out, _CHUNK)
-        Path(temporary).chmod(0o644)
-        Path(temporary).replace(destination)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from nvidia_driver.errors import DriverError
-from nvidia_driver.kbuild.modules import OPEN, PROPRIETARY, SOURCE_DIRS
+from nvidia_driver.kbuild.modules import OPEN, PROPRIETARY
 from nvidia_driver.node.host import PciDevice
 
 FIRST_BRANCH_PREFERRING_OPEN = 560
@@ -34,10 +34,6 @@ def lacks_gsp(device: PciDevice) -> bool:
 class ModuleTypeChoice:
     module_type: str
     reason: str
-
-    @property
-    def source_dir(self) -> str:
-        return SOURCE_DIRS[self.module_type]
 
 
 def _names(devices: Sequence[PciDevice]) -> str:

@@ -10,6 +10,7 @@ from nvidia_driver.kbuild.pipeline import Pipeline
 from nvidia_driver.log import say
 from nvidia_driver.node.daemons import IMEX_DRA, DaemonManager, config_value, imex_domain
 from nvidia_driver.node.host import read_host_facts
+from nvidia_driver.node.kmod import describe_modules
 from nvidia_driver.node.lifecycle import Context, node_target
 from nvidia_driver.node.moduletype import resolve_module_type
 from nvidia_driver.node.peermem import rdma_plan
@@ -75,20 +76,10 @@ def print_status(ctx: Context, env: Mapping[str, str]) -> int:
             why = pipeline.why_not_precompiled(target, facts.proc_version)
             found = f"none: {why} (init would build one)"
         _row("Precompiled package", found)
-    modules = {
-        name: count for name, count in facts.module_refcounts.items() if name.startswith("nvidia")
-    }
-    _row(
-        "Loaded modules",
-        ", ".join(f"{name} (refcnt {count})" for name, count in modules.items()) or "none",
-    )
+    _row("Loaded modules", describe_modules(facts.module_refcounts) or "none")
     daemons = DaemonManager(ctx.paths, ctx.commands, config).running()
-    _row(
-        "Daemons",
-        ", ".join(
-            f"{name}: {f'pid {pid}' if pid else 'not running'}" for name, pid in daemons.items()
-        ),
-    )
+    states = (f"{name}: {f'pid {pid}' if pid else 'not running'}" for name, pid in daemons.items())
+    _row("Daemons", ", ".join(states))
     _fabric_rows(ctx.paths)
     root = ctx.paths.driver_root
     _row("Driver root", f"{root} ({'mounted' if is_mounted(ctx.paths) else 'not mounted'})")
