@@ -53,7 +53,9 @@ def _runfile_server(tmp_path: Path, body: bytes) -> str:
     return (tmp_path / "tesla").as_uri()
 
 
-def test_the_driver_is_verified_then_handed_to_the_userspace_installer(tmp_path: Path) -> None:
+def test_the_driver_is_verified_then_handed_to_the_userspace_installer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     body = b"#!/bin/sh\necho a makeself archive\n"
     calls: list[Sequence[str]] = []
 
@@ -61,9 +63,10 @@ def test_the_driver_is_verified_then_handed_to_the_userspace_installer(tmp_path:
         calls.append(argv)
         assert Path(argv[argv.index("--run") + 1]).read_bytes() == body
 
+    monkeypatch.setattr(provision, "_run", runner)
     provision.install_driver(base_url=_runfile_server(tmp_path, body), version=VERSION,
                              arch="amd64", sha256_spec=f"amd64={_sha256(body)}",
-                             root=tmp_path / "root", runner=runner)  # fmt: skip
+                             root=tmp_path / "root")  # fmt: skip
     [argv] = calls
     assert argv[1:4] == ["-m", "nvidia_driver.image.userspace", "install"]
     assert argv[argv.index("--sha256") + 1] == _sha256(body)
@@ -72,14 +75,17 @@ def test_the_driver_is_verified_then_handed_to_the_userspace_installer(tmp_path:
     assert not Path(argv[argv.index("--run") + 1]).exists()  # never left for a layer
 
 
-def test_a_driver_with_the_wrong_checksum_is_not_installed(tmp_path: Path) -> None:
+def test_a_driver_with_the_wrong_checksum_is_not_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def runner(argv: Sequence[str]) -> None:
         raise AssertionError(argv)
 
+    monkeypatch.setattr(provision, "_run", runner)
+
     with pytest.raises(DriverError, match="the download is damaged or the recorded checksum"):
         provision.install_driver(base_url=_runfile_server(tmp_path, b"x"), version=VERSION,
-                                 arch="amd64", sha256_spec="0" * 64, root=tmp_path,
-                                 runner=runner)  # fmt: skip
+                                 arch="amd64", sha256_spec="0" * 64, root=tmp_path)  # fmt: skip
 
 
 def test_a_wrong_checksum_stops_the_image_build_with_one_line(
