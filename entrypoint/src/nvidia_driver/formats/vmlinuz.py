@@ -17,6 +17,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from nvidia_driver import limits
 from nvidia_driver.commands import Commands
@@ -63,28 +64,14 @@ def _bounded(output: bytes | bytearray) -> bytes | bytearray:
     return output
 
 
-# Each decompressor stops one byte past the bound: more than a kernel is a bomb, not a kernel.
-# (A decompress object also stops at the end of its stream and ignores what follows.)
+def _in_python(decompressor: Callable[[], Any]) -> Callable[[memoryview, Commands], bytes]:
+    """A decompressor of the standard library. It stops one byte past the bound: more than a
+    kernel is a bomb, not a kernel (and at the end of its stream, ignoring what follows)."""
 
+    def decompress(data: memoryview, _commands: Commands) -> bytes:
+        return bytes(_bounded(decompressor().decompress(data, limits.KERNEL_DECOMPRESSED + 1)))
 
-def _gunzip(data: memoryview, _commands: Commands) -> bytes:
-    inflater = zlib.decompressobj(wbits=31)
-    return bytes(_bounded(inflater.decompress(data, limits.KERNEL_DECOMPRESSED + 1)))
-
-
-def _bunzip2(data: memoryview, _commands: Commands) -> bytes:
-    decompressor = bz2.BZ2Decompressor()
-    return bytes(_bounded(decompressor.decompress(data, limits.KERNEL_DECOMPRESSED + 1)))
-
-
-def _unlzma(data: memoryview, _commands: Commands) -> bytes:
-    decompressor = lzma.LZMADecompressor(lzma.FORMAT_ALONE, memlimit=limits.LZMA_MEMORY)
-    return bytes(_bounded(decompressor.decompress(data, limits.KERNEL_DECOMPRESSED + 1)))
-
-
-def _unxz(data: memoryview, _commands: Commands) -> bytes:
-    decompressor = lzma.LZMADecompressor(lzma.FORMAT_XZ, memlimit=limits.LZMA_MEMORY)
-    return bytes(_bounded(decompressor.decompress(data, limits.KERNEL_DECOMPRESSED + 1)))
+    return decompress
 
 
 def _zstd_frame_end(data: memoryview, start: int) -> int:
@@ -148,10 +135,6 @@ def _run_tool(commands: Commands, tool: str, data: memoryview, arguments: list[s
     return bytes(_bounded(output))  # also when the command failed after passing the bound
 
 
-def _unzstd(data: memoryview, commands: Commands) -> bytes:
-    return _run_tool(commands, "zstd", _zstd_frames(data), ["-d", "-q", "-c"])
-
-
 def _lz4_legacy_blocks(data: memoryview) -> memoryview:
     """The legacy lz4 frame at the start of ``data``: its magic, then blocks, each a 4-byte
     little-endian size and that many bytes, without what follows.
@@ -168,12 +151,15 @@ def _lz4_legacy_blocks(data: memoryview) -> memoryview:
     return data[:end]
 
 
-def _unlz4(data: memoryview, commands: Commands) -> bytes:
-    return _run_tool(commands, "lz4", _lz4_legacy_blocks(data), ["-d", "-q", "-c"])
+def _with_tool(
+    tool: str, frames: Callable[[memoryview], memoryview] = memoryview
+) -> Callable[[memoryview, Commands], bytes]:
+    """A decompressor that runs ``tool`` on the stream's ``frames``."""
 
+    def decompress(data: memoryview, commands: Commands) -> bytes:
+        return _run_tool(commands, tool, frames(data), ["-d", "-q", "-c"])
 
-def _unlzo(data: memoryview, commands: Commands) -> bytes:
-    return _run_tool(commands, "lzop", data, ["-d", "-q", "-c"])
+    return decompress
 
 
 @dataclass(frozen=True)
@@ -189,13 +175,22 @@ class Codec:
 
 # The magics lib/decompress.c recognises, lengthened where the formats allow.
 CODECS = (
-    Codec("gzip", b"\x1f\x8b\x08", _gunzip),
-    Codec("bzip2", b"BZh", _bunzip2),
-    Codec("lzma", b"\x5d\x00\x00", _unlzma),
-    Codec("xz", b"\xfd7zXZ\x00", _unxz),
-    Codec("lzo", b"\x89LZO\x00\r\n\x1a\n", _unlzo, tool="lzop"),
-    Codec("lz4", LZ4_LEGACY_MAGIC, _unlz4, tool="lz4"),  # legacy frame, as the kernel uses
-    Codec("zstd", ZSTD_MAGIC, _unzstd, tool="zstd"),
+    Codec("gzip", b"\x1f\x8b\x08", _in_python(lambda: zlib.decompressobj(wbits=31))),
+    Codec("bzip2", b"BZh", _in_python(bz2.BZ2Decompressor)),
+    Codec(
+        "lzma",
+        b"\x5d\x00\x00",
+        _in_python(lambda: lzma.LZMADecompressor(lzma.FORMAT_ALONE, memlimit=limits.LZMA_MEMORY)),
+    ),
+    Codec(
+        "xz",
+        b"\xfd7zXZ\x00",
+        _in_python(lambda: lzma.LZMADecompressor(lzma.FORMAT_XZ, memlimit=limits.LZMA_MEMORY)),
+    ),
+    Codec("lzo", b"\x89LZO\x00\r\n\x1a\n", _with_tool("lzop"), tool="lzop"),
+    # the legacy frame, as the kernel uses
+    Codec("lz4", LZ4_LEGACY_MAGIC, _with_tool("lz4", _lz4_legacy_blocks), tool="lz4"),
+    Codec("zstd", ZSTD_MAGIC, _with_tool("zstd", _zstd_frames), tool="zstd"),
 )
 _CODEC_BY_NAME = {codec.name: codec for codec in CODECS}
 # Makefile.zboot writes the make command's name: gzip, lz4, lzma, lzo, xzkern, zstd22.

@@ -67,6 +67,7 @@ if TYPE_CHECKING:
 SMALL_FILE_LIMIT = 1 << 20
 FIFO_POLL_SECONDS = 0.01
 SHA512_HEX_LENGTH = 128
+BLOBS, RECORDS = "sha512", "urls"  # in the cache directory: see the module docstring
 
 
 def sha512_from_digests(digests: str, filename: str) -> str | None:
@@ -104,7 +105,7 @@ class Fetcher:
         if cached is not None:
             return cached
         expected = self.expected_sha512(url)
-        blob = self._blobs / expected
+        blob = self.cache_dir / BLOBS / expected
         with self._scratch() as scratch:
             self.signatures.keyrings(scratch)  # before any download: fail fast
             signature = self._save(f"{url}.sig", scratch / "signature")
@@ -181,16 +182,8 @@ class Fetcher:
             if failure is not None:
                 raise failure  # the download is good: the caller's own error
 
-    @property
-    def _blobs(self) -> Path:
-        return self.cache_dir / "sha512"
-
-    @property
-    def _records(self) -> Path:
-        return self.cache_dir / "urls"
-
     def _record(self, url: str) -> Path:
-        return self._records / hashlib.sha256(url.encode()).hexdigest()
+        return self.cache_dir / RECORDS / hashlib.sha256(url.encode()).hexdigest()
 
     def _cached(self, url: str) -> Path | None:
         record = self._record(url)
@@ -198,7 +191,7 @@ class Fetcher:
             digest = record.read_text(encoding="utf-8").split(maxsplit=1)[0]
         except (OSError, IndexError):
             return None
-        blob = self._blobs / digest
+        blob = self.cache_dir / BLOBS / digest
         if _is_sha512(digest) and _holds(blob, digest):
             say(f"Using the verified copy of {url} in {self.cache_dir}")
             return blob
@@ -211,8 +204,8 @@ class Fetcher:
     @contextmanager
     def _scratch(self) -> Iterator[Path]:
         try:
-            for directory in (self._blobs, self._records):
-                directory.mkdir(parents=True, exist_ok=True)
+            for directory in (BLOBS, RECORDS):
+                (self.cache_dir / directory).mkdir(parents=True, exist_ok=True)
             # In the cache directory, so that finished files are renamed into place atomically.
             scratch = tempfile.TemporaryDirectory(dir=self.cache_dir, prefix=".scratch-")
         except OSError as exc:

@@ -44,8 +44,7 @@ _CREATION_TIME_SUBPACKET = 2
 _ISSUER_SUBPACKET = 16
 _ISSUER_FINGERPRINT_SUBPACKET = 33
 _DIGITS = re.compile("[0-9]+")
-_SIGNATURE_V4 = 4
-_SIGNATURE_V5 = 5
+_SIGNATURE_VERSIONS = (4, 5)
 
 
 @dataclass(frozen=True)
@@ -53,7 +52,6 @@ class Verdict:
     """What gpgv said about one signature."""
 
     problem: str | None  # why it does not count; None when it may
-    key_missing: bool = False  # no key in the keyring can check it
     signer: str | None = None  # VALIDSIG: the signing (sub)key's fingerprint
     created: int | None = None  # VALIDSIG: when the signature was made
     signer_expired: bool = False  # EXPKEYSIG: the signing key has expired by now
@@ -92,12 +90,12 @@ def verdict(returncode: int, output: str, primary: str | None = None) -> Verdict
     found = {words[0] for words in statuses}
     for status, reason in _REFUSALS:
         if status in found:
-            return Verdict(reason, key_missing=status == "NO_PUBKEY")
+            return Verdict(reason)
     for words in statuses:
         if words[0] == "ERRSIG":
             code = _field(words, _ERRSIG_REASON_FIELD)
             reason = _ERRSIG_REASONS.get(code, f"the signature cannot be checked (ERRSIG {code})")
-            return Verdict(reason, key_missing=code == "9")
+            return Verdict(reason)
     valid = [words for words in statuses if words[0] == "VALIDSIG"]
     if returncode != 0 or not valid:
         messages = [line.strip() for line in output.splitlines() if not line.startswith(_STATUS)]
@@ -113,11 +111,6 @@ def verdict(returncode: int, output: str, primary: str | None = None) -> Verdict
         created=_timestamp(_field(valid[0], _VALIDSIG_CREATED_FIELD)),
         signer_expired="EXPKEYSIG" in found,
     )
-
-
-def signature_problem(returncode: int, output: str, primary: str | None = None) -> str | None:
-    """Why gpgv's output is not a valid signature; None when it may be."""
-    return verdict(returncode, output, primary).problem
 
 
 def signature_info(data: bytes) -> SignatureInfo:
@@ -215,7 +208,7 @@ def _signature_fields(body: bytes) -> SignatureInfo:
     version = body[0]
     if version in (2, 3):  # fixed layout: length 5, class, time, then the issuer's key id
         return SignatureInfo(int.from_bytes(body[3:7]), None, body[7:15].hex().upper())
-    if version not in (_SIGNATURE_V4, _SIGNATURE_V5):
+    if version not in _SIGNATURE_VERSIONS:
         return SignatureInfo(None, None, None)
     hashed_end = 6 + int.from_bytes(body[4:6])
     unhashed_end = hashed_end + 2 + int.from_bytes(body[hashed_end : hashed_end + 2])

@@ -50,14 +50,6 @@ class PublicKey:
     revoked: bool
     capabilities: str
 
-    @property
-    def is_subkey(self) -> bool:
-        return self.fingerprint != self.primary
-
-    @property
-    def can_sign(self) -> bool:
-        return "s" in self.capabilities
-
     def expired_at(self, moment: int) -> bool:
         return self.expires is not None and moment > self.expires
 
@@ -99,7 +91,11 @@ def list_keys(commands: Commands, files: Sequence[Path], home: Path) -> tuple[Pu
 
 
 def newest_signing_subkey(keys: Sequence[PublicKey]) -> PublicKey | None:
-    candidates = [key for key in keys if key.is_subkey and key.can_sign and not key.revoked]
+    candidates = [
+        key
+        for key in keys
+        if key.fingerprint != key.primary and "s" in key.capabilities and not key.revoked
+    ]
     return max(candidates, key=lambda key: key.created, default=None)
 
 
