@@ -125,13 +125,11 @@ class GPUNode:
     @classmethod
     def of(cls, node: Mapping[str, Any]) -> GPUNode | None:
         """None for a node without NFD's Flatcar labels (the Operator skips or refuses it)."""
-        labels = _labels(node)
+        labels = metadata(node, "labels")
         version, kernel = labels.get(NFD_VERSION_ID, ""), labels.get(NFD_KERNEL, "")
         if labels.get(NFD_OS_ID) != OS_ID or not version or not kernel:
             return None
-        info = node.get("status", {}).get("nodeInfo", {})
-        arch = labels.get(ARCH) or str(info.get("architecture", ""))
-        return cls(str(node.get("metadata", {}).get("name", "")), version, kernel, arch)
+        return cls(str(node.get("metadata", {}).get("name", "")), version, kernel, node_arch(node))
 
 
 @dataclass(frozen=True)
@@ -142,9 +140,16 @@ class Wanted:
     arches: frozenset[str]
 
 
-def _labels(node: Mapping[str, Any]) -> Mapping[str, str]:
-    labels = node.get("metadata", {}).get("labels", {})
-    return labels if isinstance(labels, Mapping) else {}
+def metadata(resource: Mapping[str, Any], key: str) -> Mapping[str, str]:
+    """A resource's ``labels`` or ``annotations``; {} when it has none."""
+    found = resource.get("metadata", {}).get(key)
+    return found if isinstance(found, Mapping) else {}
+
+
+def node_arch(node: Mapping[str, Any]) -> str:
+    """The node's arch label, else the kubelet's ``nodeInfo``."""
+    info = node.get("status", {}).get("nodeInfo", {})
+    return str(metadata(node, "labels").get(ARCH) or info.get("architecture", ""))
 
 
 def _bool(value: object) -> bool:
@@ -249,7 +254,7 @@ def _spec(source: str, fields: Mapping[str, Any], *, per_pool: bool) -> DriverSp
 
 
 def _nvidia_driver_spec(node: Mapping[str, Any], drivers: list[dict[str, Any]]) -> DriverSpec | str:
-    labels = _labels(node)
+    labels = metadata(node, "labels")
     owner = labels.get(DRIVER_OWNER, "")
     if owner:
         resources = [r for r in drivers if r.get("metadata", {}).get("name") == owner]
