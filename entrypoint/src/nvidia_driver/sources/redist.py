@@ -58,7 +58,10 @@ class Component:
     missing: str = ""  # what a node lacks when the manifest has no such archive
 
 
-_DOCS = ("LICENSE", "third-party-notices.txt")
+def _docs(directory: str) -> tuple[Rule, ...]:
+    """The archive's license files, into ``directory``."""
+    return tuple((name, f"{directory}/{name}") for name in ("LICENSE", "third-party-notices.txt"))
+
 
 # NVIDIA/yum-packaging-fabric-manager fabricmanager.spec and the AUR nvidia-fabricmanager
 # PKGBUILD (580.178.04, 595.91.07, 610.57.04): bin/ to /usr/bin, lib/ to the libdir, etc/ and
@@ -67,8 +70,7 @@ FABRICMANAGER = Component(
     "fabricmanager", "fabric manager",
     rules=(
         ("bin/", "usr/bin/"), ("lib/", "{lib}/"), ("etc/", "usr/share/nvidia/nvswitch/"),
-        ("share/", "usr/share/"), ("LICENSE", "usr/share/doc/nvidia-fabricmanager/LICENSE"),
-        ("third-party-notices.txt", "usr/share/doc/nvidia-fabricmanager/third-party-notices.txt"),
+        ("share/", "usr/share/"), *_docs("usr/share/doc/nvidia-fabricmanager"),
         ("include/", None), ("systemd/", None), ("sbin/", None),
     ),
     required=True,
@@ -78,9 +80,7 @@ FABRICMANAGER = Component(
 NSCQ = Component(
     "libnvidia_nscq", "NSCQ (NVSwitch telemetry for DCGM)",
     rules=(
-        ("lib/", "{lib}/"), ("bin/", "usr/bin/"),
-        ("LICENSE", "usr/share/doc/libnvidia-nscq/LICENSE"),
-        ("third-party-notices.txt", "usr/share/doc/libnvidia-nscq/third-party-notices.txt"),
+        ("lib/", "{lib}/"), ("bin/", "usr/bin/"), *_docs("usr/share/doc/libnvidia-nscq"),
     ),
     required=True,
 )  # fmt: skip
@@ -91,8 +91,7 @@ NVLSM = Component(
     "nvlsm", "NVLink subnet manager (NVLSM)",
     rules=(
         ("lib/", f"{NVLSM_HOME}/lib/"), ("sbin/", f"{NVLSM_HOME}/sbin/"),
-        ("share/", f"{NVLSM_HOME}/share/"), ("LICENSE", f"{NVLSM_HOME}/LICENSE"),
-        ("third-party-notices.txt", f"{NVLSM_HOME}/third-party-notices.txt"),
+        ("share/", f"{NVLSM_HOME}/share/"), *_docs(NVLSM_HOME),
     ),
     driver_version=False,  # NVLSM has its own versions (2025.06.11, ...)
     missing="NVLink5 nodes (B200, GB200) cannot start the fabric manager with this image",
@@ -238,22 +237,16 @@ def expected_digest(
 def destination(component: Component, member: PurePosixPath, libdir: str) -> PurePosixPath | None:
     """Where a member (without the archive's top directory) goes under the root, or None."""
     text = member.as_posix()
-    best: Rule | None = None
-    for prefix, target in component.rules:
-        matches = text == prefix or (prefix.endswith("/") and text.startswith(prefix))
-        if matches and (best is None or len(prefix) > len(best[0])):
-            best = (prefix, target)
-    if best is None:
-        return None
-    prefix, target = best
+    matching = [
+        (prefix, target)
+        for prefix, target in component.rules
+        if text == prefix or (prefix.endswith("/") and text.startswith(prefix))
+    ]
+    prefix, target = max(matching, key=lambda rule: len(rule[0]), default=("", None))
     if target is None:
         return None
     mapped = target.replace("{lib}", libdir)
-    return (
-        PurePosixPath(mapped + text[len(prefix) :])
-        if prefix.endswith("/")
-        else (PurePosixPath(mapped))
-    )
+    return PurePosixPath(mapped + text[len(prefix) :] if prefix.endswith("/") else mapped)
 
 
 def _plain_link_target(member: tarfile.TarInfo) -> str:
@@ -294,7 +287,7 @@ class _Budget:
         if (
             self.members > MAX_MEMBERS
             or member.size > MAX_MEMBER_BYTES
-            or (self.total > MAX_TOTAL_BYTES)
+            or self.total > MAX_TOTAL_BYTES
         ):
             raise DriverError(
                 f"the archive is larger than any NVIDIA redist archive (member {member.name}): "
