@@ -105,12 +105,6 @@ def test_lts_arm64_developer_container_urls() -> None:
     assert server.artifact_url("4081.3.10", "arm64", name) == (
         base + "flatcar_developer_container.bin.bz2"
     )
-    assert server.digests_url("4081.3.10", "arm64", name) == (
-        base + "flatcar_developer_container.bin.bz2.DIGESTS"
-    )
-    assert server.signature_url("4081.3.10", "arm64", name) == (
-        base + "flatcar_developer_container.bin.bz2.sig"
-    )
 
 
 def test_mirror_template_keeps_the_channel_split() -> None:

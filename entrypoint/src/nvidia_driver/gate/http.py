@@ -34,9 +34,9 @@ from nvidia_driver.sources.exchange import (
 )
 
 USER_AGENT = "nvidia-driver-reboot-gate (Flatcar GPU driver container)"
-CHUNK = 64 * 1024
 MAX_RETRY_AFTER = 30.0  # seconds: a server asking for more is waited for this long
 _TOO_MANY_REQUESTS, _SERVER_ERRORS = 429, 500
+OK = range(200, 300)
 
 
 class UnreachableError(DriverError):
@@ -124,23 +124,19 @@ class Client:
         return BudgetedHTTPConnection(host, budget=budget, port=port)
 
     def _read(self, answer: http.client.HTTPResponse, where: str) -> bytes:
+        limit = self.limits.max_bytes
         length = answer.getheader("Content-Length")
-        if length and length.isdigit() and int(length) > self.limits.max_bytes:
+        if length and length.isdigit() and int(length) > limit:
             raise DriverError(
-                f"{where} answered {int(length)} bytes, over the limit of "
-                f"{self.limits.max_bytes}: not what the gate asked for"
+                f"{where} answered {int(length)} bytes, over the limit of {limit}: not what the "
+                "gate asked for"
             )
-        chunks: list[bytes] = []
-        size = 0
-        while chunk := answer.read1(CHUNK):
-            size += len(chunk)
-            if size > self.limits.max_bytes:
-                raise DriverError(
-                    f"{where} answered more than {self.limits.max_bytes} bytes: "
-                    "not what the gate asked for"
-                )
-            chunks.append(chunk)
-        return b"".join(chunks)
+        body = answer.read(limit + 1)
+        if len(body) > limit:
+            raise DriverError(
+                f"{where} answered more than {limit} bytes: not what the gate asked for"
+            )
+        return body
 
 
 def retryable(response: Response) -> bool:

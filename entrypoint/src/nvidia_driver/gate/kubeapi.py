@@ -28,6 +28,7 @@ from typing import Any
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats import jsontext
 from nvidia_driver.gate.http import (
+    OK,
     Client,
     Limits,
     Response,
@@ -55,7 +56,6 @@ LIST_BYTES = 64 * MiB  # every page of one list together: about 2,000 nodes
 _TOKEN_LIMIT = 64 * 1024
 _LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
 _CONFLICT, _NOT_FOUND = 409, 404
-_OK = range(200, 300)
 # What the API server accepts as the name of a node, a pod or a secret (apimachinery's
 # IsDNS1123Subdomain) and of a namespace (IsDNS1123Label). A name is a segment of a request's
 # path: a name outside these ("..", "a/b", "a?b") would make the request another one.
@@ -213,7 +213,7 @@ class KubeAPI:
             response = send_retried(send, self.backoff, self.sleep)
         except UnreachableError as exc:
             raise DriverError(f"Kubernetes API: {exc}; check the cluster's network") from None
-        if response.status not in _OK:
+        if response.status not in OK:
             raise _failure(response, method, path)
         if len(response.body) > ANSWER_BYTES:
             raise DriverError(

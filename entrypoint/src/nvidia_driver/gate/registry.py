@@ -56,6 +56,7 @@ from nvidia_driver.formats.oci import (
     verified,
 )
 from nvidia_driver.gate.http import (
+    OK,
     Client,
     Limits,
     Response,
@@ -70,7 +71,6 @@ from nvidia_driver.sources.download import Backoff
 LIMITS = Limits(timeout=20.0, deadline=60.0, max_bytes=MAX_MANIFEST_BYTES)
 _NOT_FOUND, _UNAUTHORIZED = 404, 401
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
-_OK = range(200, 300)
 _HEAD_REFUSED = frozenset({405, 501})  # a registry that answers no HEAD: asked with GET
 PUBLISHED_FOR = 600.0  # seconds a published verdict is kept (a held one is asked every look)
 TOKEN_LIFETIME = 60.0  # seconds, when the token endpoint names none (distribution's token spec)
@@ -224,7 +224,7 @@ class Registry:
             what = f"{image}: the registry redirected the blob {digest}"
             url = redirect_target(url, response.header("Location"), image.api_host, what)
             response = self._send(image, "GET", url, "*/*", "")
-        if response.status not in _OK:
+        if response.status not in OK:
             raise DriverError(f"{image}: the blob {digest} answered {response.status}")
         verified(response.body, digest, f"{image}: the blob {digest}")
         return response
@@ -275,7 +275,7 @@ class Registry:
             self._tokens.pop((image.host, image.name, basic), None)
             response = self._send(image, method, url, accept, self._authorization(image, basic))
         self._answered(image, response)
-        if response.status in _OK or response.status == _NOT_FOUND or response.status in also:
+        if response.status in OK or response.status == _NOT_FOUND or response.status in also:
             return response
         raise DriverError(
             f"{image}: the registry answered {response.status}{error_detail(response.body)}"
@@ -296,7 +296,7 @@ class Registry:
             )
         except UnreachableError as exc:
             raise DriverError(f"{exc}; check the node's network and proxy") from None
-        if response.status in _OK:
+        if response.status in OK:
             check_identity(response.header("Content-Encoding"), f"{image}: the registry's answer")
         return response
 
@@ -332,7 +332,7 @@ class Registry:
         query["scope"] = fields.get("scope") or f"repository:{image.name}:pull"
         url = f"{realm}?{urllib.parse.urlencode(query)}"
         response = self._send(image, "GET", url, "application/json", basic)
-        if response.status not in _OK:
+        if response.status not in OK:
             why = "refused the pull secret's credentials" if basic else "gives no anonymous token"
             raise DriverError(
                 f"{image}: the registry {why}, {response.status}"

@@ -48,10 +48,6 @@ class Artifact(StrEnum):
     DEVELOPER_CONTAINER = "flatcar_developer_container.bin.bz2"
 
 
-DIGESTS_SUFFIX = ".DIGESTS"
-SIGNATURE_SUFFIX = ".sig"
-
-
 @dataclass(frozen=True, order=True)
 class FlatcarVersion:
     """MAJOR.MINOR.PATCH; ordering is numeric, so 4081.3.10 sorts after 4081.3.9."""
@@ -134,12 +130,6 @@ class ReleaseServer:
     def artifact_url(self, version: str, arch: str, name: str) -> str:
         return self.release_url(version, arch) + name
 
-    def digests_url(self, version: str, arch: str, name: str) -> str:
-        return self.artifact_url(version, arch, name) + DIGESTS_SUFFIX
-
-    def signature_url(self, version: str, arch: str, name: str) -> str:
-        return self.artifact_url(version, arch, name) + SIGNATURE_SUFFIX
-
 
 def release_server_from_env(env: Mapping[str, str]) -> ReleaseServer:
     return ReleaseServer(env.get(FLATCAR_RELEASE_BASE_URL) or DEFAULT_RELEASE_BASE_URL)
@@ -151,20 +141,14 @@ def releases_url_from_env(env: Mapping[str, str]) -> str:
 
 # --- what each release offers to build against ----------------------------------------------
 
-# What each release offers (Flatcar's coreos-modules ebuild; flatcar/scripts, changelog
-# 2025-03-07-coreos-modules-cross-compilation.md):
-# * from beta 4230.1.0, stable 4230.2.0, alpha 4277.0.0 (and LTS releases of those majors): a
-#   complete tree made by the kernel's install-extmod-build, in the node's /usr/lib/modules
-#   and in flatcar-container.tar.gz, with host tools built for the release's own architecture;
-# * before (LTS 4081): a tree in the older split layout, a cleaned build/ and a stripped
-#   source/. A node uses it as it is; an image build takes the developer container's. On
-#   arm64 its host tools (fixdep, modpost) are x86-64 binaries: no module can be built from it.
-#
-# The first release of each channel whose tree is made by install-extmod-build, with host tools
-# native to the release's architecture, in the node's /usr/lib/modules and in
-# flatcar-container.tar.gz. The change went into the 4230 branch at 4230.1.0 (beta, then stable
-# 4230.2.0) and into alpha at 4277.0.0 (flatcar.md §5.2). LTS releases are cut from a stable
-# major: every LTS of 4230 or later (4230.3.0 on) has it, LTS 4081 has not. (Flatcar's
+# The first release of each channel whose kernel tree is made by the kernel's
+# install-extmod-build, complete, in the node's /usr/lib/modules and in flatcar-container.tar.gz,
+# with host tools built for the release's own architecture (Flatcar's coreos-modules ebuild;
+# flatcar/scripts changelog 2025-03-07-coreos-modules-cross-compilation.md; flatcar.md §5.2).
+# LTS releases are cut from a stable major: every LTS of 4230 or later has it. Before (LTS
+# 4081), the tree has the older split layout, a cleaned build/ and a stripped source/: a node
+# uses it as it is, an image build takes the developer container's; on arm64 its host tools
+# (fixdep, modpost) are x86-64 binaries, so no module can be built from it. (Flatcar's
 # releases.json and the toolchain table list no LTS after 4081.3.10 yet.)
 FIRST_CONTAINER_TREE = {
     "alpha": FlatcarVersion(4277, 0, 0),
