@@ -1,13 +1,10 @@
 """One bounded HTTP exchange, for the Kubernetes API and the registries the gate asks.
 
-Each exchange keeps the project's one deadline mechanism (:mod:`nvidia_driver.sources.exchange`):
-connect, TLS, the request, the status line, the headers and the body all end by one deadline,
-no operation waits longer than the timeout, and the response head is bounded in bytes; an
-answer whose body is over its byte limit is refused. Redirects are not followed here: neither
-the API server nor a registry's manifest endpoint sends one that the gate should follow; the
-registry client follows a blob's itself (:mod:`.registry`). The answer
-is returned whatever its status; failures to exchange at all raise :class:`UnreachableError`, a
-:class:`~nvidia_driver.errors.DriverError` worth another try.
+Each exchange keeps the project's one deadline mechanism (:mod:`nvidia_driver.sources.exchange`),
+and its body is bounded in bytes. Redirects are not followed here: neither the API server nor a
+registry's manifest endpoint sends one that the gate should follow; the registry client follows
+a blob's itself (:mod:`.registry`). The answer is returned whatever its status; failures to
+exchange at all raise :class:`UnreachableError`, worth another try.
 """
 
 from __future__ import annotations
@@ -155,12 +152,9 @@ def send_retried(
     sleep: Callable[[float], None],
     jitter: Callable[[float], float] = float,
 ) -> Response:
-    """``send()`` until it answers other than 429 or 5xx, within ``backoff`` (the downloads'
-    bounded, growing pauses, each passed through ``jitter``); the last answer. A Retry-After
-    is waited for in full (up to :data:`MAX_RETRY_AFTER`).
-
-    An exchange that fails is tried again too; the last failure is raised.
-    """
+    """``send()`` until it answers other than 429 or 5xx or fails to exchange, within
+    ``backoff`` (pauses passed through ``jitter``); the last answer or failure. A Retry-After
+    is waited for in full (up to :data:`MAX_RETRY_AFTER`)."""
     delays = backoff.delays()
     for delay in delays:
         try:

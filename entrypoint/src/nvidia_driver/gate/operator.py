@@ -14,10 +14,6 @@ Read from NVIDIA/gpu-operator (a22dbf6), and composed with the formulas of
   ``nvidia.com/gpu-operator.driver.owner`` names it). Node N then pulls B's own tag, nothing
   else changes. From v26.7 (GPUCluster mode) NVIDIADrivers drive the driver with no
   ClusterPolicy at all.
-
-The image path is the Operator's ``imagePath``: ``<repository>/<image>:<version>`` (``@`` for
-a ``sha256:`` version, to which nothing is appended), or ``<image>`` alone when repository and
-version are empty (kbld).
 """
 
 from __future__ import annotations
@@ -80,7 +76,8 @@ class DriverSpec:
 
     @property
     def path(self) -> str:
-        """The Operator's imagePath, before any suffix."""
+        """The Operator's imagePath, before any suffix; ``<image>`` alone when repository and
+        version are empty (kbld)."""
         if not self.repository and not self.version and self.image:
             return self.image
         if not (self.repository and self.image and self.version):

@@ -2,23 +2,15 @@
 
 ``HEAD /v2/<name>/manifests/<reference>``: 404 means not published; the digest it names is
 read once (GET), and an index must list a ``linux/<arch>`` manifest, a single image manifest's
-config must name the arch (the config blob followed where the registry redirects it, to https
-only, and checked against its digest). A registry without HEAD is asked with GET. On a 401
-the client follows the ``WWW-Authenticate`` challenge (distribution's token authentication, as
-ghcr.io, Docker Hub and registry:2 speak it): a ``Bearer`` challenge sends it to the realm for
-a token of the challenge's scope, with the pull secret's credentials if there are any
-(anonymous otherwise, which public images need), a ``Basic`` one sends the credentials
-themselves.
+config blob must name the arch. A registry without HEAD is asked with GET. On a 401 the client
+follows the ``WWW-Authenticate`` challenge (distribution's token authentication, as ghcr.io,
+Docker Hub and registry:2 speak it): ``Bearer`` to the realm for a token of the challenge's
+scope, with the pull secret's credentials if there are any (anonymous otherwise, which public
+images need), ``Basic`` with the credentials themselves. Credentials come from the GPU
+Operator's pull secrets (docker config JSON, as ``kubectl create secret docker-registry``
+writes it).
 
-Registries on 127.0.0.1, ::1 or localhost are spoken to over plain http, all others over https,
-as gdc.registry does. Credentials come from the GPU Operator's pull secrets (docker config
-JSON, as ``kubectl create secret docker-registry`` writes it); they go to a token realm on the
-registry's own host (Docker Hub's ``auth.docker.io`` counts as its own), or on one
-``REGISTRY_TOKEN_HOSTS`` names.
-
-Every answer is read and checked as the tooling's client reads it
-(:mod:`nvidia_driver.formats.oci`): bounded, never inflated, a manifest's and a blob's bytes
-checked against their digest, a manifest's media type and shape checked.
+Every answer is checked as the tooling's client checks it (:mod:`nvidia_driver.formats.oci`).
 """
 
 from __future__ import annotations

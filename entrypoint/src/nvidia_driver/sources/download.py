@@ -1,16 +1,9 @@
 """HTTP(S) and file downloads with bounded time, bounded retries and a redirect policy.
 
-Every download of a URL is bounded three ways:
-
-* ``timeout``: no single read waits longer (the socket timeout);
-* ``min_rate``: over every ``rate_window`` seconds the body must arrive at least this fast, so a
-  server that trickles bytes (one every few seconds keeps a socket timeout from ever firing) is
-  dropped and retried;
-* ``deadline``: the whole download of one URL, every attempt and pause included, ends by then.
-
-The deadline and the rate hold for the whole exchange, not only the body: connect, TLS, the
-status line and the headers are read through a socket that waits at most the time left
-(``exchange.py``), so a server trickling its headers is cut off like one trickling its body.
+Every download of a URL is bounded by :class:`DownloadLimits`: a read's timeout, a minimum rate
+(a server that trickles bytes keeps a socket timeout from ever firing) and a deadline for all
+attempts. The deadline and the rate hold for the whole exchange, headers included
+(``exchange.py``).
 
 Redirects are followed only on the same scheme, and only to the URL's own host or to one of
 ``redirect_hosts``; any other is refused with one line. Failures worth another attempt
@@ -116,7 +109,8 @@ class DownloadLimits:
 
     timeout: float = DEFAULT_TIMEOUT  # seconds one read may wait
     deadline: float = DEFAULT_DEADLINE  # seconds for one URL, all attempts included
-    min_rate: int = DEFAULT_MIN_RATE  # bytes per second over each window; 0: no minimum
+    min_rate: int = DEFAULT_MIN_RATE  # bytes per second over each window (dropped and retried
+    # below it); 0: no minimum
     rate_window: float = DEFAULT_RATE_WINDOW
     redirect_hosts: tuple[str, ...] = DEFAULT_REDIRECT_HOSTS
 

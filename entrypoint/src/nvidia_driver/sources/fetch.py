@@ -27,12 +27,9 @@ There are two ways to get an artifact:
   the ``with`` block ends, even when the caller fails inside it (a corrupted download is then
   reported as such, not as whatever the caller made of the bad bytes). Nothing is cached.
 
-Downloads are bounded in time (a deadline and a minimum rate per URL) and follow redirects only
-within a policy (``download.py``). Network failures (unreachable host, timeouts, HTTP
-408/425/429/5xx, a body shorter than its Content-Length or too slow) are retried with
-exponential backoff. A missing artifact (HTTP 404), a digest mismatch and a bad signature are
-not: retrying would not change them. A signal (SIGTERM from the kubelet) ends a download at
-once: nothing is drained, nothing is cached, and the caller's cleanup runs.
+Downloads are bounded and retried as ``download.py`` says; a digest mismatch and a bad signature
+are not retried: retrying would not change them. A signal (SIGTERM from the kubelet) ends a
+download at once: nothing is drained, nothing is cached, and the caller's cleanup runs.
 """
 
 from __future__ import annotations
