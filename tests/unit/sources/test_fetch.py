@@ -114,6 +114,15 @@ def publish(root: Path, name: str, content: bytes, signer: Signer) -> Path:
     return artifact
 
 
+def truncated(
+    server: ReleaseServer, signer: Signer, name: str = ARTIFACT, content: bytes = CONTENT
+) -> str:
+    """The URL of an artifact the release server sends half of."""
+    publish(server.root, name, content, signer)
+    server.truncated.add(f"/{name}")
+    return server.url(name)
+
+
 def corrupt(content: bytes) -> bytes:
     """The same length, one byte changed: only the digest can tell."""
     return content[:-1] + bytes([content[-1] ^ 0xFF])
@@ -324,11 +333,10 @@ def test_fetch_refuses_a_corrupted_download_and_keeps_nothing(
 def test_fetch_retries_a_truncated_download_then_gives_up_and_keeps_nothing(
     server: ReleaseServer, cache: Path, keys: Keys, fetcher: Fetcher, sleeps: list[float]
 ) -> None:
-    publish(server.root, ARTIFACT, CONTENT, keys.trusted)
-    server.truncated.add(f"/{ARTIFACT}")
+    url = truncated(server, keys.trusted)
 
     with pytest.raises(DriverError) as raised:
-        fetcher.fetch(server.url(ARTIFACT))
+        fetcher.fetch(url)
 
     message = str(raised.value)
     assert f"truncated: got {len(CONTENT) // 2} of {len(CONTENT)} bytes" in message
@@ -490,12 +498,9 @@ def test_stream_refuses_a_signature_by_another_key_when_the_block_ends(
 def test_stream_fails_mid_read_on_a_truncated_body(
     server: ReleaseServer, cache: Path, keys: Keys, fetcher: Fetcher
 ) -> None:
-    publish(server.root, ARTIFACT, CONTENT, keys.trusted)
-    server.truncated.add(f"/{ARTIFACT}")
-
     with (
         pytest.raises(DriverError, match=r"truncated: .*discard what was unpacked"),
-        fetcher.stream(server.url(ARTIFACT)) as stream,
+        fetcher.stream(truncated(server, keys.trusted)) as stream,
     ):
         stream.read()
     assert leftovers(cache) == []
@@ -604,11 +609,10 @@ def test_stream_passes_the_callers_error_on_unchanged_when_the_download_is_good(
 def test_stream_reports_a_truncated_download_the_caller_failed_on_before_its_end(
     server: ReleaseServer, cache: Path, keys: Keys, fetcher: Fetcher
 ) -> None:
-    publish(server.root, ARCHIVE, BIG_ARCHIVE, keys.trusted)
-    server.truncated.add(f"/{ARCHIVE}")
+    url = truncated(server, keys.trusted, ARCHIVE, BIG_ARCHIVE)
     garbage = ValueError("garbage in the tar header")
 
-    with pytest.raises(DriverError) as raised, fetcher.stream(server.url(ARCHIVE)) as stream:
+    with pytest.raises(DriverError) as raised, fetcher.stream(url) as stream:
         read_then_fail(stream, garbage)
 
     message = str(raised.value)
@@ -622,12 +626,9 @@ def test_stream_reports_a_truncated_download_the_caller_failed_on_before_its_end
 def test_stream_reports_a_truncation_the_caller_wrapped_in_its_own_error(
     server: ReleaseServer, cache: Path, keys: Keys, fetcher: Fetcher
 ) -> None:
-    publish(server.root, ARTIFACT, CONTENT, keys.trusted)
-    server.truncated.add(f"/{ARTIFACT}")
-
     with (
         pytest.raises(DriverError, match=r"truncated: .*discard what was unpacked") as raised,
-        fetcher.stream(server.url(ARTIFACT)) as stream,
+        fetcher.stream(truncated(server, keys.trusted)) as stream,
     ):
         read_wrapping_errors(stream)
 

@@ -39,6 +39,7 @@ NVLSM_CONFIG_DIR = "usr/share/nvidia/nvlsm"
 
 Rule = tuple[str, str | None]  # (archive path prefix, destination prefix; None: not installed)
 _NOT_NVIDIAS = "the manifest is not NVIDIA's; check FABRICMANAGER_BASE_URL"
+_LICENSES = ("LICENSE", "third-party-notices.txt")
 
 
 @dataclass(frozen=True)
@@ -58,9 +59,13 @@ class Component:
     missing: str = ""  # what a node lacks when the manifest has no such archive
 
 
-def _docs(directory: str) -> tuple[Rule, ...]:
-    """The archive's license files, into ``directory``."""
-    return tuple((name, f"{directory}/{name}") for name in ("LICENSE", "third-party-notices.txt"))
+def _docs(directory: str, *names: str) -> tuple[Rule, ...]:
+    """License files (LICENSE and third-party-notices.txt unless named) into ``directory``."""
+    return tuple((name, f"{directory}/{name}") for name in names or _LICENSES)
+
+
+def _left_out(*prefixes: str) -> tuple[Rule, ...]:
+    return tuple((prefix, None) for prefix in prefixes)
 
 
 # NVIDIA/yum-packaging-fabric-manager fabricmanager.spec and the AUR nvidia-fabricmanager
@@ -71,7 +76,7 @@ FABRICMANAGER = Component(
     rules=(
         ("bin/", "usr/bin/"), ("lib/", "{lib}/"), ("etc/", "usr/share/nvidia/nvswitch/"),
         ("share/", "usr/share/"), *_docs("usr/share/doc/nvidia-fabricmanager"),
-        ("include/", None), ("systemd/", None), ("sbin/", None),
+        *_left_out("include/", "systemd/", "sbin/"),
     ),
     required=True,
 )  # fmt: skip
@@ -103,8 +108,8 @@ IMEX = Component(
     rules=(
         ("usr/bin/", "usr/bin/"), ("etc/nvidia-imex/", "etc/nvidia-imex/"),
         ("usr/share/doc/", "usr/share/doc/nvidia-imex/"),
-        ("LICENSE", "usr/share/doc/nvidia-imex/LICENSE"),
-        ("lib/systemd/", None), ("usr/lib/systemd/", None),
+        *_docs("usr/share/doc/nvidia-imex", "LICENSE"),
+        *_left_out("lib/systemd/", "usr/lib/systemd/"),
     ),
     missing="GB200/GB300 multi-node NVLink domains need nvidia-imex from the driver root",
 )  # fmt: skip
@@ -113,8 +118,8 @@ IMEX = Component(
 NVSDM = Component(
     "libnvsdm", "NVSDM (NVLink switch device management)",
     rules=(
-        ("lib/", "{lib}/"), ("LICENSE", "usr/share/doc/libnvsdm/LICENSE"),
-        ("usr/share/doc/", "usr/share/doc/libnvsdm/"), ("include/", None), ("apps/", None),
+        ("lib/", "{lib}/"), ("usr/share/doc/", "usr/share/doc/libnvsdm/"),
+        *_docs("usr/share/doc/libnvsdm", "LICENSE"), *_left_out("include/", "apps/"),
     ),
     arches=("amd64",),
     missing="NVLink5 switch management through NVSDM is unavailable",
