@@ -245,10 +245,8 @@ class Downloader:
                 opened = self._open(url, ends)
                 if not close:
                     return use(opened)
-                try:
+                with contextlib.closing(opened):
                     return use(opened)
-                finally:
-                    opened.close()
             except TransientError as exc:
                 if attempt == len(delays):
                     raise DriverError(
@@ -372,10 +370,9 @@ def _over_budget(url: str, exceeded: ExchangeError, limits: DownloadLimits) -> E
     if isinstance(exceeded, PastDeadlineError):
         return DriverError(_past_deadline(url, limits))
     if isinstance(exceeded, TooSlowError):
-        minimum = _per_second(limits.min_rate)
         return TransientError(
-            f"download of {url} is too slow: {exceeded}, under the minimum of {minimum} "
-            f"({NVIDIA_DRIVER_DOWNLOAD_MIN_RATE})"
+            f"download of {url} is too slow: {exceeded}, under the minimum of "
+            f"{limits.min_rate / 1024:.1f} KiB/s ({NVIDIA_DRIVER_DOWNLOAD_MIN_RATE})"
         )
     return DriverError(f"{url} answered with {exceeded}: check the URL and any proxy in between")
 
@@ -385,10 +382,6 @@ def _past_deadline(url: str, limits: DownloadLimits) -> str:
         f"the download of {url} did not finish within {limits.deadline:g} s "
         f"({NVIDIA_DRIVER_DOWNLOAD_DEADLINE}); use a faster mirror or raise the limit"
     )
-
-
-def _per_second(rate: float) -> str:
-    return f"{rate / 1024:.1f} KiB/s"
 
 
 def _content_length(header: str | None) -> int | None:

@@ -104,9 +104,7 @@ class Fetcher:
         expected = self.expected_sha512(url)
         blob = self.cache_dir / BLOBS / expected
         with self._scratch() as scratch:
-            self.signatures.keyrings(scratch)  # before any download: fail fast
-            signature = self._save(f"{url}.sig", scratch / "signature")
-            keyrings = self.signatures.prepare(url, signature, scratch)
+            signature, keyrings = self._signature(url, scratch)
             if _holds(blob, expected):  # another URL (a mirror) brought the same bytes
                 self._check_signature(url, scratch, keyrings, signature, blob)
             else:
@@ -143,9 +141,7 @@ class Fetcher:
         """
         expected = self.expected_sha512(url)
         with self._scratch() as scratch:
-            self.signatures.keyrings(scratch)
-            signature = self._save(f"{url}.sig", scratch / "signature")
-            keyrings = self.signatures.prepare(url, signature, scratch)
+            signature, keyrings = self._signature(url, scratch)
             # gpgv reads the data from a FIFO: the command seam gives it no stdin pipe.
             fifo = scratch / "artifact"
             os.mkfifo(fifo, 0o600)
@@ -236,20 +232,21 @@ class Fetcher:
         )
         self.signatures.check(url, result.returncode, result.stdout + result.stderr, scratch)
 
-    def _save(self, url: str, destination: Path) -> Path:
-        destination.write_bytes(self._get_small(url))
-        return destination
+    def _signature(self, url: str, scratch: Path) -> tuple[Path, list[Path]]:
+        """``url``'s signature, and the keyrings to check it with."""
+        self.signatures.keyrings(scratch)  # before any download: fail fast
+        signature = scratch / "signature"
+        signature.write_bytes(self._get_small(f"{url}.sig"))
+        return signature, self.signatures.prepare(url, signature, scratch)
 
     def _get_small(self, url: str) -> bytes:
         return self.downloader.get_small(url, SMALL_FILE_LIMIT, "a DIGESTS or signature file")
 
     def _download(self, url: str, destination: Path) -> str:
         """Download ``url`` into ``destination`` (synced to disk); return its SHA512."""
-
-        def write(opened: Opened) -> str:
-            return opened.save_to(destination, hashlib.sha512(), sync=True)
-
-        return self.downloader.transfer(url, write)
+        return self.downloader.transfer(
+            url, lambda opened: opened.save_to(destination, hashlib.sha512(), sync=True)
+        )
 
 
 class _Tee(io.RawIOBase):
