@@ -20,7 +20,6 @@ from nvidia_driver.errors import DriverError
 from nvidia_driver.formats import jsontext
 from nvidia_driver.naming import (
     FLATCAR_VERSION_RE,
-    LTS_STREAM_KEY_RE,
     arch_of,
     kernel_release_from_feed,
 )
@@ -250,28 +249,7 @@ def _feed_error(what: str, why: str) -> DriverError:
     return DriverError(f"releases feed: {what}: {why}; {_FEED_FIX}")
 
 
-def _load_feed(feed: str | Mapping[str, Any]) -> Mapping[str, Any]:
-    if isinstance(feed, str):
-        feed = jsontext.parse(feed, "releases feed", _FEED_FIX)
-    if not isinstance(feed, Mapping):
-        raise _feed_error("unexpected top level", "expected an object keyed by version")
-    return feed
-
-
-@dataclass(frozen=True)
-class _Entry:
-    """What a feed entry says about its release; `current*` copies carry no version."""
-
-    channel: str
-    kernel_release: str
-    arches: tuple[str, ...]
-    release_date: datetime
-
-    def release(self, version: FlatcarVersion) -> Release:
-        return Release(version, self.channel, self.kernel_release, self.arches, self.release_date)
-
-
-def _parse_entry(key: str, entry: object) -> _Entry:
+def _parse_entry(key: str, entry: object) -> Release:
     if not isinstance(entry, Mapping):
         raise _feed_error(f"release {key}", "entry is not an object")
     channel = entry.get("channel")
@@ -292,57 +270,19 @@ def _parse_entry(key: str, entry: object) -> _Entry:
         raise _feed_error(
             f"release {key}", f"release_date {date!r} is not 'YYYY-MM-DD HH:MM:SS +ZZZZ'"
         ) from None
-    return _Entry(channel, kernel_release_from_feed(kernels[0]), tuple(arches), released)
+    kernel = kernel_release_from_feed(kernels[0])
+    return Release(FlatcarVersion.parse(key), channel, kernel, tuple(arches), released)
 
 
 def parse_releases(feed: str | Mapping[str, Any]) -> tuple[Release, ...]:
-    """Every versioned release in the feed, oldest first; the `current*` markers are skipped."""
-    entries = _load_feed(feed)
-    releases = []
-    for key, entry in entries.items():
-        # The feed also has `current`, `current-2024`, …: copies of a versioned entry.
-        if FLATCAR_VERSION_RE.fullmatch(key):
-            releases.append(_parse_entry(key, entry).release(FlatcarVersion.parse(key)))
+    """Every versioned release in the feed, oldest first. The feed's `current`,
+    `current-2024`, ... markers, copies of a versioned entry, are skipped (the tooling reads
+    them: gdc.coverage)."""
+    if isinstance(feed, str):
+        feed = jsontext.parse(feed, "releases feed", _FEED_FIX)
+    if not isinstance(feed, Mapping):
+        raise _feed_error("unexpected top level", "expected an object keyed by version")
+    releases = [
+        _parse_entry(key, entry) for key, entry in feed.items() if FLATCAR_VERSION_RE.fullmatch(key)
+    ]
     return tuple(sorted(releases, key=lambda release: release.version))
-
-
-def _resolve_marker(key: str, entry: object, releases: tuple[Release, ...]) -> Release:
-    """Find the versioned release that a `current*` entry copies (it carries no version)."""
-    copy = _parse_entry(key, entry)
-    same = [release for release in releases if copy.release(release.version) == release]
-    if not same:
-        raise _feed_error(
-            f"{key!r}",
-            f"matches no versioned {copy.channel} release with kernel {copy.kernel_release} "
-            f"released {copy.release_date:%Y-%m-%d %H:%M:%S %z}",
-        )
-    return same[-1]
-
-
-def current_releases(feed: str | Mapping[str, Any]) -> dict[str, Release]:
-    """The current release of each stream: "alpha", "beta", "stable" and "lts-<year>".
-
-    A channel's current release is the one its `current` marker copies (in the combined feed
-    that is stable's), else its newest version. LTS streams are reported one by one from the
-    `current-<year>` markers, since several are supported side by side; a feed without such
-    markers (releases-lts.json) reports its newest LTS release as "lts".
-    """
-    entries = _load_feed(feed)
-    releases = parse_releases(entries)
-    current: dict[str, Release] = {}
-    for release in releases:  # oldest first: the newest of each channel wins
-        current[release.channel] = release
-    if "current" in entries:
-        marked = _resolve_marker("current", entries["current"], releases)
-        current[marked.channel] = marked
-    streams = {
-        f"lts-{match.group(1)}": _resolve_marker(key, entry, releases)
-        for key, entry in entries.items()
-        if (match := LTS_STREAM_KEY_RE.fullmatch(key)) is not None
-    }
-    wanted = [Channel.ALPHA, Channel.BETA, Channel.STABLE]
-    if not streams:
-        wanted.append(Channel.LTS)
-    result = {channel.value: current[channel] for channel in wanted if channel in current}
-    result.update(sorted(streams.items()))
-    return result
