@@ -22,10 +22,8 @@ There are two ways to get an artifact:
   cached; the record stands for them. A cached file is re-hashed before use and downloaded again
   if it is damaged.
 
-* :meth:`Fetcher.stream` serves archives too big to land whole on disk: the caller reads a file
-  object sequentially while the bytes are hashed and copied to ``gpgv``; the verdict comes when
-  the ``with`` block ends, even when the caller fails inside it (a corrupted download is then
-  reported as such, not as whatever the caller made of the bad bytes). Nothing is cached.
+* :meth:`Fetcher.stream` serves archives too big to land whole on disk, hashed and copied to
+  ``gpgv`` as the caller reads them, verified when the ``with`` block ends. Nothing is cached.
 
 Downloads are bounded and retried as ``download.py`` says; a digest mismatch and a bad signature
 are not retried: retrying would not change them. A signal (SIGTERM from the kubelet) ends a
@@ -303,11 +301,8 @@ class _Tee(io.RawIOBase):
 
 
 def _read_to_the_end(url: str, tee: _Tee, failure: Exception | None) -> None:
-    """Pass what the caller left unread to the verdict, even after the caller failed.
-
-    A download that breaks off outranks the caller's ``failure``, which it may have caused: its
-    DriverError is raised, chained from ``failure`` (unless the caller passed it on unchanged).
-    """
+    """Pass what the caller left unread to the verdict, even after the caller ``failure``,
+    which a download that breaks off outranks (see :meth:`Fetcher.stream`)."""
     if failure is None:
         tee.drain()
         return
