@@ -188,20 +188,27 @@ def _packet_header(data: bytes, offset: int) -> tuple[int, int, int]:
     if not first & 0x80:
         raise ValueError("not an OpenPGP packet")
     if first & 0x40:  # new format
-        octet = data[offset + 1]
-        if octet < 192:  # noqa: PLR2004 - RFC 4880 length encodings
-            return first & 0x3F, offset + 2, octet
-        if octet < 224:  # noqa: PLR2004
-            return first & 0x3F, offset + 3, ((octet - 192) << 8) + data[offset + 2] + 192
-        if octet == 255:  # noqa: PLR2004
-            return first & 0x3F, offset + 6, int.from_bytes(data[offset + 2 : offset + 6])
-        raise ValueError("partial body lengths are not used by signatures")
+        length, size = _length(data, offset + 1, packet=True)
+        return first & 0x3F, offset + 1 + size, length
     tag, kind = (first >> 2) & 0x0F, first & 0x03
     size = (1, 2, 4)[kind] if kind < 3 else None  # noqa: PLR2004
     if size is None:
         return tag, offset + 1, len(data) - offset - 1
     start = offset + 1 + size
     return tag, start, int.from_bytes(data[offset + 1 : start])
+
+
+def _length(data: bytes, offset: int, *, packet: bool) -> tuple[int, int]:
+    """A length as a new-format packet (RFC 4880, section 4.2.2) or a subpacket (5.2.3.1)
+    writes it at ``offset``, and the octets it takes."""
+    octet = data[offset]
+    if octet < 192:  # noqa: PLR2004 - RFC 4880 length encodings
+        return octet, 1
+    if octet < (224 if packet else 255):
+        return ((octet - 192) << 8) + data[offset + 1] + 192, 2
+    if octet == 255:  # noqa: PLR2004
+        return int.from_bytes(data[offset + 1 : offset + 5]), 5
+    raise ValueError("partial body lengths are not used by signatures")
 
 
 def _signature_fields(body: bytes) -> SignatureInfo:
@@ -231,13 +238,8 @@ def _subpackets(area: bytes) -> list[tuple[int, bytes]]:
     found = []
     offset = 0
     while offset < len(area):
-        octet = area[offset]
-        if octet < 192:  # noqa: PLR2004 - RFC 4880 section 5.2.3.1
-            length, offset = octet, offset + 1
-        elif octet < 255:  # noqa: PLR2004
-            length, offset = ((octet - 192) << 8) + area[offset + 1] + 192, offset + 2
-        else:
-            length, offset = int.from_bytes(area[offset + 1 : offset + 5]), offset + 5
+        length, size = _length(area, offset, packet=False)
+        offset += size
         if length == 0 or offset + length > len(area):
             raise ValueError("bad subpacket length")
         found.append((area[offset] & 0x7F, area[offset + 1 : offset + length]))
