@@ -64,16 +64,6 @@ def _bounded(output: bytes | bytearray) -> bytes | bytearray:
     return output
 
 
-def _in_python(decompressor: Callable[[], Any]) -> Callable[[memoryview, Commands], bytes]:
-    """A decompressor of the standard library. It stops one byte past the bound: more than a
-    kernel is a bomb, not a kernel (and at the end of its stream, ignoring what follows)."""
-
-    def decompress(data: memoryview, _commands: Commands) -> bytes:
-        return bytes(_bounded(decompressor().decompress(data, limits.KERNEL_DECOMPRESSED + 1)))
-
-    return decompress
-
-
 def _zstd_frame_end(data: memoryview, start: int) -> int:
     """Where the zstd frame at ``start`` ends (RFC 8878 §3.1.1)."""
     descriptor = data[start + 4]
@@ -151,46 +141,42 @@ def _lz4_legacy_blocks(data: memoryview) -> memoryview:
     return data[:end]
 
 
-def _with_tool(
-    tool: str, frames: Callable[[memoryview], memoryview] = memoryview
-) -> Callable[[memoryview, Commands], bytes]:
-    """A decompressor that runs ``tool`` on the stream's ``frames``."""
-
-    def decompress(data: memoryview, commands: Commands) -> bytes:
-        return _run_tool(commands, tool, frames(data), ["-d", "-q", "-c"])
-
-    return decompress
-
-
 @dataclass(frozen=True)
 class Codec:
+    """A compression the kernel build uses: decompressed by the standard library's
+    ``decompressor``, or by the command ``tool`` (given the stream's ``frames``)."""
+
     name: str
     magic: bytes
-    decompress: Callable[[memoryview, Commands], bytes] = field(repr=False)
-    tool: str | None = None  # the command used for formats outside Python's standard library
+    decompressor: Callable[[], Any] | None = field(default=None, repr=False)
+    tool: str = ""
+    frames: Callable[[memoryview], memoryview] = field(default=memoryview, repr=False)
 
     def available(self, commands: Commands) -> bool:
-        return self.tool is None or commands.which(self.tool) is not None
+        return not self.tool or commands.which(self.tool) is not None
+
+    def decompress(self, data: memoryview, commands: Commands) -> bytes:
+        if self.decompressor is None:
+            return _run_tool(commands, self.tool, self.frames(data), ["-d", "-q", "-c"])
+        # It stops one byte past the bound: more than a kernel is a bomb, not a kernel (and at
+        # the end of its stream, ignoring what follows).
+        inflater = self.decompressor()
+        return bytes(_bounded(inflater.decompress(data, limits.KERNEL_DECOMPRESSED + 1)))
+
+
+def _lzma(kind: int) -> Callable[[], Any]:
+    return lambda: lzma.LZMADecompressor(kind, memlimit=limits.LZMA_MEMORY)
 
 
 # The magics lib/decompress.c recognises, lengthened where the formats allow.
 CODECS = (
-    Codec("gzip", b"\x1f\x8b\x08", _in_python(lambda: zlib.decompressobj(wbits=31))),
-    Codec("bzip2", b"BZh", _in_python(bz2.BZ2Decompressor)),
-    Codec(
-        "lzma",
-        b"\x5d\x00\x00",
-        _in_python(lambda: lzma.LZMADecompressor(lzma.FORMAT_ALONE, memlimit=limits.LZMA_MEMORY)),
-    ),
-    Codec(
-        "xz",
-        b"\xfd7zXZ\x00",
-        _in_python(lambda: lzma.LZMADecompressor(lzma.FORMAT_XZ, memlimit=limits.LZMA_MEMORY)),
-    ),
-    Codec("lzo", b"\x89LZO\x00\r\n\x1a\n", _with_tool("lzop"), tool="lzop"),
-    # the legacy frame, as the kernel uses
-    Codec("lz4", LZ4_LEGACY_MAGIC, _with_tool("lz4", _lz4_legacy_blocks), tool="lz4"),
-    Codec("zstd", ZSTD_MAGIC, _with_tool("zstd", _zstd_frames), tool="zstd"),
+    Codec("gzip", b"\x1f\x8b\x08", lambda: zlib.decompressobj(wbits=31)),
+    Codec("bzip2", b"BZh", bz2.BZ2Decompressor),
+    Codec("lzma", b"\x5d\x00\x00", _lzma(lzma.FORMAT_ALONE)),
+    Codec("xz", b"\xfd7zXZ\x00", _lzma(lzma.FORMAT_XZ)),
+    Codec("lzo", b"\x89LZO\x00\r\n\x1a\n", tool="lzop"),
+    Codec("lz4", LZ4_LEGACY_MAGIC, tool="lz4", frames=_lz4_legacy_blocks),  # the kernel's frame
+    Codec("zstd", ZSTD_MAGIC, tool="zstd", frames=_zstd_frames),
 )
 _CODEC_BY_NAME = {codec.name: codec for codec in CODECS}
 # Makefile.zboot writes the make command's name: gzip, lz4, lzma, lzo, xzkern, zstd22.

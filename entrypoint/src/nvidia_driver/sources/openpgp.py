@@ -188,8 +188,8 @@ def _packet_header(data: bytes, offset: int) -> tuple[int, int, int]:
     if not first & 0x80:
         raise ValueError("not an OpenPGP packet")
     if first & 0x40:  # new format
-        length, size = _length(data, offset + 1, packet=True)
-        return first & 0x3F, offset + 1 + size, length
+        length, octets = _length(data, offset + 1, packet=True)
+        return first & 0x3F, offset + 1 + octets, length
     tag, kind = (first >> 2) & 0x0F, first & 0x03
     size = (1, 2, 4)[kind] if kind < 3 else None  # noqa: PLR2004
     if size is None:
