@@ -111,14 +111,11 @@ class ImageRef:
 
 
 def _split_reference(text: str) -> tuple[str, str]:
-    if "@" in text:
-        repository, _, digest = text.partition("@")
+    repository, at, digest = text.partition("@")
+    if at:
         return repository, digest
-    slash = text.rfind("/")
-    colon = text.rfind(":")
-    if colon > slash:
-        return text[:colon], text[colon + 1 :]
-    return text, ""
+    head, colon, tag = text.rpartition(":")
+    return (head, tag) if colon and "/" not in tag else (text, "")
 
 
 @dataclass
