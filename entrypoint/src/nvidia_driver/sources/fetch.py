@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, BinaryIO
 
-from nvidia_driver.atomic import sync_directory
+from nvidia_driver.atomic import sync_directory, write_atomically
 from nvidia_driver.commands import Commands, lines
 from nvidia_driver.errors import DriverError
 from nvidia_driver.log import say, warn
@@ -111,9 +111,7 @@ class Fetcher:
                 _check_digest(url, expected, self._download(url, partial))
                 self._check_signature(url, scratch, keyrings, signature, partial)
                 _publish(partial, blob)
-            record = scratch / "record"
-            _write_synced(record, f"{expected}  {url}\n".encode())
-            _publish(record, self._record(url))
+            write_atomically(self._record(url), f"{expected}  {url}\n")
         return blob
 
     def forget(self, url: str) -> None:
@@ -377,13 +375,6 @@ def _holds(path: Path, sha512: str) -> bool:
         return False
     with path.open("rb") as file:
         return hashlib.file_digest(file, "sha512").hexdigest() == sha512
-
-
-def _write_synced(path: Path, data: bytes) -> None:
-    with path.open("xb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
 
 
 def _publish(source: Path, destination: Path) -> None:
