@@ -237,7 +237,9 @@ class Downloader:
 
     def transfer(self, url: str, use: Callable[[Opened], _T], *, close: bool = True) -> _T:
         """Open ``url`` and hand the response to ``use``; a transient failure starts over."""
-        self._check_scheme(url)
+        check(url, "the URL", "check the base URL variables")  # it is logged, then requested
+        if urllib.parse.urlsplit(url).scheme not in SCHEMES:
+            raise DriverError(f"cannot download {url}: only http, https and file URLs work")
         ends = self.clock() + self.limits.deadline
         delays = self.backoff.delays()
         for attempt in range(self.backoff.attempts):
@@ -277,14 +279,8 @@ class Downloader:
 
         return self.transfer(url, read)
 
-    def _check_scheme(self, url: str) -> None:
-        check(url, "the URL", "check the base URL variables")  # it is logged, then requested
-        if urllib.parse.urlsplit(url).scheme not in SCHEMES:
-            raise DriverError(f"cannot download {url}: only http, https and file URLs work")
-
     def _open(self, url: str, ends: float) -> Opened:
-        remaining = ends - self.clock()
-        if remaining <= 0:
+        if ends <= self.clock():
             raise DriverError(_past_deadline(url, self.limits))
         limits = self.limits
         budget = Budget(ends, limits.timeout, limits.min_rate, limits.rate_window, clock=self.clock)
