@@ -94,7 +94,7 @@ class Settings:
             prepull=env.get(REBOOT_GATE_PREPULL, "true").strip().lower() != "false",
             others=others,
         )
-        needed = {"POD_NAMESPACE": settings.namespace}
+        needed = {POD_NAMESPACE: settings.namespace}
         if not others:
             needed[NODE_NAME] = settings.node_name
         if manager is Manager.KURED:
@@ -108,11 +108,8 @@ class Settings:
         # They reach request paths, annotations, events and log lines.
         fix = "set it to the Kubernetes name deploy/reboot-gate gives it"
         check(settings.approval, REBOOT_GATE_ANNOTATION, fix)
-        namespace(settings.namespace, POD_NAMESPACE, fix)
-        if not others:
-            object_name(settings.node_name, NODE_NAME, fix)
-        if manager is Manager.KURED:
-            object_name(settings.pod_name, POD_NAME, fix)
+        for name, value in needed.items():
+            (namespace if name == POD_NAMESPACE else object_name)(value, name, fix)
         return settings
 
 
