@@ -114,6 +114,13 @@ def publish(root: Path, name: str, content: bytes, signer: Signer) -> Path:
     return artifact
 
 
+def failing_twice(server: ReleaseServer, signer: Signer) -> str:
+    """The URL of an artifact the release server answers 503 twice before it sends it."""
+    publish(server.root, ARTIFACT, CONTENT, signer)
+    server.failures[f"/{ARTIFACT}"] = 2
+    return server.url(ARTIFACT)
+
+
 def truncated(
     server: ReleaseServer, signer: Signer, name: str = ARTIFACT, content: bytes = CONTENT
 ) -> str:
@@ -390,10 +397,7 @@ def test_fetch_reports_an_unknown_release_without_retrying(
 def test_fetch_retries_server_errors_with_exponential_backoff(
     server: ReleaseServer, keys: Keys, fetcher: Fetcher, sleeps: list[float]
 ) -> None:
-    publish(server.root, ARTIFACT, CONTENT, keys.trusted)
-    server.failures[f"/{ARTIFACT}"] = 2
-
-    assert fetcher.fetch(server.url(ARTIFACT)).read_bytes() == CONTENT
+    assert fetcher.fetch(failing_twice(server, keys.trusted)).read_bytes() == CONTENT
     assert server.requests[f"/{ARTIFACT}"] == 3
     assert sleeps == [0.25, 0.5]
 
@@ -509,10 +513,7 @@ def test_stream_fails_mid_read_on_a_truncated_body(
 def test_stream_retries_before_the_first_byte(
     server: ReleaseServer, keys: Keys, fetcher: Fetcher, sleeps: list[float]
 ) -> None:
-    publish(server.root, ARTIFACT, CONTENT, keys.trusted)
-    server.failures[f"/{ARTIFACT}"] = 2
-
-    with fetcher.stream(server.url(ARTIFACT)) as stream:
+    with fetcher.stream(failing_twice(server, keys.trusted)) as stream:
         assert stream.read() == CONTENT
     assert sleeps == [0.25, 0.5]
 
