@@ -16,6 +16,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from http import HTTPStatus
 
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats.oci import retry_after
@@ -32,7 +33,6 @@ from nvidia_driver.sources.exchange import (
 
 USER_AGENT = "nvidia-driver-reboot-gate (Flatcar GPU driver container)"
 MAX_RETRY_AFTER = 30.0  # seconds: a server asking for more is waited for this long
-_TOO_MANY_REQUESTS, _SERVER_ERRORS = 429, 500
 OK = range(200, 300)
 
 
@@ -137,7 +137,8 @@ class Client:
 
 
 def retryable(response: Response) -> bool:
-    return response.status == _TOO_MANY_REQUESTS or response.status >= _SERVER_ERRORS
+    status = response.status
+    return status == HTTPStatus.TOO_MANY_REQUESTS or status >= HTTPStatus.INTERNAL_SERVER_ERROR
 
 
 def jittered(delay: float) -> float:

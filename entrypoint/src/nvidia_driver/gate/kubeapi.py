@@ -22,6 +22,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +56,6 @@ ANSWER_BYTES = 4 * MiB
 LIST_BYTES = 64 * MiB  # every page of one list together: about 2,000 nodes
 _TOKEN_LIMIT = 64 * 1024
 _LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
-_CONFLICT, _NOT_FOUND = 409, 404
 # What the API server accepts as the name of a node, a pod or a secret (apimachinery's
 # IsDNS1123Subdomain) and of a namespace (IsDNS1123Label). A name is a segment of a request's
 # path: a name outside these ("..", "a/b", "a?b") would make the request another one.
@@ -255,11 +255,11 @@ def _failure(response: Response, method: str, path: str) -> DriverError:
     line = f"Kubernetes API: {method} {path} answered {response.status}"
     if message:
         line += f": {shown(message)}"
-    if response.status == _CONFLICT:
+    if response.status == HTTPStatus.CONFLICT:
         return ConflictError(line)
-    if response.status == _NOT_FOUND:
+    if response.status == HTTPStatus.NOT_FOUND:
         return NotFoundError(line)
-    if response.status in {401, 403}:
+    if response.status in {HTTPStatus.UNAUTHORIZED, HTTPStatus.FORBIDDEN}:
         return DriverError(
             f"{line}; check the gate's service account and RBAC (deploy/reboot-gate)"
         )

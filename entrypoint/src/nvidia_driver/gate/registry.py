@@ -21,6 +21,7 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from http import HTTPStatus
 
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats.oci import (
@@ -61,7 +62,6 @@ from nvidia_driver.safetext import ANNOTATION_SHOWN, shown
 from nvidia_driver.sources.download import Backoff
 
 LIMITS = Limits(timeout=20.0, deadline=60.0, max_bytes=MAX_MANIFEST_BYTES)
-_NOT_FOUND, _UNAUTHORIZED = 404, 401
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _HEAD_REFUSED = frozenset({405, 501})  # a registry that answers no HEAD: asked with GET
 PUBLISHED_FOR = 600.0  # seconds a published verdict is kept (a held one is asked every look)
@@ -162,7 +162,7 @@ class Registry:
         path = f"manifests/{image.reference}"
         if image.api_host not in self._no_head:
             response = self._get(image, path, ACCEPT, basic, method="HEAD", also=_HEAD_REFUSED)
-            if response.status == _NOT_FOUND:
+            if response.status == HTTPStatus.NOT_FOUND:
                 return None
             digest = response.header("Docker-Content-Digest")
             if DIGEST.fullmatch(digest):
@@ -174,7 +174,7 @@ class Registry:
                 return self._arches[digest]
             self._no_head.add(image.api_host)
         response = self._get(image, path, ACCEPT, basic)
-        if response.status == _NOT_FOUND:
+        if response.status == HTTPStatus.NOT_FOUND:
             return None
         return self._read_arches(image, response, basic, image.reference)
 
@@ -182,7 +182,7 @@ class Registry:
         self, image: ImageRef, response: Response, basic: str, reference: str
     ) -> frozenset[str]:
         """The linux arches of an index, or the arch in a single image's config."""
-        if response.status == _NOT_FOUND:
+        if response.status == HTTPStatus.NOT_FOUND:
             raise DriverError(f"{image}: the manifest the registry named, {reference}, is not "
                               "served")  # fmt: skip
         manifest = read_manifest(
@@ -259,12 +259,12 @@ class Registry:
         """The answer if OK, 404 or one of ``also``; a DriverError otherwise."""
         url = f"{self._url(image)}/{path}"
         response = self._send(image, method, url, accept, self._authorization(image, basic))
-        if response.status == _UNAUTHORIZED:
+        if response.status == HTTPStatus.UNAUTHORIZED:
             self._challenges[image.host, image.name] = response.header("WWW-Authenticate")
             self._tokens.pop((image.host, image.name, basic), None)
             response = self._send(image, method, url, accept, self._authorization(image, basic))
         self._answered(image, response)
-        if response.status in OK or response.status == _NOT_FOUND or response.status in also:
+        if response.status in OK or response.status in {HTTPStatus.NOT_FOUND, *also}:
             return response
         raise DriverError(
             f"{image}: the registry answered {response.status}{error_detail(response.body)}"
