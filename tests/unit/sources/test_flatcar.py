@@ -17,7 +17,6 @@ from nvidia_driver.sources.flatcar import (
     FlatcarVersion,
     ReleaseServer,
     board_of,
-    channel_of,
     parse_releases,
     parse_shell_assignments,
     release_server_from_env,
@@ -38,13 +37,13 @@ from nvidia_driver.sources.flatcar import (
     ],
 )
 def test_channel_of(version: str, channel: Channel) -> None:
-    assert channel_of(version) == channel
+    assert FlatcarVersion.parse(version).channel == channel
 
 
 @pytest.mark.parametrize("version", ["4593.2", "stable", "current", "4593.2.5+nightly-1", ""])
 def test_malformed_version_is_refused(version: str) -> None:
     with pytest.raises(DriverError) as caught:
-        channel_of(version)
+        FlatcarVersion.parse(version)
     message = str(caught.value)
     assert message.startswith(f"invalid Flatcar version {version!r}: expected MAJOR.MINOR.PATCH")
     assert "\n" not in message
@@ -52,7 +51,7 @@ def test_malformed_version_is_refused(version: str) -> None:
 
 def test_minor_without_channel_is_refused() -> None:
     with pytest.raises(DriverError, match=r"4593\.4\.0: minor 4 names no channel"):
-        channel_of("4593.4.0")
+        _ = FlatcarVersion.parse("4593.4.0").channel
 
 
 def test_versions_order_numerically() -> None:

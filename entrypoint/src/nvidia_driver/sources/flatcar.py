@@ -68,6 +68,7 @@ class FlatcarVersion:
 
     @property
     def channel(self) -> Channel:
+        """X.0.Y is alpha, X.1.Y beta, X.2.Y stable, X.3.Y lts."""
         if self.minor >= len(_CHANNEL_BY_MINOR):
             raise DriverError(
                 f"invalid Flatcar version {self}: minor {self.minor} names no channel "
@@ -77,11 +78,6 @@ class FlatcarVersion:
 
     def __str__(self) -> str:
         return f"{self.major}.{self.minor}.{self.patch}"
-
-
-def channel_of(version: str) -> Channel:
-    """X.0.Y is alpha, X.1.Y beta, X.2.Y stable, X.3.Y lts."""
-    return FlatcarVersion.parse(version).channel
 
 
 def board_of(arch: str) -> str:
