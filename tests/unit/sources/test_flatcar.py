@@ -17,8 +17,6 @@ from nvidia_driver.sources.flatcar import (
     FlatcarVersion,
     ReleaseServer,
     board_of,
-    channel_of,
-    current_releases,
     parse_releases,
     parse_shell_assignments,
     release_server_from_env,
@@ -39,13 +37,13 @@ from nvidia_driver.sources.flatcar import (
     ],
 )
 def test_channel_of(version: str, channel: Channel) -> None:
-    assert channel_of(version) == channel
+    assert FlatcarVersion.parse(version).channel == channel
 
 
 @pytest.mark.parametrize("version", ["4593.2", "stable", "current", "4593.2.5+nightly-1", ""])
 def test_malformed_version_is_refused(version: str) -> None:
     with pytest.raises(DriverError) as caught:
-        channel_of(version)
+        FlatcarVersion.parse(version)
     message = str(caught.value)
     assert message.startswith(f"invalid Flatcar version {version!r}: expected MAJOR.MINOR.PATCH")
     assert "\n" not in message
@@ -53,7 +51,7 @@ def test_malformed_version_is_refused(version: str) -> None:
 
 def test_minor_without_channel_is_refused() -> None:
     with pytest.raises(DriverError, match=r"4593\.4\.0: minor 4 names no channel"):
-        channel_of("4593.4.0")
+        _ = FlatcarVersion.parse("4593.4.0").channel
 
 
 def test_versions_order_numerically() -> None:
@@ -104,12 +102,6 @@ def test_lts_arm64_developer_container_urls() -> None:
     assert server.release_url("4081.3.10", "aarch64") == base
     assert server.artifact_url("4081.3.10", "arm64", name) == (
         base + "flatcar_developer_container.bin.bz2"
-    )
-    assert server.digests_url("4081.3.10", "arm64", name) == (
-        base + "flatcar_developer_container.bin.bz2.DIGESTS"
-    )
-    assert server.signature_url("4081.3.10", "arm64", name) == (
-        base + "flatcar_developer_container.bin.bz2.sig"
     )
 
 
@@ -235,34 +227,6 @@ def test_feed_releases() -> None:
     assert stable.release_date == datetime(2026, 8, 13, 9, 26, 25, tzinfo=UTC)
 
 
-def test_current_release_of_each_stream() -> None:
-    current = current_releases(json.dumps(_feed()))
-    summary = {
-        stream: (str(release.version), release.kernel_release)
-        for stream, release in current.items()
-    }
-    assert summary == {
-        "alpha": ("4790.0.0", "6.12.102-flatcar"),
-        "beta": ("4757.1.0", "6.12.102-flatcar"),
-        "stable": ("4593.2.5", "6.12.102-flatcar"),
-        "lts-2023": ("3510.3.8", "5.15.189-flatcar"),
-        "lts-2024": ("4081.3.10", "6.6.150-flatcar"),
-    }
-
-
-def test_current_marker_wins_over_version_order() -> None:
-    feed = _feed()
-    feed["current"] = copy.deepcopy(feed["4593.2.4"])
-    assert str(current_releases(feed)["stable"].version) == "4593.2.4"
-
-
-def test_channel_feed_without_markers_reports_its_newest_release() -> None:
-    feed = {key: entry for key, entry in _feed().items() if key.startswith("4081.")}
-    current = current_releases(feed)
-    assert list(current) == ["lts"]
-    assert str(current["lts"].version) == "4081.3.10"
-
-
 def test_release_without_kernel_is_named() -> None:
     feed = _feed()
     feed["4593.2.5"]["major_software"]["kernel"] = []
@@ -286,7 +250,7 @@ def test_malformed_release_is_named(change: Any, reason: str) -> None:
     feed = _feed()
     change(feed["4790.0.0"])
     with pytest.raises(DriverError, match=f"release 4790.0.0: {reason}"):
-        current_releases(feed)
+        parse_releases(feed)
 
 
 @pytest.mark.parametrize(
@@ -299,14 +263,7 @@ def test_malformed_release_is_named(change: Any, reason: str) -> None:
 )
 def test_malformed_feed(text: str, reason: str) -> None:
     with pytest.raises(DriverError, match=reason):
-        current_releases(text)
-
-
-def test_current_marker_without_its_release() -> None:
-    feed = _feed()
-    del feed["3510.3.8"]
-    with pytest.raises(DriverError, match="'current-2023': matches no versioned lts release"):
-        current_releases(feed)
+        parse_releases(text)
 
 
 @pytest.mark.parametrize(

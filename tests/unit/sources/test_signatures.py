@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +21,13 @@ from nvidia_driver.errors import DriverError
 from nvidia_driver.sources.download import Backoff, Downloader, DownloadLimits
 from nvidia_driver.sources.fetch import Fetcher
 from nvidia_driver.sources.openpgp import _packet_header, signature_info
-from nvidia_driver.sources.signingkey import SHIPPED_KEY, expiry_warning, list_keys
+from nvidia_driver.sources.signingkey import (
+    FLATCAR_KEY_URL,
+    SHIPPED_KEY,
+    PublicKey,
+    date,
+    list_keys,
+)
 from nvidia_driver.sources.verify import REFRESHED_KEY, Trust
 
 RELEASE = "amd64-usr/4593.2.5"
@@ -190,6 +196,45 @@ def test_signature_info_reads_the_creation_time_and_issuer(
 
 
 # --- the shipped key's expiry (the CI check) ------------------------------------------------
+
+
+SHIPPED_KEY_IN_REPOSITORY = (
+    "entrypoint/src/nvidia_driver/sources/keys/flatcar-image-signing-key.asc"
+)
+EXPIRY_MARGIN = dt.timedelta(days=30)
+
+
+def newest_signing_subkey(keys: Sequence[PublicKey]) -> PublicKey | None:
+    candidates = [
+        key
+        for key in keys
+        if key.fingerprint != key.primary and "s" in key.capabilities and not key.revoked
+    ]
+    return max(candidates, key=lambda key: key.created, default=None)
+
+
+def expiry_warning(
+    keys: Sequence[PublicKey],
+    now: dt.datetime,
+    key_file: str = SHIPPED_KEY_IN_REPOSITORY,
+    margin: dt.timedelta = EXPIRY_MARGIN,
+) -> str | None:
+    """Why the key needs replacing within ``margin``; None when its newest subkey lasts.
+    Flatcar replaces its signing subkey every year or two, once on the expiry day itself: CI
+    warns ahead (docs/building.md)."""
+    newest = newest_signing_subkey(keys)
+    what = f"update {key_file} from {FLATCAR_KEY_URL} (see keys/README.md)"
+    if newest is None:
+        return f"the key in {key_file} has no usable signing subkey: {what}"
+    if newest.expires is None:
+        return None
+    left = dt.datetime.fromtimestamp(newest.expires, dt.UTC) - now
+    if left > margin:
+        return None
+    return (
+        f"Flatcar's newest signing subkey {newest.fingerprint} expires on "
+        f"{date(newest.expires)}, in {left.days} days: {what}"
+    )
 
 
 def test_the_shipped_keys_newest_signing_subkey_lasts_more_than_30_days(tmp_path: Path) -> None:

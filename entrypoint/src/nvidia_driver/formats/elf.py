@@ -41,9 +41,7 @@ def _read_at(file: IO[bytes], offset: int, size: int) -> bytes:
     return data
 
 
-def _segments(file: IO[bytes], ident: bytes) -> tuple[int, list[_Segment]]:
-    endian = ">" if ident[5] == _ELFDATA2MSB else "<"
-    is64 = ident[4] == _ELFCLASS64
+def _segments(file: IO[bytes], endian: str, is64: bool) -> tuple[int, list[_Segment]]:
     header = endian + ("HHIQQQIHHH" if is64 else "HHIIIIIHHH")
     fields = struct.unpack(header, _read_at(file, _ELF_IDENT_SIZE, struct.calcsize(header)))
     machine, phoff, phentsize, phnum = fields[1], fields[4], fields[8], fields[9]
@@ -68,12 +66,11 @@ def _file_offset(segments: list[_Segment], vaddr: int) -> int:
     raise ValueError("address outside the loaded segments")
 
 
-def _needed(file: IO[bytes], ident: bytes, segments: list[_Segment]) -> tuple[str, ...]:
+def _needed(file: IO[bytes], endian: str, is64: bool, segments: list[_Segment]) -> tuple[str, ...]:
     dynamic = next((s for s in segments if s.kind == _PT_DYNAMIC), None)
     if dynamic is None:
         return ()
-    endian = ">" if ident[5] == _ELFDATA2MSB else "<"
-    entry = endian + ("qQ" if ident[4] == _ELFCLASS64 else "iI")
+    entry = endian + ("qQ" if is64 else "iI")
     table = _read_at(file, dynamic.offset, dynamic.filesz)
     table = table[: len(table) - len(table) % struct.calcsize(entry)]
     names: list[int] = []
@@ -102,12 +99,14 @@ def read_elf(path: Path) -> ElfInfo | None:
             ident = file.read(_ELF_IDENT_SIZE)
             if len(ident) < _ELF_IDENT_SIZE or not ident.startswith(_ELF_MAGIC):
                 return None
-            machine, segments = _segments(file, ident)
+            endian = ">" if ident[5] == _ELFDATA2MSB else "<"
+            is64 = ident[4] == _ELFCLASS64
+            machine, segments = _segments(file, endian, is64)
             interp = next((s for s in segments if s.kind == _PT_INTERP), None)
             interpreter = None
             if interp is not None:
                 raw = _read_at(file, interp.offset, min(interp.filesz, _MAX_NAME))
                 interpreter = raw.split(b"\0", 1)[0].decode(errors="surrogateescape")
-            return ElfInfo(machine, interpreter, _needed(file, ident, segments))
+            return ElfInfo(machine, interpreter, _needed(file, endian, is64, segments))
     except (OSError, ValueError, struct.error):
         return None

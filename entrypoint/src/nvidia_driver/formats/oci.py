@@ -1,24 +1,11 @@
 """A registry's answers, read one way: for the reboot gate (:mod:`nvidia_driver.gate.registry`,
 over http.client) and the tooling (gdc.registry, over requests).
 
-Each transport reads an answer as sent and bounded (:data:`MAX_MANIFEST_BYTES`,
-:data:`MAX_CONFIG_BYTES`, :data:`MAX_ANSWER_BYTES`; :func:`check_identity`: nothing is
-inflated), then hands its headers and bytes to these checks:
-
-* a manifest (:func:`read_manifest`) is a JSON object of a known media type
-  (:data:`MANIFEST_TYPES`, the body's ``mediaType`` agreeing with ``Content-Type``) whose
-  config, layers or entries are JSON objects; its digest is its bytes' (a
-  ``Docker-Content-Digest`` that differs is refused, as is a manifest asked for by digest whose
-  bytes are another's); a blob (:func:`verified`) and a config (:func:`read_config`) are
-  checked against their digest;
-* a digest or a reference is checked (:func:`checked_digest`, :func:`checked_reference`)
-  before it becomes part of a URL or a path;
-* a redirect is followed (:func:`redirect_target`) only to https, or within the registry itself;
-* a token realm (:func:`check_realm`) is https (plain http only when it and the registry are on
-  the loopback, :func:`plain_http`), and is sent credentials only on the registry's own host or
-  one the user names (:func:`token_hosts`).
-
-Every failure is a DriverError of one line that begins with what the caller names: the image.
+Each transport reads an answer as sent (never inflated) and bounded, then hands its headers
+and bytes to these checks: manifests, blobs and configs against their digest, media type and
+shape; digests and references before they become part of a URL or a path; where redirects,
+token realms and credentials may go. Every failure is a DriverError of one line that begins
+with what the caller names: the image.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from nvidia_driver import limits
 from nvidia_driver.commands import Commands
@@ -61,30 +62,6 @@ def _bounded(output: bytes | bytearray) -> bytes | bytearray:
     if len(output) > limits.KERNEL_DECOMPRESSED:
         raise _TooLargeError
     return output
-
-
-# Each decompressor stops one byte past the bound: more than a kernel is a bomb, not a kernel.
-# (A decompress object also stops at the end of its stream and ignores what follows.)
-
-
-def _gunzip(data: memoryview, _commands: Commands) -> bytes:
-    inflater = zlib.decompressobj(wbits=31)
-    return bytes(_bounded(inflater.decompress(data, limits.KERNEL_DECOMPRESSED + 1)))
-
-
-def _bunzip2(data: memoryview, _commands: Commands) -> bytes:
-    decompressor = bz2.BZ2Decompressor()
-    return bytes(_bounded(decompressor.decompress(data, limits.KERNEL_DECOMPRESSED + 1)))
-
-
-def _unlzma(data: memoryview, _commands: Commands) -> bytes:
-    decompressor = lzma.LZMADecompressor(lzma.FORMAT_ALONE, memlimit=limits.LZMA_MEMORY)
-    return bytes(_bounded(decompressor.decompress(data, limits.KERNEL_DECOMPRESSED + 1)))
-
-
-def _unxz(data: memoryview, _commands: Commands) -> bytes:
-    decompressor = lzma.LZMADecompressor(lzma.FORMAT_XZ, memlimit=limits.LZMA_MEMORY)
-    return bytes(_bounded(decompressor.decompress(data, limits.KERNEL_DECOMPRESSED + 1)))
 
 
 def _zstd_frame_end(data: memoryview, start: int) -> int:
@@ -148,10 +125,6 @@ def _run_tool(commands: Commands, tool: str, data: memoryview, arguments: list[s
     return bytes(_bounded(output))  # also when the command failed after passing the bound
 
 
-def _unzstd(data: memoryview, commands: Commands) -> bytes:
-    return _run_tool(commands, "zstd", _zstd_frames(data), ["-d", "-q", "-c"])
-
-
 def _lz4_legacy_blocks(data: memoryview) -> memoryview:
     """The legacy lz4 frame at the start of ``data``: its magic, then blocks, each a 4-byte
     little-endian size and that many bytes, without what follows.
@@ -168,34 +141,42 @@ def _lz4_legacy_blocks(data: memoryview) -> memoryview:
     return data[:end]
 
 
-def _unlz4(data: memoryview, commands: Commands) -> bytes:
-    return _run_tool(commands, "lz4", _lz4_legacy_blocks(data), ["-d", "-q", "-c"])
-
-
-def _unlzo(data: memoryview, commands: Commands) -> bytes:
-    return _run_tool(commands, "lzop", data, ["-d", "-q", "-c"])
-
-
 @dataclass(frozen=True)
 class Codec:
+    """A compression the kernel build uses: decompressed by the standard library's
+    ``decompressor``, or by the command ``tool`` (given the stream's ``frames``)."""
+
     name: str
     magic: bytes
-    decompress: Callable[[memoryview, Commands], bytes] = field(repr=False)
-    tool: str | None = None  # the command used for formats outside Python's standard library
+    decompressor: Callable[[], Any] | None = field(default=None, repr=False)
+    tool: str = ""
+    frames: Callable[[memoryview], memoryview] = field(default=memoryview, repr=False)
 
     def available(self, commands: Commands) -> bool:
-        return self.tool is None or commands.which(self.tool) is not None
+        return not self.tool or commands.which(self.tool) is not None
+
+    def decompress(self, data: memoryview, commands: Commands) -> bytes:
+        if self.decompressor is None:
+            return _run_tool(commands, self.tool, self.frames(data), ["-d", "-q", "-c"])
+        # It stops one byte past the bound: more than a kernel is a bomb, not a kernel (and at
+        # the end of its stream, ignoring what follows).
+        inflater = self.decompressor()
+        return bytes(_bounded(inflater.decompress(data, limits.KERNEL_DECOMPRESSED + 1)))
+
+
+def _lzma(kind: int) -> Callable[[], Any]:
+    return lambda: lzma.LZMADecompressor(kind, memlimit=limits.LZMA_MEMORY)
 
 
 # The magics lib/decompress.c recognises, lengthened where the formats allow.
 CODECS = (
-    Codec("gzip", b"\x1f\x8b\x08", _gunzip),
-    Codec("bzip2", b"BZh", _bunzip2),
-    Codec("lzma", b"\x5d\x00\x00", _unlzma),
-    Codec("xz", b"\xfd7zXZ\x00", _unxz),
-    Codec("lzo", b"\x89LZO\x00\r\n\x1a\n", _unlzo, tool="lzop"),
-    Codec("lz4", LZ4_LEGACY_MAGIC, _unlz4, tool="lz4"),  # legacy frame, as the kernel uses
-    Codec("zstd", ZSTD_MAGIC, _unzstd, tool="zstd"),
+    Codec("gzip", b"\x1f\x8b\x08", lambda: zlib.decompressobj(wbits=31)),
+    Codec("bzip2", b"BZh", bz2.BZ2Decompressor),
+    Codec("lzma", b"\x5d\x00\x00", _lzma(lzma.FORMAT_ALONE)),
+    Codec("xz", b"\xfd7zXZ\x00", _lzma(lzma.FORMAT_XZ)),
+    Codec("lzo", b"\x89LZO\x00\r\n\x1a\n", tool="lzop"),
+    Codec("lz4", LZ4_LEGACY_MAGIC, tool="lz4", frames=_lz4_legacy_blocks),  # the kernel's frame
+    Codec("zstd", ZSTD_MAGIC, tool="zstd", frames=_zstd_frames),
 )
 _CODEC_BY_NAME = {codec.name: codec for codec in CODECS}
 # Makefile.zboot writes the make command's name: gzip, lz4, lzma, lzo, xzkern, zstd22.

@@ -43,7 +43,7 @@ from nvidia_driver.gate.managers import (
     VERDICT,
     Manager,
 )
-from nvidia_driver.gate.operator import GPU_PRESENT, driver_spec
+from nvidia_driver.gate.operator import GPU_PRESENT, driver_spec, metadata
 from nvidia_driver.gate.prepull import PrePull
 from nvidia_driver.gate.updateengine import SYSTEM_BUS, read_status
 from nvidia_driver.gate.verdict import Checker, Verdict, allowed, failure, held
@@ -94,7 +94,7 @@ class Settings:
             prepull=env.get(REBOOT_GATE_PREPULL, "true").strip().lower() != "false",
             others=others,
         )
-        needed = {"POD_NAMESPACE": settings.namespace}
+        needed = {POD_NAMESPACE: settings.namespace}
         if not others:
             needed[NODE_NAME] = settings.node_name
         if manager is Manager.KURED:
@@ -108,11 +108,8 @@ class Settings:
         # They reach request paths, annotations, events and log lines.
         fix = "set it to the Kubernetes name deploy/reboot-gate gives it"
         check(settings.approval, REBOOT_GATE_ANNOTATION, fix)
-        namespace(settings.namespace, POD_NAMESPACE, fix)
-        if not others:
-            object_name(settings.node_name, NODE_NAME, fix)
-        if manager is Manager.KURED:
-            object_name(settings.pod_name, POD_NAME, fix)
+        for name, value in needed.items():
+            (namespace if name == POD_NAMESPACE else object_name)(value, name, fix)
         return settings
 
 
@@ -171,9 +168,9 @@ class Gate:
         GPU nodes the Operator installs no driver on. FLUO waits for the annotation on every
         node it picks, so without this a cluster with no gate pod stops updating."""
         for node in self.api.list("/api/v1/nodes", f"{BEFORE_REBOOT}={TRUE}"):
-            if _annotations(node).get(self.settings.approval) == TRUE:
+            if metadata(node, "annotations").get(self.settings.approval) == TRUE:
                 continue
-            if _labels(node).get(GPU_PRESENT) != TRUE:
+            if metadata(node, "labels").get(GPU_PRESENT) != TRUE:
                 verdict = allowed(f"not a GPU node (no {GPU_PRESENT}=true label)")
             else:
                 spec = driver_spec(self.api, node)
@@ -191,7 +188,7 @@ class Gate:
     def _fluo_own(self) -> Verdict | None:
         for _ in range(CONFLICT_RETRIES):
             node = self.api.get(self._node_path)
-            labels, annotations = _labels(node), _annotations(node)
+            labels, annotations = metadata(node, "labels"), metadata(node, "annotations")
             if labels.get(BEFORE_REBOOT) != TRUE:
                 return None  # FLUO is not asking (any more)
             if annotations.get(self.settings.approval) == TRUE:
@@ -222,7 +219,7 @@ class Gate:
             if not verdict.allowed:
                 self._pod_label(HELD)  # before the node says why: held is never late
             try:
-                if _annotations(node).get(VERDICT) != verdict.text:
+                if metadata(node, "annotations").get(VERDICT) != verdict.text:
                     self._annotate(self._node_path, node, {VERDICT: verdict.text})
             except ConflictError:
                 continue
@@ -287,13 +284,3 @@ class Gate:
             self.api.create(f"/api/v1/namespaces/{EVENTS_NAMESPACE}/events", event)
         except DriverError as exc:  # the annotation says it already
             warn(f"reboot gate: cannot record the event: {shown(str(exc), ANNOTATION_SHOWN)}")
-
-
-def _labels(node: Mapping[str, Any]) -> Mapping[str, str]:
-    labels = node.get("metadata", {}).get("labels")
-    return labels if isinstance(labels, Mapping) else {}
-
-
-def _annotations(node: Mapping[str, Any]) -> Mapping[str, str]:
-    annotations = node.get("metadata", {}).get("annotations")
-    return annotations if isinstance(annotations, Mapping) else {}

@@ -1,13 +1,10 @@
 """One bounded HTTP exchange, for the Kubernetes API and the registries the gate asks.
 
-Each exchange keeps the project's one deadline mechanism (:mod:`nvidia_driver.sources.exchange`):
-connect, TLS, the request, the status line, the headers and the body all end by one deadline,
-no operation waits longer than the timeout, and the response head is bounded in bytes; an
-answer whose body is over its byte limit is refused. Redirects are not followed here: neither
-the API server nor a registry's manifest endpoint sends one that the gate should follow; the
-registry client follows a blob's itself (:mod:`.registry`). The answer
-is returned whatever its status; failures to exchange at all raise :class:`UnreachableError`, a
-:class:`~nvidia_driver.errors.DriverError` worth another try.
+Each exchange keeps the project's one deadline mechanism (:mod:`nvidia_driver.sources.exchange`),
+and its body is bounded in bytes. Redirects are not followed here: neither the API server nor a
+registry's manifest endpoint sends one that the gate should follow; the registry client follows
+a blob's itself (:mod:`.registry`). The answer is returned whatever its status; failures to
+exchange at all raise :class:`UnreachableError`, worth another try.
 """
 
 from __future__ import annotations
@@ -19,6 +16,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from http import HTTPStatus
 
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats.oci import retry_after
@@ -34,9 +32,8 @@ from nvidia_driver.sources.exchange import (
 )
 
 USER_AGENT = "nvidia-driver-reboot-gate (Flatcar GPU driver container)"
-CHUNK = 64 * 1024
 MAX_RETRY_AFTER = 30.0  # seconds: a server asking for more is waited for this long
-_TOO_MANY_REQUESTS, _SERVER_ERRORS = 429, 500
+OK = range(200, 300)
 
 
 class UnreachableError(DriverError):
@@ -124,27 +121,24 @@ class Client:
         return BudgetedHTTPConnection(host, budget=budget, port=port)
 
     def _read(self, answer: http.client.HTTPResponse, where: str) -> bytes:
+        limit = self.limits.max_bytes
         length = answer.getheader("Content-Length")
-        if length and length.isdigit() and int(length) > self.limits.max_bytes:
+        if length and length.isdigit() and int(length) > limit:
             raise DriverError(
-                f"{where} answered {int(length)} bytes, over the limit of "
-                f"{self.limits.max_bytes}: not what the gate asked for"
+                f"{where} answered {int(length)} bytes, over the limit of {limit}: not what the "
+                "gate asked for"
             )
-        chunks: list[bytes] = []
-        size = 0
-        while chunk := answer.read1(CHUNK):
-            size += len(chunk)
-            if size > self.limits.max_bytes:
-                raise DriverError(
-                    f"{where} answered more than {self.limits.max_bytes} bytes: "
-                    "not what the gate asked for"
-                )
-            chunks.append(chunk)
-        return b"".join(chunks)
+        body = answer.read(limit + 1)
+        if len(body) > limit:
+            raise DriverError(
+                f"{where} answered more than {limit} bytes: not what the gate asked for"
+            )
+        return body
 
 
 def retryable(response: Response) -> bool:
-    return response.status == _TOO_MANY_REQUESTS or response.status >= _SERVER_ERRORS
+    status = response.status
+    return status == HTTPStatus.TOO_MANY_REQUESTS or status >= HTTPStatus.INTERNAL_SERVER_ERROR
 
 
 def jittered(delay: float) -> float:
@@ -159,12 +153,9 @@ def send_retried(
     sleep: Callable[[float], None],
     jitter: Callable[[float], float] = float,
 ) -> Response:
-    """``send()`` until it answers other than 429 or 5xx, within ``backoff`` (the downloads'
-    bounded, growing pauses, each passed through ``jitter``); the last answer. A Retry-After
-    is waited for in full (up to :data:`MAX_RETRY_AFTER`).
-
-    An exchange that fails is tried again too; the last failure is raised.
-    """
+    """``send()`` until it answers other than 429 or 5xx or fails to exchange, within
+    ``backoff`` (pauses passed through ``jitter``); the last answer or failure. A Retry-After
+    is waited for in full (up to :data:`MAX_RETRY_AFTER`)."""
     delays = backoff.delays()
     for delay in delays:
         try:

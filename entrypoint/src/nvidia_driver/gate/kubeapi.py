@@ -22,12 +22,14 @@ import time
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats import jsontext
 from nvidia_driver.gate.http import (
+    OK,
     Client,
     Limits,
     Response,
@@ -54,8 +56,6 @@ ANSWER_BYTES = 4 * MiB
 LIST_BYTES = 64 * MiB  # every page of one list together: about 2,000 nodes
 _TOKEN_LIMIT = 64 * 1024
 _LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
-_CONFLICT, _NOT_FOUND = 409, 404
-_OK = range(200, 300)
 # What the API server accepts as the name of a node, a pod or a secret (apimachinery's
 # IsDNS1123Subdomain) and of a namespace (IsDNS1123Label). A name is a segment of a request's
 # path: a name outside these ("..", "a/b", "a?b") would make the request another one.
@@ -213,7 +213,7 @@ class KubeAPI:
             response = send_retried(send, self.backoff, self.sleep)
         except UnreachableError as exc:
             raise DriverError(f"Kubernetes API: {exc}; check the cluster's network") from None
-        if response.status not in _OK:
+        if response.status not in OK:
             raise _failure(response, method, path)
         if len(response.body) > ANSWER_BYTES:
             raise DriverError(
@@ -255,11 +255,11 @@ def _failure(response: Response, method: str, path: str) -> DriverError:
     line = f"Kubernetes API: {method} {path} answered {response.status}"
     if message:
         line += f": {shown(message)}"
-    if response.status == _CONFLICT:
+    if response.status == HTTPStatus.CONFLICT:
         return ConflictError(line)
-    if response.status == _NOT_FOUND:
+    if response.status == HTTPStatus.NOT_FOUND:
         return NotFoundError(line)
-    if response.status in {401, 403}:
+    if response.status in {HTTPStatus.UNAUTHORIZED, HTTPStatus.FORBIDDEN}:
         return DriverError(
             f"{line}; check the gate's service account and RBAC (deploy/reboot-gate)"
         )

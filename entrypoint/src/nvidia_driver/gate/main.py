@@ -1,14 +1,5 @@
-"""``nvidia-driver reboot-gate``: the gate's parts, made from the pod's environment.
-
-The environment (deploy/reboot-gate sets it): ``NODE_NAME``, ``POD_NAMESPACE`` and, for kured,
-``POD_NAME`` from the downward API; ``GPU_OPERATOR_NAMESPACE`` (where the Operator's pull
-secrets are, default ``gpu-operator``); ``REBOOT_GATE_ANNOTATION`` (FLUO's before-reboot
-annotation, default :data:`~.managers.APPROVAL`); ``DRIVER_VERSION`` (the build image's own);
-``FLATCAR_RELEASES_URL``, ``FLATCAR_RELEASE_BASE_URL`` and ``FLATCAR_KEYRING`` for mirrors; the
-``NVIDIA_DRIVER_DOWNLOAD_*`` limits; ``REGISTRY_TOKEN_HOSTS``, the token services besides a
-registry's own host that may be sent the pull secrets' credentials (Docker Hub's:
-``auth.docker.io``).
-"""
+"""``nvidia-driver reboot-gate``: the gate's parts, made from the pod's environment (which
+variables, and who sets them: settings.py, ``nvidia-driver settings``)."""
 
 from __future__ import annotations
 

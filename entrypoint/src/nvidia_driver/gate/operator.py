@@ -14,10 +14,6 @@ Read from NVIDIA/gpu-operator (a22dbf6), and composed with the formulas of
   ``nvidia.com/gpu-operator.driver.owner`` names it). Node N then pulls B's own tag, nothing
   else changes. From v26.7 (GPUCluster mode) NVIDIADrivers drive the driver with no
   ClusterPolicy at all.
-
-The image path is the Operator's ``imagePath``: ``<repository>/<image>:<version>`` (``@`` for
-a ``sha256:`` version, to which nothing is appended), or ``<image>`` alone when repository and
-version are empty (kbld).
 """
 
 from __future__ import annotations
@@ -80,7 +76,8 @@ class DriverSpec:
 
     @property
     def path(self) -> str:
-        """The Operator's imagePath, before any suffix."""
+        """The Operator's imagePath, before any suffix; ``<image>`` alone when repository and
+        version are empty (kbld)."""
         if not self.repository and not self.version and self.image:
             return self.image
         if not (self.repository and self.image and self.version):
@@ -125,13 +122,11 @@ class GPUNode:
     @classmethod
     def of(cls, node: Mapping[str, Any]) -> GPUNode | None:
         """None for a node without NFD's Flatcar labels (the Operator skips or refuses it)."""
-        labels = _labels(node)
+        labels = metadata(node, "labels")
         version, kernel = labels.get(NFD_VERSION_ID, ""), labels.get(NFD_KERNEL, "")
         if labels.get(NFD_OS_ID) != OS_ID or not version or not kernel:
             return None
-        info = node.get("status", {}).get("nodeInfo", {})
-        arch = labels.get(ARCH) or str(info.get("architecture", ""))
-        return cls(str(node.get("metadata", {}).get("name", "")), version, kernel, arch)
+        return cls(str(node.get("metadata", {}).get("name", "")), version, kernel, node_arch(node))
 
 
 @dataclass(frozen=True)
@@ -142,9 +137,16 @@ class Wanted:
     arches: frozenset[str]
 
 
-def _labels(node: Mapping[str, Any]) -> Mapping[str, str]:
-    labels = node.get("metadata", {}).get("labels", {})
-    return labels if isinstance(labels, Mapping) else {}
+def metadata(resource: Mapping[str, Any], key: str) -> Mapping[str, str]:
+    """A resource's ``labels`` or ``annotations``; {} when it has none."""
+    found = resource.get("metadata", {}).get(key)
+    return found if isinstance(found, Mapping) else {}
+
+
+def node_arch(node: Mapping[str, Any]) -> str:
+    """The node's arch label, else the kubelet's ``nodeInfo``."""
+    info = node.get("status", {}).get("nodeInfo", {})
+    return str(metadata(node, "labels").get(ARCH) or info.get("architecture", ""))
 
 
 def _bool(value: object) -> bool:
@@ -249,7 +251,7 @@ def _spec(source: str, fields: Mapping[str, Any], *, per_pool: bool) -> DriverSp
 
 
 def _nvidia_driver_spec(node: Mapping[str, Any], drivers: list[dict[str, Any]]) -> DriverSpec | str:
-    labels = _labels(node)
+    labels = metadata(node, "labels")
     owner = labels.get(DRIVER_OWNER, "")
     if owner:
         resources = [r for r in drivers if r.get("metadata", {}).get("name") == owner]

@@ -62,12 +62,7 @@ class PrePull:
         ``secrets``: the Operator's pull secrets, by name; the kubelet uses those that exist in
         the gate's namespace, and pulls with the node's own credentials without the others."""
         self.forget(keep=images)
-        waiting = []
-        for image in images:
-            phrase = self._pulled(image, secrets)
-            if phrase:
-                waiting.append(phrase)
-        return "; ".join(waiting)
+        return "; ".join(filter(None, [self._pulled(image, secrets) for image in images]))
 
     def forget(self, keep: Sequence[str] = ()) -> None:
         """Delete the node's pre-pull pods of images no longer asked for."""

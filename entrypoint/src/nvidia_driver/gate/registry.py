@@ -2,23 +2,15 @@
 
 ``HEAD /v2/<name>/manifests/<reference>``: 404 means not published; the digest it names is
 read once (GET), and an index must list a ``linux/<arch>`` manifest, a single image manifest's
-config must name the arch (the config blob followed where the registry redirects it, to https
-only, and checked against its digest). A registry without HEAD is asked with GET. On a 401
-the client follows the ``WWW-Authenticate`` challenge (distribution's token authentication, as
-ghcr.io, Docker Hub and registry:2 speak it): a ``Bearer`` challenge sends it to the realm for
-a token of the challenge's scope, with the pull secret's credentials if there are any
-(anonymous otherwise, which public images need), a ``Basic`` one sends the credentials
-themselves.
+config blob must name the arch. A registry without HEAD is asked with GET. On a 401 the client
+follows the ``WWW-Authenticate`` challenge (distribution's token authentication, as ghcr.io,
+Docker Hub and registry:2 speak it): ``Bearer`` to the realm for a token of the challenge's
+scope, with the pull secret's credentials if there are any (anonymous otherwise, which public
+images need), ``Basic`` with the credentials themselves. Credentials come from the GPU
+Operator's pull secrets (docker config JSON, as ``kubectl create secret docker-registry``
+writes it).
 
-Registries on 127.0.0.1, ::1 or localhost are spoken to over plain http, all others over https,
-as gdc.registry does. Credentials come from the GPU Operator's pull secrets (docker config
-JSON, as ``kubectl create secret docker-registry`` writes it); they go to a token realm on the
-registry's own host (Docker Hub's ``auth.docker.io`` counts as its own), or on one
-``REGISTRY_TOKEN_HOSTS`` names.
-
-Every answer is read and checked as the tooling's client reads it
-(:mod:`nvidia_driver.formats.oci`): bounded, never inflated, a manifest's and a blob's bytes
-checked against their digest, a manifest's media type and shape checked.
+Every answer is checked as the tooling's client checks it (:mod:`nvidia_driver.formats.oci`).
 """
 
 from __future__ import annotations
@@ -29,6 +21,7 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from http import HTTPStatus
 
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats.oci import (
@@ -56,6 +49,7 @@ from nvidia_driver.formats.oci import (
     verified,
 )
 from nvidia_driver.gate.http import (
+    OK,
     Client,
     Limits,
     Response,
@@ -68,9 +62,7 @@ from nvidia_driver.safetext import ANNOTATION_SHOWN, shown
 from nvidia_driver.sources.download import Backoff
 
 LIMITS = Limits(timeout=20.0, deadline=60.0, max_bytes=MAX_MANIFEST_BYTES)
-_NOT_FOUND, _UNAUTHORIZED = 404, 401
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
-_OK = range(200, 300)
 _HEAD_REFUSED = frozenset({405, 501})  # a registry that answers no HEAD: asked with GET
 PUBLISHED_FOR = 600.0  # seconds a published verdict is kept (a held one is asked every look)
 TOKEN_LIFETIME = 60.0  # seconds, when the token endpoint names none (distribution's token spec)
@@ -119,14 +111,11 @@ class ImageRef:
 
 
 def _split_reference(text: str) -> tuple[str, str]:
-    if "@" in text:
-        repository, _, digest = text.partition("@")
+    repository, at, digest = text.partition("@")
+    if at:
         return repository, digest
-    slash = text.rfind("/")
-    colon = text.rfind(":")
-    if colon > slash:
-        return text[:colon], text[colon + 1 :]
-    return text, ""
+    head, colon, tag = text.rpartition(":")
+    return (head, tag) if colon and "/" not in tag else (text, "")
 
 
 @dataclass
@@ -173,7 +162,7 @@ class Registry:
         path = f"manifests/{image.reference}"
         if image.api_host not in self._no_head:
             response = self._get(image, path, ACCEPT, basic, method="HEAD", also=_HEAD_REFUSED)
-            if response.status == _NOT_FOUND:
+            if response.status == HTTPStatus.NOT_FOUND:
                 return None
             digest = response.header("Docker-Content-Digest")
             if DIGEST.fullmatch(digest):
@@ -185,7 +174,7 @@ class Registry:
                 return self._arches[digest]
             self._no_head.add(image.api_host)
         response = self._get(image, path, ACCEPT, basic)
-        if response.status == _NOT_FOUND:
+        if response.status == HTTPStatus.NOT_FOUND:
             return None
         return self._read_arches(image, response, basic, image.reference)
 
@@ -193,7 +182,7 @@ class Registry:
         self, image: ImageRef, response: Response, basic: str, reference: str
     ) -> frozenset[str]:
         """The linux arches of an index, or the arch in a single image's config."""
-        if response.status == _NOT_FOUND:
+        if response.status == HTTPStatus.NOT_FOUND:
             raise DriverError(f"{image}: the manifest the registry named, {reference}, is not "
                               "served")  # fmt: skip
         manifest = read_manifest(
@@ -224,7 +213,7 @@ class Registry:
             what = f"{image}: the registry redirected the blob {digest}"
             url = redirect_target(url, response.header("Location"), image.api_host, what)
             response = self._send(image, "GET", url, "*/*", "")
-        if response.status not in _OK:
+        if response.status not in OK:
             raise DriverError(f"{image}: the blob {digest} answered {response.status}")
         verified(response.body, digest, f"{image}: the blob {digest}")
         return response
@@ -270,12 +259,12 @@ class Registry:
         """The answer if OK, 404 or one of ``also``; a DriverError otherwise."""
         url = f"{self._url(image)}/{path}"
         response = self._send(image, method, url, accept, self._authorization(image, basic))
-        if response.status == _UNAUTHORIZED:
+        if response.status == HTTPStatus.UNAUTHORIZED:
             self._challenges[image.host, image.name] = response.header("WWW-Authenticate")
             self._tokens.pop((image.host, image.name, basic), None)
             response = self._send(image, method, url, accept, self._authorization(image, basic))
         self._answered(image, response)
-        if response.status in _OK or response.status == _NOT_FOUND or response.status in also:
+        if response.status in OK or response.status in {HTTPStatus.NOT_FOUND, *also}:
             return response
         raise DriverError(
             f"{image}: the registry answered {response.status}{error_detail(response.body)}"
@@ -296,7 +285,7 @@ class Registry:
             )
         except UnreachableError as exc:
             raise DriverError(f"{exc}; check the node's network and proxy") from None
-        if response.status in _OK:
+        if response.status in OK:
             check_identity(response.header("Content-Encoding"), f"{image}: the registry's answer")
         return response
 
@@ -332,7 +321,7 @@ class Registry:
         query["scope"] = fields.get("scope") or f"repository:{image.name}:pull"
         url = f"{realm}?{urllib.parse.urlencode(query)}"
         response = self._send(image, "GET", url, "application/json", basic)
-        if response.status not in _OK:
+        if response.status not in OK:
             why = "refused the pull secret's credentials" if basic else "gives no anonymous token"
             raise DriverError(
                 f"{image}: the registry {why}, {response.status}"

@@ -38,6 +38,7 @@ from nvidia_driver.gate.operator import (
     Wanted,
     driver_spec,
     gpu_nodes,
+    node_arch,
     shared_kernel,
     wanted_images,
 )
@@ -132,11 +133,9 @@ class Checker:
             feed = shown(self.releases.url, 120)
             return held(f"{prefix}: not in Flatcar's releases feed ({feed}) yet, so its kernel "
                         "is unknown")  # fmt: skip
-        metadata, info = node.get("metadata", {}), node.get("status", {}).get("nodeInfo", {})
-        arch = str(metadata.get("labels", {}).get("kubernetes.io/arch", "")) or str(
-            info.get("architecture", "")
-        )
-        after = GPUNode(str(metadata.get("name", "")), str(version), release.kernel_release, arch)
+        arch = node_arch(node)
+        name = str(node.get("metadata", {}).get("name", ""))
+        after = GPUNode(name, str(version), release.kernel_release, arch)
         others = [] if spec.per_pool else gpu_nodes(self.api)
         refused = shared_kernel(spec, after, others)
         if refused:

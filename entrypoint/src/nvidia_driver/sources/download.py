@@ -1,16 +1,9 @@
 """HTTP(S) and file downloads with bounded time, bounded retries and a redirect policy.
 
-Every download of a URL is bounded three ways:
-
-* ``timeout``: no single read waits longer (the socket timeout);
-* ``min_rate``: over every ``rate_window`` seconds the body must arrive at least this fast, so a
-  server that trickles bytes (one every few seconds keeps a socket timeout from ever firing) is
-  dropped and retried;
-* ``deadline``: the whole download of one URL, every attempt and pause included, ends by then.
-
-The deadline and the rate hold for the whole exchange, not only the body: connect, TLS, the
-status line and the headers are read through a socket that waits at most the time left
-(``exchange.py``), so a server trickling its headers is cut off like one trickling its body.
+Every download of a URL is bounded by :class:`DownloadLimits`: a read's timeout, a minimum rate
+(a server that trickles bytes keeps a socket timeout from ever firing) and a deadline for all
+attempts. The deadline and the rate hold for the whole exchange, headers included
+(``exchange.py``).
 
 Redirects are followed only on the same scheme, and only to the URL's own host or to one of
 ``redirect_hosts``; any other is refused with one line. Failures worth another attempt
@@ -116,7 +109,8 @@ class DownloadLimits:
 
     timeout: float = DEFAULT_TIMEOUT  # seconds one read may wait
     deadline: float = DEFAULT_DEADLINE  # seconds for one URL, all attempts included
-    min_rate: int = DEFAULT_MIN_RATE  # bytes per second over each window; 0: no minimum
+    min_rate: int = DEFAULT_MIN_RATE  # bytes per second over each window (dropped and retried
+    # below it); 0: no minimum
     rate_window: float = DEFAULT_RATE_WINDOW
     redirect_hosts: tuple[str, ...] = DEFAULT_REDIRECT_HOSTS
 
@@ -243,7 +237,9 @@ class Downloader:
 
     def transfer(self, url: str, use: Callable[[Opened], _T], *, close: bool = True) -> _T:
         """Open ``url`` and hand the response to ``use``; a transient failure starts over."""
-        self._check_scheme(url)
+        check(url, "the URL", "check the base URL variables")  # it is logged, then requested
+        if urllib.parse.urlsplit(url).scheme not in SCHEMES:
+            raise DriverError(f"cannot download {url}: only http, https and file URLs work")
         ends = self.clock() + self.limits.deadline
         delays = self.backoff.delays()
         for attempt in range(self.backoff.attempts):
@@ -251,10 +247,8 @@ class Downloader:
                 opened = self._open(url, ends)
                 if not close:
                     return use(opened)
-                try:
+                with contextlib.closing(opened):
                     return use(opened)
-                finally:
-                    opened.close()
             except TransientError as exc:
                 if attempt == len(delays):
                     raise DriverError(
@@ -285,14 +279,8 @@ class Downloader:
 
         return self.transfer(url, read)
 
-    def _check_scheme(self, url: str) -> None:
-        check(url, "the URL", "check the base URL variables")  # it is logged, then requested
-        if urllib.parse.urlsplit(url).scheme not in SCHEMES:
-            raise DriverError(f"cannot download {url}: only http, https and file URLs work")
-
     def _open(self, url: str, ends: float) -> Opened:
-        remaining = ends - self.clock()
-        if remaining <= 0:
+        if ends <= self.clock():
             raise DriverError(_past_deadline(url, self.limits))
         limits = self.limits
         budget = Budget(ends, limits.timeout, limits.min_rate, limits.rate_window, clock=self.clock)
@@ -378,10 +366,9 @@ def _over_budget(url: str, exceeded: ExchangeError, limits: DownloadLimits) -> E
     if isinstance(exceeded, PastDeadlineError):
         return DriverError(_past_deadline(url, limits))
     if isinstance(exceeded, TooSlowError):
-        minimum = _per_second(limits.min_rate)
         return TransientError(
-            f"download of {url} is too slow: {exceeded}, under the minimum of {minimum} "
-            f"({NVIDIA_DRIVER_DOWNLOAD_MIN_RATE})"
+            f"download of {url} is too slow: {exceeded}, under the minimum of "
+            f"{limits.min_rate / 1024:.1f} KiB/s ({NVIDIA_DRIVER_DOWNLOAD_MIN_RATE})"
         )
     return DriverError(f"{url} answered with {exceeded}: check the URL and any proxy in between")
 
@@ -391,10 +378,6 @@ def _past_deadline(url: str, limits: DownloadLimits) -> str:
         f"the download of {url} did not finish within {limits.deadline:g} s "
         f"({NVIDIA_DRIVER_DOWNLOAD_DEADLINE}); use a faster mirror or raise the limit"
     )
-
-
-def _per_second(rate: float) -> str:
-    return f"{rate / 1024:.1f} KiB/s"
 
 
 def _content_length(header: str | None) -> int | None:

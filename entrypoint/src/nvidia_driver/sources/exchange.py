@@ -10,11 +10,9 @@ top of http.client's own bounds (100 headers, 64 KiB a line). Name resolution is
 the resolver's own timeouts (resolv.conf), not here.
 
 The HTTP libraries (urllib, http.client, urllib3) pass these errors on unchanged, since they
-are not OSErrors, and close the connection; each client words them (the URL, the variable to
-raise). :func:`handlers` gives urllib's openers connections that keep a budget, the reboot
-gate's client (gate/http.py) opens those connections itself, and the tooling's requests
-transport (tooling/gdc/transport.py) uses :class:`DeadlineSocket` and :func:`connect` the same
-way.
+are not OSErrors, and close the connection; each client words them. Users: urllib's openers
+(:func:`handlers`), the reboot gate's client (gate/http.py) and the tooling's requests
+transport (tooling/gdc/transport.py).
 """
 
 from __future__ import annotations

@@ -22,17 +22,12 @@ There are two ways to get an artifact:
   cached; the record stands for them. A cached file is re-hashed before use and downloaded again
   if it is damaged.
 
-* :meth:`Fetcher.stream` serves archives too big to land whole on disk: the caller reads a file
-  object sequentially while the bytes are hashed and copied to ``gpgv``; the verdict comes when
-  the ``with`` block ends, even when the caller fails inside it (a corrupted download is then
-  reported as such, not as whatever the caller made of the bad bytes). Nothing is cached.
+* :meth:`Fetcher.stream` serves archives too big to land whole on disk, hashed and copied to
+  ``gpgv`` as the caller reads them, verified when the ``with`` block ends. Nothing is cached.
 
-Downloads are bounded in time (a deadline and a minimum rate per URL) and follow redirects only
-within a policy (``download.py``). Network failures (unreachable host, timeouts, HTTP
-408/425/429/5xx, a body shorter than its Content-Length or too slow) are retried with
-exponential backoff. A missing artifact (HTTP 404), a digest mismatch and a bad signature are
-not: retrying would not change them. A signal (SIGTERM from the kubelet) ends a download at
-once: nothing is drained, nothing is cached, and the caller's cleanup runs.
+Downloads are bounded and retried as ``download.py`` says; a digest mismatch and a bad signature
+are not retried: retrying would not change them. A signal (SIGTERM from the kubelet) ends a
+download at once: nothing is drained, nothing is cached, and the caller's cleanup runs.
 """
 
 from __future__ import annotations
@@ -50,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, BinaryIO
 
-from nvidia_driver.atomic import sync_directory
+from nvidia_driver.atomic import sync_directory, write_atomically
 from nvidia_driver.commands import Commands, lines
 from nvidia_driver.errors import DriverError
 from nvidia_driver.log import say, warn
@@ -67,6 +62,7 @@ if TYPE_CHECKING:
 SMALL_FILE_LIMIT = 1 << 20
 FIFO_POLL_SECONDS = 0.01
 SHA512_HEX_LENGTH = 128
+BLOBS, RECORDS = "sha512", "urls"  # in the cache directory: see the module docstring
 
 
 def sha512_from_digests(digests: str, filename: str) -> str | None:
@@ -104,11 +100,9 @@ class Fetcher:
         if cached is not None:
             return cached
         expected = self.expected_sha512(url)
-        blob = self._blobs / expected
+        blob = self.cache_dir / BLOBS / expected
         with self._scratch() as scratch:
-            self.signatures.keyrings(scratch)  # before any download: fail fast
-            signature = self._save(f"{url}.sig", scratch / "signature")
-            keyrings = self.signatures.prepare(url, signature, scratch)
+            signature, keyrings = self._signature(url, scratch)
             if _holds(blob, expected):  # another URL (a mirror) brought the same bytes
                 self._check_signature(url, scratch, keyrings, signature, blob)
             else:
@@ -117,9 +111,7 @@ class Fetcher:
                 _check_digest(url, expected, self._download(url, partial))
                 self._check_signature(url, scratch, keyrings, signature, partial)
                 _publish(partial, blob)
-            record = scratch / "record"
-            _write_synced(record, f"{expected}  {url}\n".encode())
-            _publish(record, self._record(url))
+            write_atomically(self._record(url), f"{expected}  {url}\n")
         return blob
 
     def forget(self, url: str) -> None:
@@ -145,9 +137,7 @@ class Fetcher:
         """
         expected = self.expected_sha512(url)
         with self._scratch() as scratch:
-            self.signatures.keyrings(scratch)
-            signature = self._save(f"{url}.sig", scratch / "signature")
-            keyrings = self.signatures.prepare(url, signature, scratch)
+            signature, keyrings = self._signature(url, scratch)
             # gpgv reads the data from a FIFO: the command seam gives it no stdin pipe.
             fifo = scratch / "artifact"
             os.mkfifo(fifo, 0o600)
@@ -181,16 +171,8 @@ class Fetcher:
             if failure is not None:
                 raise failure  # the download is good: the caller's own error
 
-    @property
-    def _blobs(self) -> Path:
-        return self.cache_dir / "sha512"
-
-    @property
-    def _records(self) -> Path:
-        return self.cache_dir / "urls"
-
     def _record(self, url: str) -> Path:
-        return self._records / hashlib.sha256(url.encode()).hexdigest()
+        return self.cache_dir / RECORDS / hashlib.sha256(url.encode()).hexdigest()
 
     def _cached(self, url: str) -> Path | None:
         record = self._record(url)
@@ -198,7 +180,7 @@ class Fetcher:
             digest = record.read_text(encoding="utf-8").split(maxsplit=1)[0]
         except (OSError, IndexError):
             return None
-        blob = self._blobs / digest
+        blob = self.cache_dir / BLOBS / digest
         if _is_sha512(digest) and _holds(blob, digest):
             say(f"Using the verified copy of {url} in {self.cache_dir}")
             return blob
@@ -211,8 +193,8 @@ class Fetcher:
     @contextmanager
     def _scratch(self) -> Iterator[Path]:
         try:
-            for directory in (self._blobs, self._records):
-                directory.mkdir(parents=True, exist_ok=True)
+            for directory in (BLOBS, RECORDS):
+                (self.cache_dir / directory).mkdir(parents=True, exist_ok=True)
             # In the cache directory, so that finished files are renamed into place atomically.
             scratch = tempfile.TemporaryDirectory(dir=self.cache_dir, prefix=".scratch-")
         except OSError as exc:
@@ -246,20 +228,21 @@ class Fetcher:
         )
         self.signatures.check(url, result.returncode, result.stdout + result.stderr, scratch)
 
-    def _save(self, url: str, destination: Path) -> Path:
-        destination.write_bytes(self._get_small(url))
-        return destination
+    def _signature(self, url: str, scratch: Path) -> tuple[Path, list[Path]]:
+        """``url``'s signature, and the keyrings to check it with."""
+        self.signatures.keyrings(scratch)  # before any download: fail fast
+        signature = scratch / "signature"
+        signature.write_bytes(self._get_small(f"{url}.sig"))
+        return signature, self.signatures.prepare(url, signature, scratch)
 
     def _get_small(self, url: str) -> bytes:
         return self.downloader.get_small(url, SMALL_FILE_LIMIT, "a DIGESTS or signature file")
 
     def _download(self, url: str, destination: Path) -> str:
         """Download ``url`` into ``destination`` (synced to disk); return its SHA512."""
-
-        def write(opened: Opened) -> str:
-            return opened.save_to(destination, hashlib.sha512(), sync=True)
-
-        return self.downloader.transfer(url, write)
+        return self.downloader.transfer(
+            url, lambda opened: opened.save_to(destination, hashlib.sha512(), sync=True)
+        )
 
 
 class _Tee(io.RawIOBase):
@@ -316,11 +299,8 @@ class _Tee(io.RawIOBase):
 
 
 def _read_to_the_end(url: str, tee: _Tee, failure: Exception | None) -> None:
-    """Pass what the caller left unread to the verdict, even after the caller failed.
-
-    A download that breaks off outranks the caller's ``failure``, which it may have caused: its
-    DriverError is raised, chained from ``failure`` (unless the caller passed it on unchanged).
-    """
+    """Pass what the caller left unread to the verdict, even after the caller ``failure``,
+    which a download that breaks off outranks (see :meth:`Fetcher.stream`)."""
     if failure is None:
         tee.drain()
         return
@@ -395,13 +375,6 @@ def _holds(path: Path, sha512: str) -> bool:
         return False
     with path.open("rb") as file:
         return hashlib.file_digest(file, "sha512").hexdigest() == sha512
-
-
-def _write_synced(path: Path, data: bytes) -> None:
-    with path.open("xb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
 
 
 def _publish(source: Path, destination: Path) -> None:

@@ -20,7 +20,6 @@ from nvidia_driver.errors import DriverError
 from nvidia_driver.formats import jsontext
 from nvidia_driver.naming import (
     FLATCAR_VERSION_RE,
-    LTS_STREAM_KEY_RE,
     arch_of,
     kernel_release_from_feed,
 )
@@ -48,10 +47,6 @@ class Artifact(StrEnum):
     DEVELOPER_CONTAINER = "flatcar_developer_container.bin.bz2"
 
 
-DIGESTS_SUFFIX = ".DIGESTS"
-SIGNATURE_SUFFIX = ".sig"
-
-
 @dataclass(frozen=True, order=True)
 class FlatcarVersion:
     """MAJOR.MINOR.PATCH; ordering is numeric, so 4081.3.10 sorts after 4081.3.9."""
@@ -73,6 +68,7 @@ class FlatcarVersion:
 
     @property
     def channel(self) -> Channel:
+        """X.0.Y is alpha, X.1.Y beta, X.2.Y stable, X.3.Y lts."""
         if self.minor >= len(_CHANNEL_BY_MINOR):
             raise DriverError(
                 f"invalid Flatcar version {self}: minor {self.minor} names no channel "
@@ -82,11 +78,6 @@ class FlatcarVersion:
 
     def __str__(self) -> str:
         return f"{self.major}.{self.minor}.{self.patch}"
-
-
-def channel_of(version: str) -> Channel:
-    """X.0.Y is alpha, X.1.Y beta, X.2.Y stable, X.3.Y lts."""
-    return FlatcarVersion.parse(version).channel
 
 
 def board_of(arch: str) -> str:
@@ -134,12 +125,6 @@ class ReleaseServer:
     def artifact_url(self, version: str, arch: str, name: str) -> str:
         return self.release_url(version, arch) + name
 
-    def digests_url(self, version: str, arch: str, name: str) -> str:
-        return self.artifact_url(version, arch, name) + DIGESTS_SUFFIX
-
-    def signature_url(self, version: str, arch: str, name: str) -> str:
-        return self.artifact_url(version, arch, name) + SIGNATURE_SUFFIX
-
 
 def release_server_from_env(env: Mapping[str, str]) -> ReleaseServer:
     return ReleaseServer(env.get(FLATCAR_RELEASE_BASE_URL) or DEFAULT_RELEASE_BASE_URL)
@@ -151,20 +136,14 @@ def releases_url_from_env(env: Mapping[str, str]) -> str:
 
 # --- what each release offers to build against ----------------------------------------------
 
-# What each release offers (Flatcar's coreos-modules ebuild; flatcar/scripts, changelog
-# 2025-03-07-coreos-modules-cross-compilation.md):
-# * from beta 4230.1.0, stable 4230.2.0, alpha 4277.0.0 (and LTS releases of those majors): a
-#   complete tree made by the kernel's install-extmod-build, in the node's /usr/lib/modules
-#   and in flatcar-container.tar.gz, with host tools built for the release's own architecture;
-# * before (LTS 4081): a tree in the older split layout, a cleaned build/ and a stripped
-#   source/. A node uses it as it is; an image build takes the developer container's. On
-#   arm64 its host tools (fixdep, modpost) are x86-64 binaries: no module can be built from it.
-#
-# The first release of each channel whose tree is made by install-extmod-build, with host tools
-# native to the release's architecture, in the node's /usr/lib/modules and in
-# flatcar-container.tar.gz. The change went into the 4230 branch at 4230.1.0 (beta, then stable
-# 4230.2.0) and into alpha at 4277.0.0 (flatcar.md §5.2). LTS releases are cut from a stable
-# major: every LTS of 4230 or later (4230.3.0 on) has it, LTS 4081 has not. (Flatcar's
+# The first release of each channel whose kernel tree is made by the kernel's
+# install-extmod-build, complete, in the node's /usr/lib/modules and in flatcar-container.tar.gz,
+# with host tools built for the release's own architecture (Flatcar's coreos-modules ebuild;
+# flatcar/scripts changelog 2025-03-07-coreos-modules-cross-compilation.md; flatcar.md §5.2).
+# LTS releases are cut from a stable major: every LTS of 4230 or later has it. Before (LTS
+# 4081), the tree has the older split layout, a cleaned build/ and a stripped source/: a node
+# uses it as it is, an image build takes the developer container's; on arm64 its host tools
+# (fixdep, modpost) are x86-64 binaries, so no module can be built from it. (Flatcar's
 # releases.json and the toolchain table list no LTS after 4081.3.10 yet.)
 FIRST_CONTAINER_TREE = {
     "alpha": FlatcarVersion(4277, 0, 0),
@@ -266,28 +245,7 @@ def _feed_error(what: str, why: str) -> DriverError:
     return DriverError(f"releases feed: {what}: {why}; {_FEED_FIX}")
 
 
-def _load_feed(feed: str | Mapping[str, Any]) -> Mapping[str, Any]:
-    if isinstance(feed, str):
-        feed = jsontext.parse(feed, "releases feed", _FEED_FIX)
-    if not isinstance(feed, Mapping):
-        raise _feed_error("unexpected top level", "expected an object keyed by version")
-    return feed
-
-
-@dataclass(frozen=True)
-class _Entry:
-    """What a feed entry says about its release; `current*` copies carry no version."""
-
-    channel: str
-    kernel_release: str
-    arches: tuple[str, ...]
-    release_date: datetime
-
-    def release(self, version: FlatcarVersion) -> Release:
-        return Release(version, self.channel, self.kernel_release, self.arches, self.release_date)
-
-
-def _parse_entry(key: str, entry: object) -> _Entry:
+def _parse_entry(key: str, entry: object) -> Release:
     if not isinstance(entry, Mapping):
         raise _feed_error(f"release {key}", "entry is not an object")
     channel = entry.get("channel")
@@ -308,57 +266,19 @@ def _parse_entry(key: str, entry: object) -> _Entry:
         raise _feed_error(
             f"release {key}", f"release_date {date!r} is not 'YYYY-MM-DD HH:MM:SS +ZZZZ'"
         ) from None
-    return _Entry(channel, kernel_release_from_feed(kernels[0]), tuple(arches), released)
+    kernel = kernel_release_from_feed(kernels[0])
+    return Release(FlatcarVersion.parse(key), channel, kernel, tuple(arches), released)
 
 
 def parse_releases(feed: str | Mapping[str, Any]) -> tuple[Release, ...]:
-    """Every versioned release in the feed, oldest first; the `current*` markers are skipped."""
-    entries = _load_feed(feed)
-    releases = []
-    for key, entry in entries.items():
-        # The feed also has `current`, `current-2024`, …: copies of a versioned entry.
-        if FLATCAR_VERSION_RE.fullmatch(key):
-            releases.append(_parse_entry(key, entry).release(FlatcarVersion.parse(key)))
+    """Every versioned release in the feed, oldest first. The feed's `current`,
+    `current-2024`, ... markers, copies of a versioned entry, are skipped (the tooling reads
+    them: gdc.coverage)."""
+    if isinstance(feed, str):
+        feed = jsontext.parse(feed, "releases feed", _FEED_FIX)
+    if not isinstance(feed, Mapping):
+        raise _feed_error("unexpected top level", "expected an object keyed by version")
+    releases = [
+        _parse_entry(key, entry) for key, entry in feed.items() if FLATCAR_VERSION_RE.fullmatch(key)
+    ]
     return tuple(sorted(releases, key=lambda release: release.version))
-
-
-def _resolve_marker(key: str, entry: object, releases: tuple[Release, ...]) -> Release:
-    """Find the versioned release that a `current*` entry copies (it carries no version)."""
-    copy = _parse_entry(key, entry)
-    same = [release for release in releases if copy.release(release.version) == release]
-    if not same:
-        raise _feed_error(
-            f"{key!r}",
-            f"matches no versioned {copy.channel} release with kernel {copy.kernel_release} "
-            f"released {copy.release_date:%Y-%m-%d %H:%M:%S %z}",
-        )
-    return same[-1]
-
-
-def current_releases(feed: str | Mapping[str, Any]) -> dict[str, Release]:
-    """The current release of each stream: "alpha", "beta", "stable" and "lts-<year>".
-
-    A channel's current release is the one its `current` marker copies (in the combined feed
-    that is stable's), else its newest version. LTS streams are reported one by one from the
-    `current-<year>` markers, since several are supported side by side; a feed without such
-    markers (releases-lts.json) reports its newest LTS release as "lts".
-    """
-    entries = _load_feed(feed)
-    releases = parse_releases(entries)
-    current: dict[str, Release] = {}
-    for release in releases:  # oldest first: the newest of each channel wins
-        current[release.channel] = release
-    if "current" in entries:
-        marked = _resolve_marker("current", entries["current"], releases)
-        current[marked.channel] = marked
-    streams = {
-        f"lts-{match.group(1)}": _resolve_marker(key, entry, releases)
-        for key, entry in entries.items()
-        if (match := LTS_STREAM_KEY_RE.fullmatch(key)) is not None
-    }
-    wanted = [Channel.ALPHA, Channel.BETA, Channel.STABLE]
-    if not streams:
-        wanted.append(Channel.LTS)
-    result = {channel.value: current[channel] for channel in wanted if channel in current}
-    result.update(sorted(streams.items()))
-    return result

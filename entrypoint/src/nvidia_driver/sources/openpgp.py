@@ -44,8 +44,7 @@ _CREATION_TIME_SUBPACKET = 2
 _ISSUER_SUBPACKET = 16
 _ISSUER_FINGERPRINT_SUBPACKET = 33
 _DIGITS = re.compile("[0-9]+")
-_SIGNATURE_V4 = 4
-_SIGNATURE_V5 = 5
+_SIGNATURE_VERSIONS = (4, 5)
 
 
 @dataclass(frozen=True)
@@ -53,7 +52,6 @@ class Verdict:
     """What gpgv said about one signature."""
 
     problem: str | None  # why it does not count; None when it may
-    key_missing: bool = False  # no key in the keyring can check it
     signer: str | None = None  # VALIDSIG: the signing (sub)key's fingerprint
     created: int | None = None  # VALIDSIG: when the signature was made
     signer_expired: bool = False  # EXPKEYSIG: the signing key has expired by now
@@ -92,12 +90,12 @@ def verdict(returncode: int, output: str, primary: str | None = None) -> Verdict
     found = {words[0] for words in statuses}
     for status, reason in _REFUSALS:
         if status in found:
-            return Verdict(reason, key_missing=status == "NO_PUBKEY")
+            return Verdict(reason)
     for words in statuses:
         if words[0] == "ERRSIG":
             code = _field(words, _ERRSIG_REASON_FIELD)
             reason = _ERRSIG_REASONS.get(code, f"the signature cannot be checked (ERRSIG {code})")
-            return Verdict(reason, key_missing=code == "9")
+            return Verdict(reason)
     valid = [words for words in statuses if words[0] == "VALIDSIG"]
     if returncode != 0 or not valid:
         messages = [line.strip() for line in output.splitlines() if not line.startswith(_STATUS)]
@@ -113,11 +111,6 @@ def verdict(returncode: int, output: str, primary: str | None = None) -> Verdict
         created=_timestamp(_field(valid[0], _VALIDSIG_CREATED_FIELD)),
         signer_expired="EXPKEYSIG" in found,
     )
-
-
-def signature_problem(returncode: int, output: str, primary: str | None = None) -> str | None:
-    """Why gpgv's output is not a valid signature; None when it may be."""
-    return verdict(returncode, output, primary).problem
 
 
 def signature_info(data: bytes) -> SignatureInfo:
@@ -195,14 +188,8 @@ def _packet_header(data: bytes, offset: int) -> tuple[int, int, int]:
     if not first & 0x80:
         raise ValueError("not an OpenPGP packet")
     if first & 0x40:  # new format
-        octet = data[offset + 1]
-        if octet < 192:  # noqa: PLR2004 - RFC 4880 length encodings
-            return first & 0x3F, offset + 2, octet
-        if octet < 224:  # noqa: PLR2004
-            return first & 0x3F, offset + 3, ((octet - 192) << 8) + data[offset + 2] + 192
-        if octet == 255:  # noqa: PLR2004
-            return first & 0x3F, offset + 6, int.from_bytes(data[offset + 2 : offset + 6])
-        raise ValueError("partial body lengths are not used by signatures")
+        length, octets = _length(data, offset + 1, packet=True)
+        return first & 0x3F, offset + 1 + octets, length
     tag, kind = (first >> 2) & 0x0F, first & 0x03
     size = (1, 2, 4)[kind] if kind < 3 else None  # noqa: PLR2004
     if size is None:
@@ -211,11 +198,24 @@ def _packet_header(data: bytes, offset: int) -> tuple[int, int, int]:
     return tag, start, int.from_bytes(data[offset + 1 : start])
 
 
+def _length(data: bytes, offset: int, *, packet: bool) -> tuple[int, int]:
+    """A length as a new-format packet (RFC 4880, section 4.2.2) or a subpacket (5.2.3.1)
+    writes it at ``offset``, and the octets it takes."""
+    octet = data[offset]
+    if octet < 192:  # noqa: PLR2004 - RFC 4880 length encodings
+        return octet, 1
+    if octet < (224 if packet else 255):
+        return ((octet - 192) << 8) + data[offset + 1] + 192, 2
+    if octet == 255:  # noqa: PLR2004
+        return int.from_bytes(data[offset + 1 : offset + 5]), 5
+    raise ValueError("partial body lengths are not used by signatures")
+
+
 def _signature_fields(body: bytes) -> SignatureInfo:
     version = body[0]
     if version in (2, 3):  # fixed layout: length 5, class, time, then the issuer's key id
         return SignatureInfo(int.from_bytes(body[3:7]), None, body[7:15].hex().upper())
-    if version not in (_SIGNATURE_V4, _SIGNATURE_V5):
+    if version not in _SIGNATURE_VERSIONS:
         return SignatureInfo(None, None, None)
     hashed_end = 6 + int.from_bytes(body[4:6])
     unhashed_end = hashed_end + 2 + int.from_bytes(body[hashed_end : hashed_end + 2])
@@ -238,13 +238,8 @@ def _subpackets(area: bytes) -> list[tuple[int, bytes]]:
     found = []
     offset = 0
     while offset < len(area):
-        octet = area[offset]
-        if octet < 192:  # noqa: PLR2004 - RFC 4880 section 5.2.3.1
-            length, offset = octet, offset + 1
-        elif octet < 255:  # noqa: PLR2004
-            length, offset = ((octet - 192) << 8) + area[offset + 1] + 192, offset + 2
-        else:
-            length, offset = int.from_bytes(area[offset + 1 : offset + 5]), offset + 5
+        length, size = _length(area, offset, packet=False)
+        offset += size
         if length == 0 or offset + length > len(area):
             raise ValueError("bad subpacket length")
         found.append((area[offset] & 0x7F, area[offset + 1 : offset + length]))

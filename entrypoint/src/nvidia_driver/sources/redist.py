@@ -39,6 +39,7 @@ NVLSM_CONFIG_DIR = "usr/share/nvidia/nvlsm"
 
 Rule = tuple[str, str | None]  # (archive path prefix, destination prefix; None: not installed)
 _NOT_NVIDIAS = "the manifest is not NVIDIA's; check FABRICMANAGER_BASE_URL"
+_LICENSES = ("LICENSE", "third-party-notices.txt")
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,14 @@ class Component:
     missing: str = ""  # what a node lacks when the manifest has no such archive
 
 
-_DOCS = ("LICENSE", "third-party-notices.txt")
+def _docs(directory: str, *names: str) -> tuple[Rule, ...]:
+    """License files (LICENSE and third-party-notices.txt unless named) into ``directory``."""
+    return tuple((name, f"{directory}/{name}") for name in names or _LICENSES)
+
+
+def _left_out(*prefixes: str) -> tuple[Rule, ...]:
+    return tuple((prefix, None) for prefix in prefixes)
+
 
 # NVIDIA/yum-packaging-fabric-manager fabricmanager.spec and the AUR nvidia-fabricmanager
 # PKGBUILD (580.178.04, 595.91.07, 610.57.04): bin/ to /usr/bin, lib/ to the libdir, etc/ and
@@ -67,9 +75,8 @@ FABRICMANAGER = Component(
     "fabricmanager", "fabric manager",
     rules=(
         ("bin/", "usr/bin/"), ("lib/", "{lib}/"), ("etc/", "usr/share/nvidia/nvswitch/"),
-        ("share/", "usr/share/"), ("LICENSE", "usr/share/doc/nvidia-fabricmanager/LICENSE"),
-        ("third-party-notices.txt", "usr/share/doc/nvidia-fabricmanager/third-party-notices.txt"),
-        ("include/", None), ("systemd/", None), ("sbin/", None),
+        ("share/", "usr/share/"), *_docs("usr/share/doc/nvidia-fabricmanager"),
+        *_left_out("include/", "systemd/", "sbin/"),
     ),
     required=True,
 )  # fmt: skip
@@ -78,9 +85,7 @@ FABRICMANAGER = Component(
 NSCQ = Component(
     "libnvidia_nscq", "NSCQ (NVSwitch telemetry for DCGM)",
     rules=(
-        ("lib/", "{lib}/"), ("bin/", "usr/bin/"),
-        ("LICENSE", "usr/share/doc/libnvidia-nscq/LICENSE"),
-        ("third-party-notices.txt", "usr/share/doc/libnvidia-nscq/third-party-notices.txt"),
+        ("lib/", "{lib}/"), ("bin/", "usr/bin/"), *_docs("usr/share/doc/libnvidia-nscq"),
     ),
     required=True,
 )  # fmt: skip
@@ -91,8 +96,7 @@ NVLSM = Component(
     "nvlsm", "NVLink subnet manager (NVLSM)",
     rules=(
         ("lib/", f"{NVLSM_HOME}/lib/"), ("sbin/", f"{NVLSM_HOME}/sbin/"),
-        ("share/", f"{NVLSM_HOME}/share/"), ("LICENSE", f"{NVLSM_HOME}/LICENSE"),
-        ("third-party-notices.txt", f"{NVLSM_HOME}/third-party-notices.txt"),
+        ("share/", f"{NVLSM_HOME}/share/"), *_docs(NVLSM_HOME),
     ),
     driver_version=False,  # NVLSM has its own versions (2025.06.11, ...)
     missing="NVLink5 nodes (B200, GB200) cannot start the fabric manager with this image",
@@ -104,8 +108,8 @@ IMEX = Component(
     rules=(
         ("usr/bin/", "usr/bin/"), ("etc/nvidia-imex/", "etc/nvidia-imex/"),
         ("usr/share/doc/", "usr/share/doc/nvidia-imex/"),
-        ("LICENSE", "usr/share/doc/nvidia-imex/LICENSE"),
-        ("lib/systemd/", None), ("usr/lib/systemd/", None),
+        *_docs("usr/share/doc/nvidia-imex", "LICENSE"),
+        *_left_out("lib/systemd/", "usr/lib/systemd/"),
     ),
     missing="GB200/GB300 multi-node NVLink domains need nvidia-imex from the driver root",
 )  # fmt: skip
@@ -114,8 +118,8 @@ IMEX = Component(
 NVSDM = Component(
     "libnvsdm", "NVSDM (NVLink switch device management)",
     rules=(
-        ("lib/", "{lib}/"), ("LICENSE", "usr/share/doc/libnvsdm/LICENSE"),
-        ("usr/share/doc/", "usr/share/doc/libnvsdm/"), ("include/", None), ("apps/", None),
+        ("lib/", "{lib}/"), ("usr/share/doc/", "usr/share/doc/libnvsdm/"),
+        *_docs("usr/share/doc/libnvsdm", "LICENSE"), *_left_out("include/", "apps/"),
     ),
     arches=("amd64",),
     missing="NVLink5 switch management through NVSDM is unavailable",
@@ -238,22 +242,16 @@ def expected_digest(
 def destination(component: Component, member: PurePosixPath, libdir: str) -> PurePosixPath | None:
     """Where a member (without the archive's top directory) goes under the root, or None."""
     text = member.as_posix()
-    best: Rule | None = None
-    for prefix, target in component.rules:
-        matches = text == prefix or (prefix.endswith("/") and text.startswith(prefix))
-        if matches and (best is None or len(prefix) > len(best[0])):
-            best = (prefix, target)
-    if best is None:
-        return None
-    prefix, target = best
+    matching = [
+        (prefix, target)
+        for prefix, target in component.rules
+        if text == prefix or (prefix.endswith("/") and text.startswith(prefix))
+    ]
+    prefix, target = max(matching, key=lambda rule: len(rule[0]), default=("", None))
     if target is None:
         return None
     mapped = target.replace("{lib}", libdir)
-    return (
-        PurePosixPath(mapped + text[len(prefix) :])
-        if prefix.endswith("/")
-        else (PurePosixPath(mapped))
-    )
+    return PurePosixPath(mapped + text[len(prefix) :] if prefix.endswith("/") else mapped)
 
 
 def _plain_link_target(member: tarfile.TarInfo) -> str:
@@ -294,7 +292,7 @@ class _Budget:
         if (
             self.members > MAX_MEMBERS
             or member.size > MAX_MEMBER_BYTES
-            or (self.total > MAX_TOTAL_BYTES)
+            or self.total > MAX_TOTAL_BYTES
         ):
             raise DriverError(
                 f"the archive is larger than any NVIDIA redist archive (member {member.name}): "

@@ -26,10 +26,6 @@ FLATCAR_PRIMARY = "F88CFEDEFF29A5B4D9523864E25D9AED0593B34A"
 # file Flatcar's "verify images" documentation imports.
 FLATCAR_KEY_URL = "https://www.flatcar.org/security/image-signing-key/Flatcar_Image_Signing_Key.asc"
 SHIPPED_KEY = Path(__file__).parent / "keys" / "flatcar-image-signing-key.asc"
-SHIPPED_KEY_IN_REPOSITORY = (
-    "entrypoint/src/nvidia_driver/sources/keys/flatcar-image-signing-key.asc"
-)
-EXPIRY_MARGIN = dt.timedelta(days=30)
 KEY_FILE_LIMIT = 1 << 20  # Flatcar's key file is about 20 KB
 
 _KEY_RECORDS = frozenset({"pub", "sub"})
@@ -49,14 +45,6 @@ class PublicKey:
     expires: int | None
     revoked: bool
     capabilities: str
-
-    @property
-    def is_subkey(self) -> bool:
-        return self.fingerprint != self.primary
-
-    @property
-    def can_sign(self) -> bool:
-        return "s" in self.capabilities
 
     def expired_at(self, moment: int) -> bool:
         return self.expires is not None and moment > self.expires
@@ -96,33 +84,6 @@ def list_keys(commands: Commands, files: Sequence[Path], home: Path) -> tuple[Pu
         reason = next((line for line in result.stderr.splitlines() if line.strip()), "no output")
         raise DriverError(f"gpg cannot read the key in {', '.join(map(str, files))}: {reason}")
     return parse_listing(result.stdout)
-
-
-def newest_signing_subkey(keys: Sequence[PublicKey]) -> PublicKey | None:
-    candidates = [key for key in keys if key.is_subkey and key.can_sign and not key.revoked]
-    return max(candidates, key=lambda key: key.created, default=None)
-
-
-def expiry_warning(
-    keys: Sequence[PublicKey],
-    now: dt.datetime,
-    key_file: str = SHIPPED_KEY_IN_REPOSITORY,
-    margin: dt.timedelta = EXPIRY_MARGIN,
-) -> str | None:
-    """Why the key needs replacing within ``margin``; None when its newest subkey lasts."""
-    newest = newest_signing_subkey(keys)
-    what = f"update {key_file} from {FLATCAR_KEY_URL} (see keys/README.md)"
-    if newest is None:
-        return f"the key in {key_file} has no usable signing subkey: {what}"
-    if newest.expires is None:
-        return None
-    left = dt.datetime.fromtimestamp(newest.expires, dt.UTC) - now
-    if left > margin:
-        return None
-    return (
-        f"Flatcar's newest signing subkey {newest.fingerprint} expires on "
-        f"{date(newest.expires)}, in {left.days} days: {what}"
-    )
 
 
 def merge_published_key(

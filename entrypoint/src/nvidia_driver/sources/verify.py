@@ -86,10 +86,8 @@ class SignatureCheck:
 
     def keyrings(self, scratch: Path) -> list[Path]:
         """Binary keyrings for gpgv: the refreshed key first, if there is one."""
-        configured = self._binary(self.trust.keyring, scratch)
-        if self.trust.key_url is not None and self.refreshed.is_file():
-            return [self.refreshed, configured]
-        return [configured]
+        *refreshed, configured = self._sources()
+        return [*refreshed, self._binary(configured, scratch)]
 
     def prepare(self, url: str, signature: Path, scratch: Path) -> list[Path]:
         """The keyrings to check ``signature`` with, refreshed first if they cannot."""
@@ -150,7 +148,7 @@ class SignatureCheck:
             f"Refreshed Flatcar's signing key from {key_url} for {url} ({reason}): subkey "
             f"{signer.fingerprint} ({expires}) is bound to {primary}; cached in {self.refreshed}"
         )
-        return [self.refreshed, self._binary(self.trust.keyring, scratch)]
+        return self.keyrings(scratch)
 
     def _published_key(
         self, info: SignatureInfo, key_url: str, primary: str, scratch: Path
