@@ -26,7 +26,7 @@ from nvidia_driver.kbuild.container import extract_container_tree
 from nvidia_driver.node.signals import signals_raise
 from nvidia_driver.sources.download import Backoff, Downloader, DownloadLimits
 from nvidia_driver.sources.fetch import Fetcher, sha512_from_digests
-from nvidia_driver.sources.openpgp import dearmor, signature_problem
+from nvidia_driver.sources.openpgp import dearmor, verdict
 from nvidia_driver.sources.signingkey import FLATCAR_KEY_URL, FLATCAR_PRIMARY
 from nvidia_driver.sources.signingkey import SHIPPED_KEY as FLATCAR_IMAGE_SIGNING_KEY
 from nvidia_driver.sources.verify import Trust
@@ -175,7 +175,7 @@ def test_a_keyring_of_ones_own_is_neither_pinned_nor_refreshed() -> None:
 def test_signature_problem_reads_gpgv_status_lines(
     returncode: int, output: str, problem: str | None
 ) -> None:
-    found = signature_problem(returncode, output)
+    found = verdict(returncode, output).problem
 
     assert found == problem if problem is None else problem in (found or "")
 
