@@ -21,6 +21,7 @@ from gdc.matrix import Image, Matrix
 from gdc.plan import Request, Upstream
 from gdc.publish import BuildError
 from gdc.tags import DEFAULT_IMAGE, Variant
+from gdc.text import first_line
 from gdc.versions import VersionsError
 
 
@@ -138,5 +139,4 @@ class DockerBuilder:
             self.progress(f"Pushing {reference}\n")
             docker.push(reference, self.progress)
         except (DockerError, VersionsError) as exc:
-            text = str(exc).strip()
-            raise BuildError(text.splitlines()[0] if text else type(exc).__name__) from None
+            raise BuildError(first_line(exc)) from None

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from gdc.commands import Runner
 from gdc.commands import run as _run
+from gdc.text import first_line
 
 if TYPE_CHECKING:
     import docker
@@ -207,9 +208,8 @@ def dockerd_errors(action: str) -> Iterator[None]:
         urllib3.exceptions.HTTPError,
         ConnectionError,
     ) as exc:
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise DockerError(
-            f"{action} failed: lost dockerd ({reason}); check that dockerd is running at "
+            f"{action} failed: lost dockerd ({first_line(exc)}); check that dockerd is running at "
             "--docker-host / $DOCKER_HOST, then re-run"
         ) from exc
 

@@ -75,8 +75,8 @@ from gdc.compression import (
 from gdc.images import Base
 from gdc.matrix import Exclusion, Image, Matrix
 from gdc.registry import Registry, Repository, RetryBudget
-from gdc.table import format_table
 from gdc.tags import Variant
+from gdc.text import counts, first_line, format_table
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats.oci import (
     DOCKER_LIST,
@@ -151,11 +151,6 @@ class Outcome:
     digest: str = ""
     planned: bool = False  # a dry run's step: nothing was done
     seconds: float = 0.0
-
-
-def _one_line(error: Exception) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def _platform(found: dict[str, str]) -> str:
@@ -283,7 +278,7 @@ class Publisher:
             try:
                 self.staged[(image.id, arch)] = self._up_to_date(image, arch, found[0])  # type: ignore[index]
             except DamagedImageError as exc:  # only a build mends it
-                wrong = f"its gzip layers could not be recompressed ({_one_line(exc)})"
+                wrong = f"its gzip layers could not be recompressed ({first_line(exc)})"
                 reasons = [wrong]
             else:
                 return Status.SKIPPED, f"{arch}: up to date"
@@ -364,8 +359,8 @@ class Publisher:
                 descriptors.append(self._staged(image, arch))
             except BuildError as exc:
                 if image.variant is Variant.BUILD:
-                    self.failed_builds[(image.driver.version, arch)] = _one_line(exc)
-                return Status.FAILED, _one_line(exc)
+                    self.failed_builds[(image.driver.version, arch)] = first_line(exc)
+                return Status.FAILED, first_line(exc)
         index = index_for(descriptors)
         name = self.repository.name
         stale = [tag for tag in image.tags.tags if self.registry.digest(name, tag) != index.digest]
@@ -387,9 +382,9 @@ class Publisher:
                     status, why = self.stage(image, arch)
                 except (BuildError, DriverError) as exc:
                     failed = True
-                    details.append(f"{arch}: {_one_line(exc)}")
+                    details.append(f"{arch}: {first_line(exc)}")
                     if image.variant is Variant.BUILD:
-                        self.failed_builds[(image.driver.version, arch)] = _one_line(exc)
+                        self.failed_builds[(image.driver.version, arch)] = first_line(exc)
                     continue
                 built = built or status is Status.BUILT
                 if status is Status.BUILT:
@@ -401,7 +396,7 @@ class Publisher:
             try:
                 merged, why = self.merge(image)
             except (BuildError, DriverError) as exc:
-                merged, why = Status.FAILED, _one_line(exc)
+                merged, why = Status.FAILED, first_line(exc)
             if merged is not Status.SKIPPED or not details:
                 details.append(why)
         status = (Status.FAILED if failed or merged is Status.FAILED else Status.BUILT if built
@@ -481,14 +476,9 @@ def summary(
                      seconds, detail))  # fmt: skip
     rows += [(Status.EXCLUDED.value, f"{x.variant} {x.driver} for Flatcar {x.flatcar}", x.arch,
               "-", "-", x.reason) for x in excluded]  # fmt: skip
-    counts: dict[str, int] = {}
-    for row in rows:
-        counts[row[0]] = counts.get(row[0], 0) + 1
-    total = ", ".join(f"{status} {count}" for status, count in counts.items())
-    header = f"Summary for {repository}:\n"
     table = format_table(("STATUS", "IMAGE", "ARCHES", "TAG", "TIME", "DETAIL"), rows)
     noted = "".join(f"note: {note}\n" for note in notes)
-    return f"{header}{table}{noted}{total or 'nothing to publish'}\n"
+    return f"Summary for {repository}:\n{table}{noted}{counts(rows) or 'nothing to publish'}\n"
 
 
 def failures(outcomes: Iterable[Outcome]) -> list[Outcome]:
