@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import os
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,7 +28,7 @@ from gdc import publish as publishing
 from gdc import record as recording
 from gdc import sign as signing
 from gdc import tags as tag_rules
-from gdc.builder import BuildSettings, DockerBuilder
+from gdc.builder import DockerBuilder
 from gdc.docker_api import Buildx, Docker, DockerError, DockerSDK
 from gdc.nvidia import NvidiaUpstream, RecordError
 from gdc.registry import Registry, Repository, RetryBudget, credentials_for
@@ -83,18 +84,20 @@ def _provenance(c: Context) -> tuple[str, str, str]:
             _git(c, "log -1 --format=%cI", default=""))  # fmt: skip
 
 
-def _options(given: Given, settings: Configured) -> plan.Options:
+def _build_settings(c: Context, given: Given, settings: Configured) -> plan.BuildSettings:
+    return plan.BuildSettings(given.registry, given.image, _prefix(given), settings.upstream,
+                              settings.network, *_provenance(c))  # fmt: skip
+
+
+def _options(c: Context, given: Given, settings: Configured) -> plan.Options:
     """What tags, build and push are about, as given."""
     return plan.Options(given.variant, given.driver_version, given.flatcar_version, given.arch,
-                        given.registry, given.image, _prefix(given), settings.releases_url,
-                        given.driver_sha256, settings.network, settings.upstream,
-                        given.redist_sha256)  # fmt: skip
+                        _build_settings(c, given, settings), settings.releases_url,
+                        given.driver_sha256, given.redist_sha256)  # fmt: skip
 
 
-def _request(c: Context, options: plan.Options) -> plan.Request:
-    commit, url, created = _provenance(c)
-    return plan.resolve(options, load_versions(), os.environ, git_commit=commit, source_url=url,
-                        created=created)  # fmt: skip
+def _request(options: plan.Options) -> plan.Request:
+    return plan.resolve(options, load_versions(), os.environ)
 
 
 def _prefix(given: Given) -> str:
@@ -165,20 +168,20 @@ def _today() -> str:
 
 
 def tags(c: Context, given: Given) -> None:
-    options = _options(given, _configured(c, "tags", given))
+    options = _options(c, given, _configured(c, "tags", given))
     with _failing("tags"):
-        for planned in images.planned_tags(_request(c, options)):
+        for planned in images.planned_tags(_request(options)):
             for reference in planned.references:
                 print(reference)
 
 
 def build(c: Context, given: Given) -> None:
     settings = _configured(c, "build", given)
-    options = _options(given, settings)
+    options = _options(c, given, settings)
     with _failing("build"):
         chosen = _compression(settings)
         plan.check_options(options, push=given.push)
-        request = _request(c, options)
+        request = _request(options)
         if request.multi_arch and not given.push:
             raise Exit("invoke build: a multi-arch build is pushed as it is built: add --push")
         request.redist_spec  # noqa: B018 - refuses a missing fabric manager or NSCQ digest here
@@ -196,10 +199,10 @@ def build(c: Context, given: Given) -> None:
 
 def push(c: Context, given: Given) -> None:
     settings = _configured(c, "push", given)
-    options = _options(given, settings)
+    options = _options(c, given, settings)
     with _failing("push"):
         chosen = _compression(settings)
-        request = _request(c, options)
+        request = _request(options)
         docker = connect_docker(settings.docker_host, False)  # noqa: FBT003 - the tests' seam
         built = images.local_images(request, docker)
         images.report(built)
@@ -229,9 +232,7 @@ def publish(c: Context, given: Given) -> None:
     settings = _configured(c, "publish", given)
     step = publishing.Step(_choice(given.step, publishing.Step, "--step"))
     variant = Variant(_choice(given.variant, Variant, "--variant")) if given.variant else None
-    prefix = _prefix(given)
-    build_settings = BuildSettings(given.registry, given.image, prefix, settings.upstream,
-                                   settings.network, *_provenance(c))  # fmt: skip
+    build_settings = _build_settings(c, given, settings)
     with _failing("publish", then="; nothing was built"):
         if not given.registry:
             raise TagError("--registry is required, e.g. ghcr.io/<your owner>")
@@ -242,7 +243,7 @@ def publish(c: Context, given: Given) -> None:
         versions = load_versions(_versions_path(given))
         arches = plan.parse_arches(given.arch, versions) if given.arch else versions.arches
         repository, client = _registry(given)  # arguments, before any network
-        covered = _matrix(versions, settings, given, prefix)
+        covered = _matrix(versions, settings, given, build_settings.prefix)
         client.budget = RetryBudget(given.retry_budget)
         client.check(repository.name)  # once, up front: unreachable or denied stops here
 
@@ -253,8 +254,9 @@ def publish(c: Context, given: Given) -> None:
         builds = not given.dry_run and step is not publishing.Step.MERGE
         if builds and chosen is compressing.Compression.ZSTD:  # before any build
             compressing.check_dockerd(docker(False).version())  # noqa: FBT003 - one arch
-        with DockerBuilder(build_settings, covered, docker, _print,
-                           dry_run=given.dry_run) as builder:  # fmt: skip
+        with tempfile.TemporaryDirectory(prefix="gdc-publish.") as scratch:
+            builder = DockerBuilder(build_settings, covered, docker, _print, Path(scratch),
+                                    dry_run=given.dry_run)  # fmt: skip
             outcomes = publishing.publish(covered, client, repository, builder, arches=arches,
                                           step=step, variant=variant, dry_run=given.dry_run,
                                           rebuild=given.rebuild, retry_budget=given.retry_budget,

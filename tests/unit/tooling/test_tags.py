@@ -11,7 +11,7 @@ import pytest
 
 from gdc import context, images, tags
 from gdc.docker_api import HistoryEntry, ImageInfo
-from gdc.plan import Request, Upstream
+from gdc.plan import BuildSettings, Request, Upstream
 from gdc.tags import (
     ImageTags,
     TagError,
@@ -124,10 +124,14 @@ def _request(
         flatcar=release,
         aliases=("4593.2.5", "4757.1.0"),
         arches=arches,
-        registry="127.0.0.1:5000/gdc",
-        prefix="flatcar-test-0123abcd",
-        upstream=Upstream(base_image="gdc/debian:trixie", release_base_url="http://m/{channel}"),
-        git_commit="0123abcd" * 5,
+        settings=BuildSettings(
+            registry="127.0.0.1:5000/gdc",
+            prefix="flatcar-test-0123abcd",
+            upstream=Upstream(
+                base_image="gdc/debian:trixie", release_base_url="http://m/{channel}"
+            ),
+            git_commit="0123abcd" * 5,
+        ),
     )
 
 
