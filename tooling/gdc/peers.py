@@ -26,6 +26,7 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from gdc import commands
 from gdc.nvidia import RecordError
@@ -71,8 +72,7 @@ class Pin:
         return "https://" + "/".join(parts[:3])
 
 
-@dataclass(frozen=True)
-class Release:
+class Release(NamedTuple):
     tag: str
     commit: str
 

@@ -41,7 +41,26 @@ REQUIRED = inspect.Parameter.empty  # the default of a positional argument: none
 
 
 @dataclass(frozen=True)
-class Given:
+class Settings:
+    """The mirror and build settings invoke's configuration may give, each also an option: ""
+    or LEVEL_NOT_GIVEN is not given."""
+
+    base_image: str = ""
+    driver_base_url: str = ""
+    fabricmanager_base_url: str = ""
+    checksum_base_url: str = ""
+    release_base_url: str = ""
+    flatcar_keyring: str = ""
+    releases_url: str = ""
+    lts_info_url: str = ""
+    docker_host: str = ""
+    network: str = ""
+    compression: str = ""
+    zstd_level: int = LEVEL_NOT_GIVEN
+
+
+@dataclass(frozen=True)
+class Given(Settings):
     """Every task's options as invoke parsed them; a task has some of them. "" or
     LEVEL_NOT_GIVEN: not given, so invoke's configuration or the built-in default applies."""
 
@@ -53,22 +72,10 @@ class Given:
     image: str = DEFAULT_IMAGE
     prefix: str = ""
     ci_prefix: bool = False
-    releases_url: str = ""
-    lts_info_url: str = ""
     versions_file: str = ""
     push: bool = False
     driver_sha256: str = ""
     redist_sha256: str = ""
-    base_image: str = ""
-    driver_base_url: str = ""
-    fabricmanager_base_url: str = ""
-    checksum_base_url: str = ""
-    release_base_url: str = ""
-    flatcar_keyring: str = ""
-    network: str = ""
-    docker_host: str = ""
-    compression: str = ""
-    zstd_level: int = LEVEL_NOT_GIVEN
     json: bool = False
     github_output: bool = False
     step: str = publishing.Step.ALL.value
@@ -85,18 +92,10 @@ class Given:
 
 
 @dataclass(frozen=True)
-class Configured:
-    """The mirror and build settings from invoke's configuration ("" keeps the default)."""
+class Configured(Settings):
+    """The settings from invoke's configuration, with their built-in defaults ("" keeps the
+    default of the setting's older source, module docstring)."""
 
-    base_image: str = ""
-    driver_base_url: str = ""
-    fabricmanager_base_url: str = ""
-    checksum_base_url: str = ""
-    release_base_url: str = ""
-    flatcar_keyring: str = ""
-    releases_url: str = ""
-    lts_info_url: str = ""
-    docker_host: str = ""
     network: str = "host"
     compression: str = compressing.Compression.ZSTD.value
     zstd_level: int = compressing.DEFAULT_LEVEL
