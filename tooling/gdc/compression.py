@@ -193,7 +193,11 @@ def _put(registry: Registry, name: str, reference: str, manifest: Manifest) -> s
     return digest
 
 
-def _encode(document: dict[str, Any], media_type: str) -> Manifest:
+def _encode(old: dict[str, Any], media_type: str, **parts: object) -> Manifest:
+    """The manifest of media_type with parts, keeping old's annotations, subject and type."""
+    kept = {key: value for key, value in old.items()
+            if key in {"annotations", "subject", "artifactType"}}  # fmt: skip
+    document = {"schemaVersion": 2, "mediaType": media_type, **parts, **kept}
     body = json.dumps(document, separators=(",", ":")).encode()
     return Manifest(media_type, body, digest_of(body))
 
@@ -248,10 +252,7 @@ class _Work:
             listed.append(entry)
         if not changed:
             return manifest
-        kept = {key: value for key, value in document.items()
-                if key in {"annotations", "subject", "artifactType"}}  # fmt: skip
-        return _encode({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": listed, **kept},
-                       OCI_INDEX)  # fmt: skip
+        return _encode(document, OCI_INDEX, manifests=listed)
 
     def image(self, manifest: Manifest) -> Manifest:
         if not has_gzip_layers(manifest):
@@ -270,11 +271,8 @@ class _Work:
                      else {**layer, "mediaType": OCI_NAMES.get(layer.get("mediaType", ""),
                                                                layer.get("mediaType"))}
                      for layer, diff_id in zip(layers, diff_ids, strict=True)]  # fmt: skip
-        kept = {key: value for key, value in document.items()
-                if key in {"annotations", "subject", "artifactType"}}  # fmt: skip
-        return _encode({"schemaVersion": 2, "mediaType": OCI_MANIFEST,
-                        "config": {**config, "mediaType": OCI_CONFIG}, "layers": rewritten,
-                        **kept}, OCI_MANIFEST)  # fmt: skip
+        return _encode(document, OCI_MANIFEST, config={**config, "mediaType": OCI_CONFIG},
+                       layers=rewritten)  # fmt: skip
 
     def diff_ids(self, descriptor: dict[str, Any]) -> list[str]:
         digest = str(descriptor.get("digest", ""))
