@@ -1,13 +1,9 @@
 """Recompress an image already in a registry from gzip to zstd layers, through the registry API.
 
-The API (``invoke publish`` and the pull benchmark call it)::
-
-    recompress(registry, name, reference, *, level=19, tag=None, cache=None) -> str
-
-returns the digest of the image's zstd manifest (or index). The new manifest is PUT under tag,
-by default under reference when reference is a tag (a digest reference: under its own digest
-only). An image with no gzip layer is left as it is, and its digest returned: a second call
-does nothing but read.
+:func:`recompress` (``invoke publish`` and the pull benchmark call it) returns the digest of the
+image's zstd manifest (or index). The new manifest is PUT under tag, by default under reference
+when reference is a tag (a digest reference: under its own digest only). An image with no gzip
+layer is left as it is, and its digest returned: a second call does nothing but read.
 
 Per image manifest (Docker schema 2 or OCI; an index: each platform's, then the index):
 
@@ -369,9 +365,6 @@ def _too_large(digest: str, bound: int, directory: Path) -> CompressionError:
 
 
 def _hash_file(path: Path) -> tuple[str, int]:
-    hasher, size = hashlib.sha256(), 0
     with path.open("rb") as data:
-        while chunk := data.read(CHUNK_BYTES):
-            hasher.update(chunk)
-            size += len(chunk)
-    return "sha256:" + hasher.hexdigest(), size
+        digest = hashlib.file_digest(data, "sha256").hexdigest()
+    return "sha256:" + digest, path.stat().st_size
