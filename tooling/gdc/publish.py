@@ -1,57 +1,30 @@
 """``invoke publish``: build what the registry lacks or what changed, for every image of the matrix.
 
-An image (:class:`gdc.matrix.Image`) has one platform per arch. Each arch is built natively on
-its own (a CI job per arch on a native runner), pushed under a staging tag
-(:meth:`~gdc.matrix.Image.staging_tag`), and the arches are then merged into one index under
-every tag of the image. Steps (``--step``): ``stage`` builds one or more arches, ``merge``
-writes the indexes, ``all`` (the default) does both, image by image.
+What a run does, for the user (steps, build inputs, reuse of packages, zstd, retries, dry runs),
+is told in docs/images.md; here, what the code keeps to. An image (:class:`gdc.matrix.Image`)
+has one platform per arch. Each arch is built natively on its own, pushed under a staging tag
+(:meth:`~gdc.matrix.Image.staging_tag`), then the arches are merged into one index under every
+tag of the image (``--step stage``, ``merge`` or ``all``, image by image).
 
-Stage, per arch: the registry's image under the staging tag is read (manifest and config), its
-platform is checked against the arch (:data:`PLATFORMS`) and its recorded build inputs
-(:mod:`gdc.inputs`) are compared with what would be built now:
-
-* no image, an image of another platform, or other inputs (the entrypoint, the patches, a
-  Dockerfile, the base image, the driver, a release to carry): **built** and pushed, saying
-  why; ``--rebuild`` forces it. The pushed image is read back and checked the same way: a build
-  that made another arch's image, or whose tag another job overwrote, fails;
-* the same inputs and platform: **skipped**.
-
-A precompiled image that is rebuilt starts from the packages of the image it replaces (the
-registry's, by digest): those built for the same kernel banner, driver and module type from the
-same sources, patches and build code are taken as they are, so an entrypoint fix or a new
-release of the same kernel compiles nothing. ``--rebuild`` compiles everything again.
-
-Merge: each arch's staged image is checked as stage checks it (platform and build inputs; a
-merge-only run reads it from the registry), and an image with one arch wrong, missing or stale
-**fails**, naming it: it is never merged nor called up to date. The index of the arches' images
-is made the same way every time, so its digest is known before it is written; every tag that
-does not point at it gets it (a manifest PUT: no blob moves), e.g. the build image's alias for
-a new Flatcar release: **tagged**. A tag is up to date only when it is that index, so a tag
-whose index lists another platform set is written again.
-
-Compression (``--compression``, zstd by default): dockerd pushes gzip layers; with zstd each
-arch image, once pushed and read back, is recompressed in the registry (:mod:`gdc.compression`),
-so the staged digest the merge lists is the zstd manifest's. A staged image that is up to date
-but still gzip (one pushed before, or a run cut short after its push) is recompressed too. The
-config, and so the build inputs compared, is the same under either compression. A precompiled
-image builds FROM its build image's staging tag and pulls the image it replaces, so with zstd
-the dockerd must pull zstd (Docker Engine >= 23): ``invoke publish`` checks that first.
-
-Retries: the run gets :data:`RETRY_BUDGET_SECONDS` of waiting on 429 and 5xx answers
-(``--retry-budget``), in all; past it each image that meets one fails, saying the registry
-rate-limits, and the run's last line says what was waited.
-
-An up-to-date staged image whose gzip layers cannot be recompressed because they are not what
+Stage, per arch: the registry's image under the staging tag is read (manifest and config); it is
+**built** and pushed, saying why, when there is none, when it is of another platform
+(:data:`PLATFORMS`) or when its recorded build inputs (:mod:`gdc.inputs`) differ from what would
+be built now (``--rebuild``: always), and **skipped** otherwise. A pushed image is read back
+and checked the same way: a build that made another arch's image, or whose tag another job
+overwrote, fails. With zstd, each arch image is then recompressed in the registry
+(:mod:`gdc.compression`), as is an up-to-date one still gzip; one whose gzip layers are not what
 its config says (:class:`~gdc.compression.DamagedImageError`) is built again, in that run.
 
-A dry run builds, pushes and tags nothing and asks no dockerd: it needs the registry and the
-feed only. A base image not pinned by digest then has no digest to compare; each build image
-says so, and would be built.
+Merge: each arch's staged image is checked as stage checks it (a merge-only run reads it from
+the registry); an image with one arch wrong, missing or stale **fails**, naming it, and is never
+merged nor called up to date. The index is made the same way every time, so its digest is known
+before it is written, and a tag is up to date only when it is that index: every other tag gets
+it (a manifest PUT, no blob moves): **tagged**.
 
 Build images go first. A precompiled image starts from its build image's staging tag and fails,
 saying so, only when that build *failed* (a failed tag does not block it). Everything else is
-independent: a failure is recorded and the run goes on. Nothing is remembered between runs, so
-a run cut short is completed by the next.
+independent: a failure is recorded and the run goes on. Nothing is remembered between runs, so a
+run cut short is completed by the next.
 """
 
 from __future__ import annotations
