@@ -15,6 +15,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from itertools import takewhile
 from pathlib import Path, PurePosixPath
 
 from gdc import context, inputs
@@ -320,19 +321,11 @@ def report(built: list[Built], say: Callable[[str], None] = print) -> None:
 
 
 def sharing(base: ImageInfo, image: ImageInfo) -> str:
-    shared = len(_common_prefix(base.layers, image.layers))
+    pairs = zip(base.layers, image.layers, strict=False)
+    shared = len(list(takewhile(lambda pair: pair[0] == pair[1], pairs)))  # the layers in common
     added = len(image.layers) - shared
     extra = image.size - base.size
     return (
         f"shares {shared} of the build image's {len(base.layers)} layers and adds {added} "
         f"({human_size(extra)})"
     )
-
-
-def _common_prefix(first: tuple[str, ...], second: tuple[str, ...]) -> tuple[str, ...]:
-    common = []
-    for left, right in zip(first, second, strict=False):
-        if left != right:
-            break
-        common.append(left)
-    return tuple(common)
