@@ -121,7 +121,6 @@ class Outcome:
     image: Image
     status: Status
     detail: str
-    digest: str = ""
     planned: bool = False  # a dry run's step: nothing was done
     seconds: float = 0.0
 
