@@ -33,212 +33,87 @@ for _path in (_ROOT / "tooling", _ROOT / "entrypoint" / "src"):
 
 from invoke.collection import Collection  # noqa: E402
 from invoke.context import Context  # noqa: E402
-from invoke.tasks import task  # noqa: E402
 
-from gdc import cli_tasks, task_options  # noqa: E402
+from gdc import cli_tasks  # noqa: E402
+from gdc.task_options import (  # noqa: E402
+    CONFIG_DEFAULTS,
+    CONFIG_SECTION,
+    MATRIX,
+    MIRRORS,
+    NVIDIA_FILES,
+    PEERS_HELP,
+    PROPOSE_HELP,
+    PUBLISH_HELP,
+    PUSHING,
+    RECORD_HELP,
+    REQUIRED,
+    SELECTION,
+    SIGN_HELP,
+    Given,
+    options,
+)
 
-# invoke maps each option to a parameter (PLR0917); "" or 0: not given, the configured default.
+# Each task names its options, defined once in gdc/task_options.py (a default, a help text):
+# invoke reads the task's signature and help from there, and the task gets them as one Given.
 
 
-@task(help=task_options.TAGS_HELP, auto_shortflags=False)
-def tags(  # noqa: PLR0917
-    c: Context,
-    variant: str = "precompiled",
-    driver_version: str = "",
-    flatcar_version: str = "",
-    arch: str = "",
-    registry: str = "",
-    image: str = "driver",
-    prefix: str = "",
-    ci_prefix: bool = False,
-    releases_url: str = "",
-) -> None:
+@options(*SELECTION)
+def tags(c: Context, given: Given) -> None:
     """Print the tags a build would get, building nothing."""
-    cli_tasks.tags(c, variant=variant, driver_version=driver_version,
-                   flatcar_version=flatcar_version, arch=arch, registry=registry, image=image,
-                   prefix=prefix, ci_prefix=ci_prefix, releases_url=releases_url)  # fmt: skip
+    cli_tasks.tags(c, given)
 
 
-@task(help=task_options.BUILD_HELP, auto_shortflags=False)
-def build(  # noqa: PLR0917
-    c: Context,
-    variant: str = "precompiled",
-    driver_version: str = "",
-    flatcar_version: str = "",
-    arch: str = "",
-    registry: str = "",
-    image: str = "driver",
-    prefix: str = "",
-    ci_prefix: bool = False,
-    releases_url: str = "",
-    push: bool = False,
-    base_image: str = "",
-    driver_sha256: str = "",
-    redist_sha256: str = "",
-    driver_base_url: str = "",
-    fabricmanager_base_url: str = "",
-    release_base_url: str = "",
-    flatcar_keyring: str = "",
-    network: str = "",
-    docker_host: str = "",
-    compression: str = "",
-    zstd_level: int = task_options.LEVEL_NOT_GIVEN,
-) -> None:
+@options(*SELECTION, "push", "driver_sha256", "redist_sha256", *MIRRORS, *PUSHING)
+def build(c: Context, given: Given) -> None:
     """Build a driver image (a precompiled build also builds its build image)."""
-    cli_tasks.build(c, variant=variant, driver_version=driver_version,
-                    flatcar_version=flatcar_version, arch=arch, registry=registry, image=image,
-                    prefix=prefix, ci_prefix=ci_prefix, releases_url=releases_url, push=push,
-                    base_image=base_image, driver_sha256=driver_sha256,
-                    redist_sha256=redist_sha256, driver_base_url=driver_base_url,
-                    fabricmanager_base_url=fabricmanager_base_url,
-                    release_base_url=release_base_url, flatcar_keyring=flatcar_keyring,
-                    network=network, docker_host=docker_host, compression=compression,
-                    zstd_level=zstd_level)  # fmt: skip
+    cli_tasks.build(c, given)
 
 
-@task(name="push", help=task_options.PUSH_HELP, auto_shortflags=False)
-def push_(  # noqa: PLR0917
-    c: Context,
-    variant: str = "precompiled",
-    driver_version: str = "",
-    flatcar_version: str = "",
-    arch: str = "",
-    registry: str = "",
-    image: str = "driver",
-    prefix: str = "",
-    ci_prefix: bool = False,
-    releases_url: str = "",
-    docker_host: str = "",
-    compression: str = "",
-    zstd_level: int = task_options.LEVEL_NOT_GIVEN,
-) -> None:
+@options(*SELECTION, *PUSHING, name="push")
+def push_(c: Context, given: Given) -> None:
     """Push the tags of an earlier invoke build (same options) to the registry."""
-    cli_tasks.push(c, variant=variant, driver_version=driver_version,
-                   flatcar_version=flatcar_version, arch=arch, registry=registry, image=image,
-                   prefix=prefix, ci_prefix=ci_prefix, releases_url=releases_url,
-                   docker_host=docker_host, compression=compression,
-                   zstd_level=zstd_level)  # fmt: skip
+    cli_tasks.push(c, given)
 
 
-@task(name="matrix", help=task_options.MATRIX_HELP, auto_shortflags=False)
-def matrix_(  # noqa: PLR0917
-    c: Context,
-    json: bool = False,
-    github_output: bool = False,
-    registry: str = "",
-    image: str = "driver",
-    prefix: str = "",
-    ci_prefix: bool = False,
-    releases_url: str = "",
-    lts_info_url: str = "",
-    versions_file: str = "",
-) -> None:
+@options("json", "github_output", *MATRIX, name="matrix")
+def matrix_(c: Context, given: Given) -> None:
     """List every image to publish: live Flatcar releases x drivers x arches."""
-    cli_tasks.matrix_(c, json=json, github_output=github_output, registry=registry, image=image,
-                      prefix=prefix, ci_prefix=ci_prefix, releases_url=releases_url,
-                      lts_info_url=lts_info_url, versions_file=versions_file)  # fmt: skip
+    cli_tasks.matrix_(c, given)
 
 
-@task(help=task_options.PUBLISH_HELP, auto_shortflags=False)
-def publish(  # noqa: PLR0917
-    c: Context,
-    registry: str = "",
-    image: str = "driver",
-    prefix: str = "",
-    ci_prefix: bool = False,
-    releases_url: str = "",
-    lts_info_url: str = "",
-    versions_file: str = "",
-    arch: str = "",
-    step: str = "all",
-    variant: str = "",
-    rebuild: bool = False,
-    dry_run: bool = False,
-    base_image: str = "",
-    driver_base_url: str = "",
-    fabricmanager_base_url: str = "",
-    release_base_url: str = "",
-    flatcar_keyring: str = "",
-    network: str = "",
-    docker_host: str = "",
-    retry_budget: int = task_options.RETRY_BUDGET_SECONDS,
-    compression: str = "",
-    zstd_level: int = task_options.LEVEL_NOT_GIVEN,
-) -> None:
+@options(*MATRIX, "arch", "step", "variant", "rebuild", "dry_run", *MIRRORS, "retry_budget",
+         *PUSHING, help=PUBLISH_HELP, defaults={"variant": ""})  # fmt: skip
+def publish(c: Context, given: Given) -> None:
     """Build and push what the registry lacks or what changed; merge the arches; summarize."""
-    cli_tasks.publish(c, registry=registry, image=image, prefix=prefix, ci_prefix=ci_prefix,
-                      releases_url=releases_url, lts_info_url=lts_info_url,
-                      versions_file=versions_file, arch=arch, step=step, variant=variant,
-                      rebuild=rebuild, dry_run=dry_run, base_image=base_image,
-                      driver_base_url=driver_base_url,
-                      fabricmanager_base_url=fabricmanager_base_url,
-                      release_base_url=release_base_url, flatcar_keyring=flatcar_keyring,
-                      network=network, docker_host=docker_host, retry_budget=retry_budget,
-                      compression=compression, zstd_level=zstd_level)  # fmt: skip
+    cli_tasks.publish(c, given)
 
 
-@task(help=task_options.SIGN_HELP, auto_shortflags=False)
-def sign(  # noqa: PLR0917
-    c: Context,
-    registry: str = "",
-    image: str = "driver",
-    prefix: str = "",
-    ci_prefix: bool = False,
-    releases_url: str = "",
-    lts_info_url: str = "",
-    versions_file: str = "",
-    key: str = "",
-    sbom: bool = True,
-    require_cosign: bool = False,
-    syft_sha256: str = "",
-) -> None:
+@options(*MATRIX, "key", "sbom", "require_cosign", "syft_sha256", help=SIGN_HELP)
+def sign(c: Context, given: Given) -> None:
     """Sign each published image of the matrix with cosign and attest its SBOM."""
-    cli_tasks.sign(c, registry=registry, image=image, prefix=prefix, ci_prefix=ci_prefix,
-                   releases_url=releases_url, lts_info_url=lts_info_url,
-                   versions_file=versions_file, key=key, sbom=sbom,
-                   require_cosign=require_cosign, syft_sha256=syft_sha256)  # fmt: skip
+    cli_tasks.sign(c, given)
 
 
-@task(help=task_options.RECORD_HELP, auto_shortflags=False)
-def record_driver(  # noqa: PLR0917
-    c: Context,
-    version: str,
-    verify: bool = False,
-    versions_file: str = "",
-    checksum_base_url: str = "",
-    driver_base_url: str = "",
-    fabricmanager_base_url: str = "",
-) -> None:
+@options("version", "verify", *NVIDIA_FILES, help=RECORD_HELP,
+         defaults={"version": REQUIRED})  # fmt: skip
+def record_driver(c: Context, given: Given) -> None:
     """Write versions.toml's entry for VERSION from NVIDIA's own checksums and redist manifest."""
-    cli_tasks.record_driver(c, version, verify=verify, versions_file=versions_file,
-                            checksum_base_url=checksum_base_url, driver_base_url=driver_base_url,
-                            fabricmanager_base_url=fabricmanager_base_url)  # fmt: skip
+    cli_tasks.record_driver(c, given)
 
 
-@task(help=task_options.PROPOSE_HELP, auto_shortflags=False)
-def propose_drivers(  # noqa: PLR0917
-    c: Context,
-    dry_run: bool = False,
-    releases_url: str = "",
-    versions_file: str = "",
-    checksum_base_url: str = "",
-    driver_base_url: str = "",
-    fabricmanager_base_url: str = "",
-) -> None:
+@options("dry_run", "releases_url", *NVIDIA_FILES, help=PROPOSE_HELP)
+def propose_drivers(c: Context, given: Given) -> None:
     """Propose NVIDIA's newer point releases, and the TODOs its files now give, as pull requests."""
-    cli_tasks.propose_drivers(c, dry_run=dry_run, releases_url=releases_url,
-                              versions_file=versions_file, checksum_base_url=checksum_base_url,
-                              driver_base_url=driver_base_url,
-                              fabricmanager_base_url=fabricmanager_base_url)  # fmt: skip
+    cli_tasks.propose_drivers(c, given)
 
 
-@task(help=task_options.PEERS_HELP, auto_shortflags=False)
-def propose_peers(_c: Context, dry_run: bool = False, peers_file: str = "") -> None:
+@options("dry_run", "peers_file", help=PEERS_HELP)
+def propose_peers(_c: Context, given: Given) -> None:
     """Propose the cluster session's peers at their newest releases the Go module proxy serves,
     each as a pull request (see tooling/gdc/peers.py)."""
-    cli_tasks.propose_peers(dry_run=dry_run, peers_file=peers_file)
+    cli_tasks.propose_peers(given)
 
 
 ns = Collection(tags, build, push_, matrix_, publish, sign, record_driver, propose_drivers,
                 propose_peers)  # fmt: skip
-ns.configure({task_options.CONFIG_SECTION: task_options.CONFIG_DEFAULTS})
+ns.configure({CONFIG_SECTION: CONFIG_DEFAULTS})

@@ -28,6 +28,7 @@ import sys
 import types
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,9 +61,11 @@ def module_at(commit: str) -> types.ModuleType:
     return module
 
 
+@dataclass
 class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
+    """The registry clients' time, which an_hour moves: nothing sleeps."""
+
+    now: float = 0.0
 
     def __call__(self) -> float:
         return self.now

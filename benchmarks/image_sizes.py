@@ -210,17 +210,23 @@ def top_packages(reference: str) -> list[tuple[int, int, str]]:
     return sorted(sizes, reverse=True)[:TOP_PACKAGES]
 
 
-def add_image_options(parser: argparse.ArgumentParser) -> None:
-    """--build-image and --precompiled-image: images already built, else the benchmark builds
-    them (fixtures/images.py)."""
+def image_parser(doc: str) -> argparse.ArgumentParser:
+    """A benchmark's arguments: --build-image and --precompiled-image (images already built,
+    else the benchmark builds them: fixtures/images.py) and --record, then its own."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--build-image", help="the build image (a reference on the project's "
                         "dockerd, unix:///run/gdc-docker.sock)")  # fmt: skip
     parser.add_argument("--precompiled-image", help="the precompiled image built on it")
+    add_record_option(parser)
+    return parser
 
 
-def check_image_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+def image_arguments(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """image_parser's arguments, parsed: both images given, or neither."""
+    args = parser.parse_args()
     if bool(args.build_image) != bool(args.precompiled_image):
         parser.error("give both --build-image and --precompiled-image, or neither")
+    return args
 
 
 @contextmanager
@@ -247,12 +253,9 @@ def push(reference: str, registry: Registry, name: str, tag: str) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_image_options(parser)
+    parser = image_parser(__doc__)
     parser.add_argument("--zstd-level", type=int, default=19, help="zstd level (publish's)")
-    add_record_option(parser)
-    args = parser.parse_args()
-    check_image_options(parser, args)
+    args = image_arguments(parser)
     name = "gdc/sizes"
     tags = {"build": "build", "precompiled": "precompiled"}
     pushed: dict[tuple[str, str], Pushed] = {}

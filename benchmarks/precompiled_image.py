@@ -19,7 +19,6 @@ Usage: python benchmarks/precompiled_image.py [--build-image REF --precompiled-i
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import tempfile
@@ -41,8 +40,8 @@ from fixtures.daemonset import (
 from fixtures.docker_env import start_dockerd, stop_dockerd
 from fixtures.images import built_images
 from fixtures.release_server import TEST_RELEASE
-from image_sizes import add_image_options, check_image_options
-from record import Report, add_record_option
+from image_sizes import image_arguments, image_parser
+from record import Report
 
 INIT_GOAL_SECONDS = 2.0
 SIZE_GOAL = 1.2
@@ -91,12 +90,9 @@ def images(build: str | None, precompiled: str | None) -> Iterator[tuple[str, st
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_image_options(parser)
+    parser = image_parser(__doc__)
     parser.add_argument("--runs", type=int, default=7, help="init runs to take the median of")
-    add_record_option(parser)
-    args = parser.parse_args()
-    check_image_options(parser, args)
+    args = image_arguments(parser)
     with images(args.build_image, args.precompiled_image) as (build, precompiled):
         if layers(precompiled)[:-1] != layers(build):
             parser.error(f"{precompiled} is not one layer on {build}")

@@ -20,7 +20,6 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
-from types import TracebackType
 from typing import Self, TextIO
 
 REPOSITORY = Path(__file__).resolve().parent.parent
@@ -119,12 +118,7 @@ class Report:
         sys.stdout = self._tee
         return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
         assert self._tee is not None
         sys.stdout = self._tee.out
         if self.record and kind is None:

@@ -47,7 +47,6 @@ Usage (root; the venv of ``nox -s integration``):
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import sys
@@ -81,12 +80,12 @@ from image_sizes import (
     LINK_BITS_PER_SECOND,
     MB,
     Pushed,
-    add_image_options,
-    check_image_options,
+    image_arguments,
+    image_parser,
     images,
     read_pushed,
 )
-from record import REPOSITORY, Report, add_record_option
+from record import REPOSITORY, Report
 
 from nvidia_driver.gate.managers import APPROVAL, BEFORE_REBOOT, NEW_VERSION, VERDICT
 from nvidia_driver.sources.flatcar import FlatcarVersion, parse_releases
@@ -317,12 +316,9 @@ def print_figures(cycles: dict[bool, list[Cycle]], pushed: Pushed) -> bool:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_image_options(parser)
+    parser = image_parser(__doc__)
     parser.add_argument("--runs", type=int, default=3, help="cycles of each kind (median)")
-    add_record_option(parser)
-    args = parser.parse_args()
-    check_image_options(parser, args)
+    args = image_arguments(parser)
     if args.runs < 1:
         parser.error("--runs must be at least 1")
     if os.geteuid() != 0:

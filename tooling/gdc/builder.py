@@ -7,35 +7,19 @@ arches afterwards.
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
 from gdc import context, images
 from gdc.docker_api import Docker, DockerError, Progress
 from gdc.images import Base
 from gdc.matrix import Image, Matrix
-from gdc.plan import Request, Upstream
+from gdc.plan import BuildSettings, Request
 from gdc.publish import BuildError
-from gdc.tags import DEFAULT_IMAGE, Variant
+from gdc.tags import Variant
+from gdc.text import first_line
 from gdc.versions import VersionsError
-
-
-@dataclass(frozen=True)
-class BuildSettings:
-    """What every build of a publish run shares (``invoke build``'s options)."""
-
-    registry: str
-    image: str = DEFAULT_IMAGE
-    prefix: str = ""
-    upstream: Upstream = field(default_factory=Upstream)
-    network: str = "host"
-    git_commit: str = "unknown"
-    source_url: str = "unknown"
-    created: str = ""
 
 
 @dataclass
@@ -50,20 +34,11 @@ class DockerBuilder:
     matrix: Matrix
     connect: Callable[[bool], Docker]  # multi-arch? -> the Docker adapter
     progress: Progress
+    scratch: Path  # where the build contexts are laid out, once each
     dry_run: bool = False
-    _scratch: Path | None = None
     _contexts: dict[Variant, context.Context] = field(default_factory=dict)
     _docker: Docker | None = None
     _bases: dict[str, Base] = field(default_factory=dict)
-
-    def __enter__(self) -> Self:
-        self._holder = tempfile.TemporaryDirectory(prefix="gdc-publish.")
-        self._scratch = Path(self._holder.name)
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 traceback: TracebackType | None) -> None:  # fmt: skip
-        self._holder.cleanup()
 
     def docker(self) -> Docker:
         if self._docker is None:
@@ -72,32 +47,16 @@ class DockerBuilder:
 
     def context(self, variant: Variant) -> context.Context:
         if variant not in self._contexts:
-            if self._scratch is None:
-                raise BuildError("DockerBuilder is used outside its with block")
             self._contexts[variant] = context.assemble(
-                variant, self._scratch / variant.value, self.settings.upstream.keyring
+                variant, self.scratch / variant.value, self.settings.upstream.keyring
             )
         return self._contexts[variant]
 
     def request(self, image: Image, arch: str) -> Request:
         carried = image.platform(arch).releases
         release = carried[0].release if carried else self.matrix.releases[0].release
-        return Request(
-            variant=image.variant,
-            driver=image.driver,
-            flatcar=release,
-            aliases=image.aliases,
-            arches=(arch,),
-            releases=tuple(c.version for c in carried),
-            registry=self.settings.registry,
-            image=self.settings.image,
-            prefix=self.settings.prefix,
-            upstream=self.settings.upstream,
-            git_commit=self.settings.git_commit,
-            source_url=self.settings.source_url,
-            network=self.settings.network,
-            created=self.settings.created,
-        )
+        return Request(image.variant, image.driver, release, image.aliases, (arch,),
+                       tuple(c.version for c in carried), settings=self.settings)  # fmt: skip
 
     def base(self, image: Image, arch: str) -> Base:  # noqa: ARG002 - one base for every arch
         reference = self.settings.upstream.base_image or images.default_base_image()
@@ -138,5 +97,4 @@ class DockerBuilder:
             self.progress(f"Pushing {reference}\n")
             docker.push(reference, self.progress)
         except (DockerError, VersionsError) as exc:
-            text = str(exc).strip()
-            raise BuildError(text.splitlines()[0] if text else type(exc).__name__) from None
+            raise BuildError(first_line(exc)) from None

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gdc.table import format_table
+from gdc.text import format_table
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,9 @@
 """Recompress an image already in a registry from gzip to zstd layers, through the registry API.
 
-The API (``invoke publish`` and the pull benchmark call it)::
-
-    recompress(registry, name, reference, *, level=19, tag=None, cache=None) -> str
-
-returns the digest of the image's zstd manifest (or index). The new manifest is PUT under tag,
-by default under reference when reference is a tag (a digest reference: under its own digest
-only). An image with no gzip layer is left as it is, and its digest returned: a second call
-does nothing but read.
+:func:`recompress` (``invoke publish`` and the pull benchmark call it) returns the digest of the
+image's zstd manifest (or index). The new manifest is PUT under tag, by default under reference
+when reference is a tag (a digest reference: under its own digest only). An image with no gzip
+layer is left as it is, and its digest returned: a second call does nothing but read.
 
 Per image manifest (Docker schema 2 or OCI; an index: each platform's, then the index):
 
@@ -193,7 +189,11 @@ def _put(registry: Registry, name: str, reference: str, manifest: Manifest) -> s
     return digest
 
 
-def _encode(document: dict[str, Any], media_type: str) -> Manifest:
+def _encode(old: dict[str, Any], media_type: str, **parts: object) -> Manifest:
+    """The manifest of media_type with parts, keeping old's annotations, subject and type."""
+    kept = {key: value for key, value in old.items()
+            if key in {"annotations", "subject", "artifactType"}}  # fmt: skip
+    document = {"schemaVersion": 2, "mediaType": media_type, **parts, **kept}
     body = json.dumps(document, separators=(",", ":")).encode()
     return Manifest(media_type, body, digest_of(body))
 
@@ -248,10 +248,7 @@ class _Work:
             listed.append(entry)
         if not changed:
             return manifest
-        kept = {key: value for key, value in document.items()
-                if key in {"annotations", "subject", "artifactType"}}  # fmt: skip
-        return _encode({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": listed, **kept},
-                       OCI_INDEX)  # fmt: skip
+        return _encode(document, OCI_INDEX, manifests=listed)
 
     def image(self, manifest: Manifest) -> Manifest:
         if not has_gzip_layers(manifest):
@@ -270,11 +267,8 @@ class _Work:
                      else {**layer, "mediaType": OCI_NAMES.get(layer.get("mediaType", ""),
                                                                layer.get("mediaType"))}
                      for layer, diff_id in zip(layers, diff_ids, strict=True)]  # fmt: skip
-        kept = {key: value for key, value in document.items()
-                if key in {"annotations", "subject", "artifactType"}}  # fmt: skip
-        return _encode({"schemaVersion": 2, "mediaType": OCI_MANIFEST,
-                        "config": {**config, "mediaType": OCI_CONFIG}, "layers": rewritten,
-                        **kept}, OCI_MANIFEST)  # fmt: skip
+        return _encode(document, OCI_MANIFEST, config={**config, "mediaType": OCI_CONFIG},
+                       layers=rewritten)  # fmt: skip
 
     def diff_ids(self, descriptor: dict[str, Any]) -> list[str]:
         digest = str(descriptor.get("digest", ""))
@@ -371,9 +365,6 @@ def _too_large(digest: str, bound: int, directory: Path) -> CompressionError:
 
 
 def _hash_file(path: Path) -> tuple[str, int]:
-    hasher, size = hashlib.sha256(), 0
     with path.open("rb") as data:
-        while chunk := data.read(CHUNK_BYTES):
-            hasher.update(chunk)
-            size += len(chunk)
-    return "sha256:" + hasher.hexdigest(), size
+        digest = hashlib.file_digest(data, "sha256").hexdigest()
+    return "sha256:" + digest, path.stat().st_size

@@ -9,7 +9,6 @@ keyring under ``keyrings/``.
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -25,17 +24,11 @@ _IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
 
 @dataclass(frozen=True)
 class Context:
+    """A laid-out context; what it holds is digested by gdc.inputs.context_digests."""
+
     directory: Path
     dockerfile: str  # relative to directory
     keyring: str = ""  # FLATCAR_KEYRING inside the builder stage; "" for Flatcar's own key
-
-    def digest(self) -> str:
-        """SHA-256 over every file's path and content: the same inputs, the same digest."""
-        digest = hashlib.sha256()
-        for path in sorted(p for p in self.directory.rglob("*") if p.is_file()):
-            digest.update(str(path.relative_to(self.directory)).encode() + b"\0")
-            digest.update(path.read_bytes())
-        return digest.hexdigest()
 
 
 def assemble(variant: Variant, destination: Path, keyring: Path | None = None) -> Context:

@@ -155,10 +155,12 @@ class Feed:
     markers: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
+    def entry(self, version: FlatcarVersion) -> Release | _Unusable:
+        """The version's release, or why its entry is unusable."""
+        return self.releases.get(version) or self.unusable[version]
+
     def channel_of(self, version: FlatcarVersion) -> str:
-        if version in self.releases:
-            return self.releases[version].channel
-        return self.unusable[version].channel
+        return self.entry(version).channel
 
     def versions(self, channel: str, major: int | None = None) -> list[FlatcarVersion]:
         """Every version (usable or not) of channel, oldest first."""
@@ -399,13 +401,13 @@ def _channel_current(feed: Feed, channel: str) -> Current | None:
                               f"than its newest {channel} release {newest}: the marker is "
                               f"followed, {channel} moves back (a release pulled?)")  # fmt: skip
         if version is not None:
-            return feed.releases.get(version) or feed.unusable[version]
+            return feed.entry(version)
         feed.notes.append(f"the feed's {CURRENT!r} marker copies no versioned {channel} entry: "
                           f"the newest {channel} release is taken instead")  # fmt: skip
     versions = feed.versions(channel)
     if not versions:
         return None
-    return feed.releases.get(versions[-1]) or feed.unusable[versions[-1]]
+    return feed.entry(versions[-1])
 
 
 def _lts_from_info(feed: Feed, info: LtsInfo) -> tuple[dict[str, Current], list[Exclusion]]:
@@ -425,7 +427,7 @@ def _lts_from_info(feed: Feed, info: LtsInfo) -> tuple[dict[str, Current], list[
                                       f"supported, but the releases feed has no {stream.major}.3.x "
                                       "release: check --releases-url", blocking=True))  # fmt: skip
             continue
-        streams[stream.name] = feed.releases.get(versions[-1]) or feed.unusable[versions[-1]]
+        streams[stream.name] = feed.entry(versions[-1])
     listed = {f"current-{stream.year}" for stream in info.streams}
     unlisted = sorted(key for key in feed.markers if key != CURRENT and key not in listed)
     if unlisted:
@@ -444,7 +446,7 @@ def _lts_by_age(feed: Feed, info: LtsInfo) -> tuple[dict[str, Current], list[Exc
         if version is None:
             feed.notes.append(f"the feed's {key!r} marker copies no versioned entry: ignored")
             continue
-        current = feed.releases.get(version) or feed.unusable[version]
+        current = feed.entry(version)
         if isinstance(current, Release) and newest is not None:
             age = newest - current.release_date
             if age > LTS_STREAM_MAX_AGE:
@@ -459,8 +461,7 @@ def _lts_by_age(feed: Feed, info: LtsInfo) -> tuple[dict[str, Current], list[Exc
     if not feed.markers.keys() - {CURRENT}:
         versions = feed.versions(Channel.LTS)  # releases-lts.json style: no stream markers
         if versions:
-            streams[Channel.LTS.value] = feed.releases.get(versions[-1]) or \
-                feed.unusable[versions[-1]]  # fmt: skip
+            streams[Channel.LTS.value] = feed.entry(versions[-1])
     feed.notes.append(
         f"lts-info could not be read ({info.unavailable}): LTS streams are taken "
         "from the feed's current-<year> markers, and a stream whose newest release "

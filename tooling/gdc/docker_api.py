@@ -13,10 +13,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from gdc.commands import Runner
 from gdc.commands import run as _run
+from gdc.text import first_line
 
 if TYPE_CHECKING:
     import docker
@@ -41,8 +42,7 @@ class BuildJob:
     labels: Mapping[str, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class HistoryEntry:
+class HistoryEntry(NamedTuple):
     created_by: str
     size: int
 
@@ -207,9 +207,8 @@ def dockerd_errors(action: str) -> Iterator[None]:
         urllib3.exceptions.HTTPError,
         ConnectionError,
     ) as exc:
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise DockerError(
-            f"{action} failed: lost dockerd ({reason}); check that dockerd is running at "
+            f"{action} failed: lost dockerd ({first_line(exc)}); check that dockerd is running at "
             "--docker-host / $DOCKER_HOST, then re-run"
         ) from exc
 
@@ -276,14 +275,20 @@ def _status_line(chunk: Mapping[str, Any]) -> str:
 class Buildx:
     """Multi-arch builds with ``docker buildx build --push`` (needs a buildx builder and QEMU).
 
-    Everything but build delegates to the SDK client it wraps, so sizes and pushes of
-    single-arch images still work through it.
+    Everything but build is the SDK client's it wraps, so sizes and pushes of single-arch
+    images still work through it.
     """
 
     def __init__(self, sdk: Docker, runner: Runner = _run, docker_host: str = "") -> None:
         self.sdk = sdk
         self.runner = runner
         self.docker_host = docker_host
+        self.tag = sdk.tag
+        self.push = sdk.push
+        self.inspect = sdk.inspect
+        self.exists = sdk.exists
+        self.read_files = sdk.read_files
+        self.version = sdk.version
 
     def build_argv(self, job: BuildJob) -> list[str]:
         argv = ["docker"]
@@ -308,21 +313,3 @@ class Buildx:
         if code != 0:
             raise DockerError(f"docker buildx build exited {code}; see its output above")
         return ""
-
-    def tag(self, image: str, reference: str) -> None:
-        self.sdk.tag(image, reference)
-
-    def push(self, reference: str, progress: Progress) -> str:
-        return self.sdk.push(reference, progress)
-
-    def inspect(self, reference: str) -> ImageInfo:
-        return self.sdk.inspect(reference)
-
-    def exists(self, reference: str) -> bool:
-        return self.sdk.exists(reference)
-
-    def read_files(self, reference: str, directory: str) -> dict[str, bytes]:
-        return self.sdk.read_files(reference, directory)
-
-    def version(self) -> str:
-        return self.sdk.version()

@@ -15,6 +15,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from itertools import takewhile
 from pathlib import Path, PurePosixPath
 
 from gdc import context, inputs
@@ -24,7 +25,6 @@ from gdc.tags import ImageTags, Variant, build_image_tags, precompiled_tags, rep
 from nvidia_driver.formats.oci import DIGEST
 
 PRECOMPILED_DIR = "/opt/nvidia/precompiled"
-FLATCAR_VERSION_LABEL = "gpu-driver-container.flatcar-version"
 CREATED_LABEL = "org.opencontainers.image.created"
 BASE_NAME_LABEL = "org.opencontainers.image.base.name"
 BASE_DIGEST_LABEL = "org.opencontainers.image.base.digest"
@@ -77,7 +77,7 @@ def created(commit_time: str) -> str:
 def labels(request: Request, base: Base, recorded: dict[str, str]) -> dict[str, str]:
     return {
         inputs.INPUTS_LABEL: inputs.to_label(recorded),
-        CREATED_LABEL: created(request.created),
+        CREATED_LABEL: created(request.settings.created),
         BASE_NAME_LABEL: base.name,
         BASE_DIGEST_LABEL: base.digest,
     }
@@ -90,14 +90,18 @@ class Built:
 
 
 def build_tags(request: Request) -> ImageTags:
-    tags = build_image_tags(request.driver.version, request.aliases, request.prefix)
-    return ImageTags(repository(request.registry, request.image), tags)
+    tags = build_image_tags(request.driver.version, request.aliases, request.settings.prefix)
+    return ImageTags(_repository(request), tags)
 
 
 def precompiled_image_tags(request: Request, kernel_release: str) -> ImageTags:
     tags = precompiled_tags(request.driver.version, request.carried, kernel_release,
-                            request.os_versions, request.prefix)  # fmt: skip
-    return ImageTags(repository(request.registry, request.image), tags)
+                            request.os_versions, request.settings.prefix)  # fmt: skip
+    return ImageTags(_repository(request), tags)
+
+
+def _repository(request: Request) -> str:
+    return repository(request.settings.registry, request.settings.image)
 
 
 def planned_tags(request: Request) -> list[ImageTags]:
@@ -123,13 +127,13 @@ def build_args(request: Request) -> dict[str, str]:
         "DRIVER_BRANCH": request.driver.branch,
         "DRIVER_SHA256": request.sha256_spec,
         "REDIST_SHA256": request.redist_spec,
-        "GIT_COMMIT": request.git_commit,
-        "SOURCE_URL": request.source_url,
+        "GIT_COMMIT": request.settings.git_commit,
+        "SOURCE_URL": request.settings.source_url,
         "FLATCAR_VERSIONS": " ".join(request.aliases),
         **_optional(
-            BASE_IMAGE=request.upstream.base_image,
-            DRIVER_BASE_URL=request.upstream.driver_base_url,
-            FABRICMANAGER_BASE_URL=request.upstream.fabricmanager_base_url,
+            BASE_IMAGE=request.settings.upstream.base_image,
+            DRIVER_BASE_URL=request.settings.upstream.driver_base_url,
+            FABRICMANAGER_BASE_URL=request.settings.upstream.fabricmanager_base_url,
         ),
     }
     if not request.multi_arch:
@@ -146,15 +150,14 @@ def build_inputs(request: Request, ctx: context.Context, base: Base) -> dict[str
 
 def build_job(request: Request, ctx: context.Context, base: Base,
               references: tuple[str, ...] = ()) -> BuildJob:  # fmt: skip
-    return BuildJob(
-        context=ctx.directory,
-        dockerfile=ctx.dockerfile,
-        buildargs=build_args(request),
-        references=references or build_tags(request).references,
-        platforms=platforms(request),
-        network=request.network,
-        labels=labels(request, base, build_inputs(request, ctx, base)),
-    )
+    return _job(request, ctx, base, build_args(request), recorded=build_inputs(request, ctx, base),
+                references=references or build_tags(request).references)  # fmt: skip
+
+
+def _job(request: Request, ctx: context.Context, base: Base, args: dict[str, str], *,
+         recorded: dict[str, str], references: tuple[str, ...]) -> BuildJob:  # fmt: skip
+    return BuildJob(ctx.directory, ctx.dockerfile, args, references, platforms(request),
+                    request.settings.network, labels(request, base, recorded))  # fmt: skip
 
 
 def precompiled_args(request: Request, ctx: context.Context, build_image: str) -> dict[str, str]:
@@ -162,7 +165,7 @@ def precompiled_args(request: Request, ctx: context.Context, build_image: str) -
         "BUILD_IMAGE": build_image,
         "FLATCAR_VERSIONS": " ".join(request.carried),
         **_optional(
-            FLATCAR_RELEASE_BASE_URL=request.upstream.release_base_url,
+            FLATCAR_RELEASE_BASE_URL=request.settings.upstream.release_base_url,
             FLATCAR_KEYRING=ctx.keyring,
         ),
     }
@@ -186,15 +189,9 @@ def precompiled_job(request: Request, ctx: context.Context, base: Base,
     tags = precompiled_image_tags(request, request.flatcar.kernel_release)
     # Single-arch: only the kernel-free tag until the image says which kernel it serves.
     default = tags.references if request.multi_arch else tags.references[:1]
-    return BuildJob(
-        context=ctx.directory,
-        dockerfile=ctx.dockerfile,
-        buildargs={**precompiled_args(request, ctx, base.name), "SEED_IMAGE": seed or base.name},
-        references=references or default,
-        platforms=platforms(request),
-        network=request.network,
-        labels=labels(request, base, precompiled_inputs(request, ctx, base)),
-    )
+    args = {**precompiled_args(request, ctx, base.name), "SEED_IMAGE": seed or base.name}
+    return _job(request, ctx, base, args, recorded=precompiled_inputs(request, ctx, base),
+                references=references or default)  # fmt: skip
 
 
 def kernel_of(docker: Docker, reference: str) -> str:
@@ -212,41 +209,27 @@ def kernel_of(docker: Docker, reference: str) -> str:
     return str(kernels.pop())
 
 
-def build_images(
-    request: Request, docker: Docker, progress: Progress, *, build_image: str = ""
-) -> list[Built]:
-    """Build what request asks for; return each image with its tags (build image first).
-
-    A precompiled build on an existing build_image (a registry reference) builds only the
-    precompiled image.
-    """
+def build_images(request: Request, docker: Docker, progress: Progress) -> list[Built]:
+    """Build what request asks for; return each image with its tags (build image first)."""
+    upstream = request.settings.upstream
     with tempfile.TemporaryDirectory(prefix="gdc-context.") as scratch:
-        built = []
-        if not (build_image and request.variant is Variant.PRECOMPILED):
-            build_ctx = context.assemble(Variant.BUILD, Path(scratch) / "build")
-            base = base_of(request.upstream.base_image or default_base_image(), docker)
-            built.append(_build(docker, build_job(request, build_ctx, base), build_tags(request),
-                                progress))  # fmt: skip
-            build_image = built[0].tags.primary
+        build_ctx = context.assemble(Variant.BUILD, Path(scratch) / "build")
+        base = base_of(upstream.base_image or default_base_image(), docker)
+        built = [_build(docker, build_job(request, build_ctx, base), build_tags(request),
+                        progress)]  # fmt: skip
         if request.variant is Variant.PRECOMPILED:
-            ctx = context.assemble(
-                Variant.PRECOMPILED, Path(scratch) / "precompiled", request.upstream.keyring
-            )
-            base = _built_base(build_image, built, docker)
-            job = precompiled_job(request, ctx, base)
+            ctx = context.assemble(Variant.PRECOMPILED, Path(scratch) / "precompiled",
+                                   upstream.keyring)  # fmt: skip
+            job = precompiled_job(request, ctx, _built_base(built[0], docker))
             built.append(_build_precompiled(request, docker, job, progress))
     return built
 
 
-def _built_base(build_image: str, built: list[Built], docker: Docker) -> Base:
+def _built_base(build: Built, docker: Docker) -> Base:
     """The build image a precompiled one starts from: its ID when it was just built here."""
-    info = built[0].info if built else None
-    if info is not None:
-        return Base(build_image, info.repo_digest or info.id)
-    if docker.exists(build_image):
-        found = docker.inspect(build_image)
-        return Base(build_image, found.repo_digest or found.id)
-    return Base(build_image, "")
+    reference = build.tags.primary
+    info = build.info or (docker.inspect(reference) if docker.exists(reference) else None)
+    return Base(reference, (info.repo_digest or info.id) if info else "")
 
 
 def _build(docker: Docker, job: BuildJob, tags: ImageTags, progress: Progress) -> Built:
@@ -338,19 +321,11 @@ def report(built: list[Built], say: Callable[[str], None] = print) -> None:
 
 
 def sharing(base: ImageInfo, image: ImageInfo) -> str:
-    shared = len(_common_prefix(base.layers, image.layers))
+    pairs = zip(base.layers, image.layers, strict=False)
+    shared = len(list(takewhile(lambda pair: pair[0] == pair[1], pairs)))  # the layers in common
     added = len(image.layers) - shared
     extra = image.size - base.size
     return (
         f"shares {shared} of the build image's {len(base.layers)} layers and adds {added} "
         f"({human_size(extra)})"
     )
-
-
-def _common_prefix(first: tuple[str, ...], second: tuple[str, ...]) -> tuple[str, ...]:
-    common = []
-    for left, right in zip(first, second, strict=False):
-        if left != right:
-            break
-        common.append(left)
-    return tuple(common)

@@ -60,7 +60,6 @@ from typing import Any
 
 from gdc import releases
 from gdc.coverage import ALL, PINNED, Covered, Exclusion, LtsInfo, covered_releases
-from gdc.table import format_table
 from gdc.tags import (
     DEFAULT_IMAGE,
     ImageTags,
@@ -70,6 +69,7 @@ from gdc.tags import (
     staging_tag,
 )
 from gdc.tags import repository as join_repository
+from gdc.text import format_table
 from gdc.versions import Driver, Versions
 from nvidia_driver.errors import DriverError
 from nvidia_driver.kbuild import compat

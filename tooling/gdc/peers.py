@@ -26,10 +26,12 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from gdc import commands
 from gdc.nvidia import RecordError
-from gdc.propose import Repository, diff
+from gdc.propose import Repository, diff, proposed
+from gdc.versions_text import tables
 from nvidia_driver.atomic import write_atomically
 
 Say = Callable[[str], None]
@@ -40,7 +42,6 @@ REPOSITORIES = {"k8s.io/kubernetes": "https://github.com/kubernetes/kubernetes"}
 STAGING_PROBE = "k8s.io/client-go"  # one of k8s.io/kubernetes's published staging modules
 _TAG = re.compile(r"v?(\d+)\.(\d+)\.(\d+)(?:-([0-9A-Za-z][0-9A-Za-z.-]*))?")
 _MODULE_VERSION = re.compile(r"v(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?")
-_HEADER = re.compile(r"\s*\[(?P<key>[^\[\]]+)\]\s*(#.*)?")
 
 
 class PeerError(Exception):
@@ -71,8 +72,7 @@ class Pin:
         return "https://" + "/".join(parts[:3])
 
 
-@dataclass(frozen=True)
-class Release:
+class Release(NamedTuple):
     tag: str
     commit: str
 
@@ -168,20 +168,21 @@ def newest(pin: Pin, released: Mapping[str, str]) -> Release | None:
 # --- peers.toml as text ------------------------------------------------------------------------
 
 
-def _span(lines: list[str], table: str) -> tuple[int, int] | None:
-    """The table's lines: its header to its last line that is not a comment or blank before the
-    next header (comments just above a header belong to that header's table)."""
-    headers = [number for number, line in enumerate(lines) if _HEADER.fullmatch(line.rstrip("\n"))]
-    for index, start in enumerate(headers):
-        header = _HEADER.fullmatch(lines[start].rstrip("\n"))
-        assert header is not None
-        if ".".join(part.strip() for part in header["key"].split(".")) != table:
-            continue
-        end = headers[index + 1] if index + 1 < len(headers) else len(lines)
-        while end > start + 1 and (not lines[end - 1].strip() or lines[end - 1].startswith("#")):
-            end -= 1
-        return start, end
+def _table(text: str, table: str) -> tuple[list[str], int, int] | None:
+    """text's lines, and where the table is among them (gdc.versions_text.tables); None when
+    text has no such table."""
+    lines = text.splitlines(keepends=True)
+    for key, start, end in tables(lines):
+        if ".".join(part.strip() for part in key.split(".")) == table:
+            return lines, start, end
     return None
+
+
+def _edited(text: str, table: str) -> tuple[list[str], int, int]:
+    found = _table(text, table)
+    if found is None:
+        raise PeerError(f"peers.toml has no table [{table}]")
+    return found
 
 
 def _quote(value: str) -> str:
@@ -191,11 +192,7 @@ def _quote(value: str) -> str:
 def set_values(text: str, table: str, values: Mapping[str, str]) -> str:
     """text with the table's one-line ``key = "..."`` values set; a missing key is added before
     the table's ``version`` (tag) or after its last line."""
-    lines = text.splitlines(keepends=True)
-    span = _span(lines, table)
-    if span is None:
-        raise PeerError(f"peers.toml has no table [{table}]")
-    start, end = span
+    lines, start, end = _edited(text, table)
     for key, value in values.items():
         line = f"{key} = {_quote(value)}\n"
         at = next((n for n in range(start + 1, end)
@@ -212,11 +209,7 @@ def set_values(text: str, table: str, values: Mapping[str, str]) -> str:
 def stamp_version(text: str, table: str, tag: str) -> str:
     """The table's ldflags stamped with tag (gitVersion, gitMajor, gitMinor), as Kubernetes'
     release build stamps them."""
-    lines = text.splitlines(keepends=True)
-    span = _span(lines, table)
-    if span is None:
-        raise PeerError(f"peers.toml has no table [{table}]")
-    start, end = span
+    lines, start, end = _edited(text, table)
     major, minor = tag.removeprefix("v").split(".")[:2]
     body = "".join(lines[start:end])
     for name, value in (("gitVersion", tag), ("gitMajor", major), ("gitMinor", minor)):
@@ -226,11 +219,10 @@ def stamp_version(text: str, table: str, tag: str) -> str:
 
 def drop_table(text: str, table: str) -> str:
     """text without the table (and the blank lines after it); the same text when it has none."""
-    lines = text.splitlines(keepends=True)
-    span = _span(lines, table)
-    if span is None:
+    found = _table(text, table)
+    if found is None:
         return text
-    start, end = span
+    lines, start, end = found
     while end < len(lines) and not lines[end].strip():
         end += 1
     if end == len(lines):  # the last table: the blank lines before it go instead
@@ -259,10 +251,7 @@ def with_unserved(text: str, pin: Pin, tag: str) -> str:
 
 
 def _set_list(text: str, table: str, key: str, values: list[str]) -> str:
-    lines = text.splitlines(keepends=True)
-    span = _span(lines, table)
-    assert span is not None
-    start, end = span
+    lines, start, end = _edited(text, table)
     line = f"{key} = [{', '.join(_quote(value) for value in values)}]\n"
     at = next((n for n in range(start + 1, end) if re.match(rf"{key}\s*=", lines[n])), None)
     if at is None or not lines[at].rstrip().endswith("]"):
@@ -290,11 +279,6 @@ def staging(tag: str) -> str:
     return "v0." + tag.split(".", 1)[1]
 
 
-def _one_line(text: str) -> str:
-    """Another program's words in one line: none of its own lines reaches a log raw."""
-    return " ".join(text.split())
-
-
 # --- upstream ----------------------------------------------------------------------------------
 
 
@@ -320,8 +304,9 @@ class Upstream:
         if not isinstance(answer, dict):
             raise PeerError(f"go list -m -json {module}@{ref} exited {status}: is Go installed?")
         error = answer.get("Error")
-        if error:
-            return "", _one_line(str(error.get("Err", error) if isinstance(error, dict) else error))
+        if error:  # go's words on one line: none of its own lines reaches a log raw
+            return "", " ".join(str(error.get("Err", error) if isinstance(error, dict)
+                                    else error).split())  # fmt: skip
         return str(answer.get("Version", "")), ""
 
 
@@ -395,12 +380,7 @@ class PeerProposer:
         url = self.repository.propose(proposal.branch, base, title=proposal.title,
                                       message=proposal.why, body=self._body(proposal),
                                       change=lambda: self._change(proposal))  # fmt: skip
-        if url is None:
-            self.say(f"{name}: {tag}: already proposed (a pull request from {proposal.branch} "
-                     "exists)")  # fmt: skip
-            return
-        self.opened.append(url)
-        self.say(f"{name}: {tag}: opened {url}")
+        proposed(url, f"{name}: {tag}", proposal.branch, self.say, self.opened)
 
     def _change(self, proposal: Proposal) -> list[Path]:
         write_atomically(self.path, proposal.text, self.path.stat().st_mode & 0o777)

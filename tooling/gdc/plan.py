@@ -14,6 +14,7 @@ from functools import cached_property
 from pathlib import Path
 
 from gdc import coverage, matrix, releases
+from gdc.download import read_text
 from gdc.tags import DEFAULT_IMAGE, Variant, check_repository
 from gdc.versions import Driver, Versions, VersionsError, driver_branch
 from nvidia_driver.digests import ANY, digest_list
@@ -35,6 +36,21 @@ class Upstream:
     keyring: Path | None = None  # FLATCAR_KEYRING for a mirror's (or a test's) signatures
 
 
+@dataclass(frozen=True)
+class BuildSettings:
+    """What every build of a run shares: where its tags go, where it downloads from, and its
+    provenance (the commit, its repository's URL and time: the images' labels)."""
+
+    registry: str = ""
+    image: str = DEFAULT_IMAGE
+    prefix: str = ""
+    upstream: Upstream = field(default_factory=Upstream)
+    network: str = "host"
+    git_commit: str = "unknown"
+    source_url: str = "unknown"
+    created: str = ""  # org.opencontainers.image.created: the commit's time (RFC 3339)
+
+
 # The redist archives every image needs (nvidia_driver/sources/redist.py marks them required):
 # the fabric manager (NVSwitch systems) and NSCQ (DCGM's NVSwitch telemetry, a toolkit library).
 REQUIRED_REDIST = ("fabricmanager", "libnvidia_nscq")
@@ -51,16 +67,9 @@ class Request:
     # and those its <branch>-<kernel>-flatcar<A> tags name (gdc.matrix explains why all).
     releases: tuple[str, ...] = ()
     os_versions: tuple[str, ...] = ()
-    registry: str = ""
-    image: str = DEFAULT_IMAGE
-    prefix: str = ""
+    settings: BuildSettings = field(default_factory=BuildSettings)
     driver_sha256: str = ""  # overrides versions.toml: HEX or amd64=HEX,arm64=HEX
     redist_sha256: str = ""  # overrides versions.toml: component.arch=HEX,...
-    upstream: Upstream = field(default_factory=Upstream)
-    git_commit: str = "unknown"
-    source_url: str = "unknown"
-    network: str = "host"
-    created: str = ""  # org.opencontainers.image.created: the commit's time (RFC 3339)
 
     @property
     def carried(self) -> tuple[str, ...]:
@@ -153,13 +162,9 @@ class Options:
     driver_version: str = ""
     flatcar_version: str = ""
     arch: str = ""
-    registry: str = ""
-    image: str = DEFAULT_IMAGE
-    prefix: str = ""
+    settings: BuildSettings = field(default_factory=BuildSettings)
     releases_url: str = ""
     driver_sha256: str = ""
-    network: str = "host"
-    upstream: Upstream = field(default_factory=Upstream)
     redist_sha256: str = ""
 
 
@@ -201,9 +206,9 @@ def driver_digests(text: str) -> dict[str, str]:
 def check_options(options: Options, *, push: bool = False) -> None:
     """Everything about the options that needs no network and no Docker, checked first."""
     parse_variant(options.variant)
-    check_repository(options.registry, options.image)
+    check_repository(options.settings.registry, options.settings.image)
     driver_digests(options.driver_sha256)
-    if push and not options.registry:
+    if push and not options.settings.registry:
         raise VersionsError(
             "--push needs --registry (e.g. ghcr.io/<your owner>): without one docker would "
             "push to Docker Hub's library/"
@@ -251,10 +256,7 @@ def resolve(
     versions: Versions,
     env: Mapping[str, str],
     *,
-    reader: releases.FeedReader = releases.read_url,
-    git_commit: str = "unknown",
-    source_url: str = "unknown",
-    created: str = "",
+    reader: releases.FeedReader = read_text,
 ) -> Request:
     """The request options name; without --flatcar-version, the current stable release's
     precompiled image with every covered release of its kernel, as invoke publish builds it."""
@@ -277,22 +279,5 @@ def resolve(
                        if c.release.kernel_release == flatcar.kernel_release]  # fmt: skip
         carried = tuple(dict.fromkeys([str(flatcar.version), *same_kernel]))
         os_versions = tuple(dict.fromkeys([*aliases, *carried]))
-    return Request(
-        variant=variant,
-        driver=driver,
-        flatcar=flatcar,
-        aliases=aliases,
-        arches=arches,
-        releases=carried,
-        os_versions=os_versions,
-        registry=options.registry,
-        image=options.image,
-        prefix=options.prefix,
-        driver_sha256=options.driver_sha256,
-        redist_sha256=options.redist_sha256,
-        upstream=options.upstream,
-        git_commit=git_commit,
-        source_url=source_url,
-        network=options.network,
-        created=created,
-    )
+    return Request(variant, driver, flatcar, aliases, arches, carried, os_versions,
+                   options.settings, options.driver_sha256, options.redist_sha256)  # fmt: skip

@@ -238,6 +238,15 @@ class Repository:
             self.git("branch", "--quiet", "-D", branch)
 
 
+def proposed(url: str | None, who: str, branch: str, say: Say, opened: list[str]) -> None:
+    """What Repository.propose did: opened a pull request (its URL kept), or found one."""
+    if url is None:
+        say(f"{who}: already proposed (a pull request from {branch} exists)")
+        return
+    opened.append(url)
+    say(f"{who}: opened {url}")
+
+
 @dataclass
 class Proposer:
     path: Path  # versions.toml
@@ -313,16 +322,10 @@ class Proposer:
             write_atomically(self.path, proposal.text, self.path.stat().st_mode & 0o777)
             return [self.path]
 
-        version = proposal.record.version
-        branch = proposal.branch
-        url = repository.propose(branch, base, title=proposal.title,
+        url = repository.propose(proposal.branch, base, title=proposal.title,
                                  message=proposal.record.summary(), body=self._body(proposal),
                                  change=change)  # fmt: skip
-        if url is None:
-            self.say(f"{version}: already proposed (a pull request from {branch} exists)")
-            return
-        self.opened.append(url)
-        self.say(f"{version}: opened {url}")
+        proposed(url, proposal.record.version, proposal.branch, self.say, self.opened)
 
     def _body(self, proposal: Proposal) -> str:
         record, release = proposal.record, proposal.candidate.release

@@ -1,57 +1,30 @@
 """``invoke publish``: build what the registry lacks or what changed, for every image of the matrix.
 
-An image (:class:`gdc.matrix.Image`) has one platform per arch. Each arch is built natively on
-its own (a CI job per arch on a native runner), pushed under a staging tag
-(:meth:`~gdc.matrix.Image.staging_tag`), and the arches are then merged into one index under
-every tag of the image. Steps (``--step``): ``stage`` builds one or more arches, ``merge``
-writes the indexes, ``all`` (the default) does both, image by image.
+What a run does, for the user (steps, build inputs, reuse of packages, zstd, retries, dry runs),
+is told in docs/images.md; here, what the code keeps to. An image (:class:`gdc.matrix.Image`)
+has one platform per arch. Each arch is built natively on its own, pushed under a staging tag
+(:meth:`~gdc.matrix.Image.staging_tag`), then the arches are merged into one index under every
+tag of the image (``--step stage``, ``merge`` or ``all``, image by image).
 
-Stage, per arch: the registry's image under the staging tag is read (manifest and config), its
-platform is checked against the arch (:data:`PLATFORMS`) and its recorded build inputs
-(:mod:`gdc.inputs`) are compared with what would be built now:
-
-* no image, an image of another platform, or other inputs (the entrypoint, the patches, a
-  Dockerfile, the base image, the driver, a release to carry): **built** and pushed, saying
-  why; ``--rebuild`` forces it. The pushed image is read back and checked the same way: a build
-  that made another arch's image, or whose tag another job overwrote, fails;
-* the same inputs and platform: **skipped**.
-
-A precompiled image that is rebuilt starts from the packages of the image it replaces (the
-registry's, by digest): those built for the same kernel banner, driver and module type from the
-same sources, patches and build code are taken as they are, so an entrypoint fix or a new
-release of the same kernel compiles nothing. ``--rebuild`` compiles everything again.
-
-Merge: each arch's staged image is checked as stage checks it (platform and build inputs; a
-merge-only run reads it from the registry), and an image with one arch wrong, missing or stale
-**fails**, naming it: it is never merged nor called up to date. The index of the arches' images
-is made the same way every time, so its digest is known before it is written; every tag that
-does not point at it gets it (a manifest PUT: no blob moves), e.g. the build image's alias for
-a new Flatcar release: **tagged**. A tag is up to date only when it is that index, so a tag
-whose index lists another platform set is written again.
-
-Compression (``--compression``, zstd by default): dockerd pushes gzip layers; with zstd each
-arch image, once pushed and read back, is recompressed in the registry (:mod:`gdc.compression`),
-so the staged digest the merge lists is the zstd manifest's. A staged image that is up to date
-but still gzip (one pushed before, or a run cut short after its push) is recompressed too. The
-config, and so the build inputs compared, is the same under either compression. A precompiled
-image builds FROM its build image's staging tag and pulls the image it replaces, so with zstd
-the dockerd must pull zstd (Docker Engine >= 23): ``invoke publish`` checks that first.
-
-Retries: the run gets :data:`RETRY_BUDGET_SECONDS` of waiting on 429 and 5xx answers
-(``--retry-budget``), in all; past it each image that meets one fails, saying the registry
-rate-limits, and the run's last line says what was waited.
-
-An up-to-date staged image whose gzip layers cannot be recompressed because they are not what
+Stage, per arch: the registry's image under the staging tag is read (manifest and config); it is
+**built** and pushed, saying why, when there is none, when it is of another platform
+(:data:`PLATFORMS`) or when its recorded build inputs (:mod:`gdc.inputs`) differ from what would
+be built now (``--rebuild``: always), and **skipped** otherwise. A pushed image is read back
+and checked the same way: a build that made another arch's image, or whose tag another job
+overwrote, fails. With zstd, each arch image is then recompressed in the registry
+(:mod:`gdc.compression`), as is an up-to-date one still gzip; one whose gzip layers are not what
 its config says (:class:`~gdc.compression.DamagedImageError`) is built again, in that run.
 
-A dry run builds, pushes and tags nothing and asks no dockerd: it needs the registry and the
-feed only. A base image not pinned by digest then has no digest to compare; each build image
-says so, and would be built.
+Merge: each arch's staged image is checked as stage checks it (a merge-only run reads it from
+the registry); an image with one arch wrong, missing or stale **fails**, naming it, and is never
+merged nor called up to date. The index is made the same way every time, so its digest is known
+before it is written, and a tag is up to date only when it is that index: every other tag gets
+it (a manifest PUT, no blob moves): **tagged**.
 
 Build images go first. A precompiled image starts from its build image's staging tag and fails,
 saying so, only when that build *failed* (a failed tag does not block it). Everything else is
-independent: a failure is recorded and the run goes on. Nothing is remembered between runs, so
-a run cut short is completed by the next.
+independent: a failure is recorded and the run goes on. Nothing is remembered between runs, so a
+run cut short is completed by the next.
 """
 
 from __future__ import annotations
@@ -75,8 +48,8 @@ from gdc.compression import (
 from gdc.images import Base
 from gdc.matrix import Exclusion, Image, Matrix
 from gdc.registry import Registry, Repository, RetryBudget
-from gdc.table import format_table
 from gdc.tags import Variant
+from gdc.text import counts, first_line, format_table
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats.oci import (
     DOCKER_LIST,
@@ -148,14 +121,8 @@ class Outcome:
     image: Image
     status: Status
     detail: str
-    digest: str = ""
     planned: bool = False  # a dry run's step: nothing was done
     seconds: float = 0.0
-
-
-def _one_line(error: Exception) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def _platform(found: dict[str, str]) -> str:
@@ -283,7 +250,7 @@ class Publisher:
             try:
                 self.staged[(image.id, arch)] = self._up_to_date(image, arch, found[0])  # type: ignore[index]
             except DamagedImageError as exc:  # only a build mends it
-                wrong = f"its gzip layers could not be recompressed ({_one_line(exc)})"
+                wrong = f"its gzip layers could not be recompressed ({first_line(exc)})"
                 reasons = [wrong]
             else:
                 return Status.SKIPPED, f"{arch}: up to date"
@@ -364,8 +331,8 @@ class Publisher:
                 descriptors.append(self._staged(image, arch))
             except BuildError as exc:
                 if image.variant is Variant.BUILD:
-                    self.failed_builds[(image.driver.version, arch)] = _one_line(exc)
-                return Status.FAILED, _one_line(exc)
+                    self.failed_builds[(image.driver.version, arch)] = first_line(exc)
+                return Status.FAILED, first_line(exc)
         index = index_for(descriptors)
         name = self.repository.name
         stale = [tag for tag in image.tags.tags if self.registry.digest(name, tag) != index.digest]
@@ -387,9 +354,9 @@ class Publisher:
                     status, why = self.stage(image, arch)
                 except (BuildError, DriverError) as exc:
                     failed = True
-                    details.append(f"{arch}: {_one_line(exc)}")
+                    details.append(f"{arch}: {first_line(exc)}")
                     if image.variant is Variant.BUILD:
-                        self.failed_builds[(image.driver.version, arch)] = _one_line(exc)
+                        self.failed_builds[(image.driver.version, arch)] = first_line(exc)
                     continue
                 built = built or status is Status.BUILT
                 if status is Status.BUILT:
@@ -401,7 +368,7 @@ class Publisher:
             try:
                 merged, why = self.merge(image)
             except (BuildError, DriverError) as exc:
-                merged, why = Status.FAILED, _one_line(exc)
+                merged, why = Status.FAILED, first_line(exc)
             if merged is not Status.SKIPPED or not details:
                 details.append(why)
         status = (Status.FAILED if failed or merged is Status.FAILED else Status.BUILT if built
@@ -481,14 +448,9 @@ def summary(
                      seconds, detail))  # fmt: skip
     rows += [(Status.EXCLUDED.value, f"{x.variant} {x.driver} for Flatcar {x.flatcar}", x.arch,
               "-", "-", x.reason) for x in excluded]  # fmt: skip
-    counts: dict[str, int] = {}
-    for row in rows:
-        counts[row[0]] = counts.get(row[0], 0) + 1
-    total = ", ".join(f"{status} {count}" for status, count in counts.items())
-    header = f"Summary for {repository}:\n"
     table = format_table(("STATUS", "IMAGE", "ARCHES", "TAG", "TIME", "DETAIL"), rows)
     noted = "".join(f"note: {note}\n" for note in notes)
-    return f"{header}{table}{noted}{total or 'nothing to publish'}\n"
+    return f"Summary for {repository}:\n{table}{noted}{counts(rows) or 'nothing to publish'}\n"
 
 
 def failures(outcomes: Iterable[Outcome]) -> list[Outcome]:

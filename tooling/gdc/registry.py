@@ -9,17 +9,13 @@ the answer stands, and a 429, the registry's or its token service's, is reported
 limit, never as a credentials problem.
 
 Every answer is read as sent (``Accept-Encoding: identity``) and within a byte bound, then
-checked as the reboot gate checks it (:mod:`nvidia_driver.formats.oci`, the one reader of a
-registry's answers): a manifest's and a config blob's digest, media type and shape, a reference
-or digest before it becomes part of a URL, redirects followed only to https (or within a
-loopback registry), with no credentials but to the registry itself. Failures are DriverErrors.
+checked as the reboot gate checks it, by :mod:`nvidia_driver.formats.oci` (its docstring says
+what: digests, media types and shapes, references, redirects, token realms). Failures are
+DriverErrors.
 
 On a 401 the client follows the ``WWW-Authenticate`` challenge: for ``Bearer`` (ghcr.io, Docker
 Hub, registry:2 with token auth) it asks the realm for a token for the challenge's service and
-scope, for ``Basic`` it sends the credentials. The realm must be https (plain http only when it
-and the registry are on the loopback), and it is sent credentials only on the registry's own
-host or a host ``REGISTRY_TOKEN_HOSTS`` names (:func:`~nvidia_driver.formats.oci.check_realm`).
-Credentials, first found wins:
+scope, for ``Basic`` it sends the credentials. Credentials, first found wins:
 
 1. ``REGISTRY_USERNAME`` and ``REGISTRY_PASSWORD``;
 2. the registry's entry in the docker config (``$DOCKER_CONFIG/config.json`` or
@@ -45,8 +41,8 @@ import math
 import re
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping
-from contextlib import closing
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +50,7 @@ from typing import Any
 import requests
 import urllib3.exceptions
 
+from gdc.text import first_line
 from gdc.transport import Limits, deadline_session
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats.oci import (
@@ -170,7 +167,7 @@ def _docker_config_auth(host: str, config: Path) -> Credentials | None:
     return credentials_from_docker_config(document).get(host)
 
 
-def full_disk(error: BaseException, path: Path) -> DriverError | None:
+def full_disk(error: BaseException | None, path: Path) -> DriverError | None:
     """The one line for a write to path that failed for want of space, else None."""
     if not isinstance(error, OSError) or error.errno not in {errno.ENOSPC, errno.EDQUOT}:
         return None
@@ -185,7 +182,7 @@ def _one_line(text: str) -> str:
 
 
 def _first_line(error: Exception) -> str:
-    return _one_line(str(error).splitlines()[0]) if str(error).strip() else type(error).__name__
+    return _one_line(first_line(error))
 
 
 class Registry:
@@ -223,12 +220,8 @@ class Registry:
 
     def digest(self, name: str, reference: str) -> str | None:
         """The manifest digest of name:reference (its bytes'), or None when there is no such tag."""
-        found = self.find(name, reference)
+        found = self._manifest_of(name, reference, missing_ok=True)
         return found.digest if found else None
-
-    def find(self, name: str, reference: str) -> Manifest | None:
-        """name:reference's manifest, checked (module docstring), or None when there is none."""
-        return self._manifest_of(name, reference, missing_ok=True)
 
     def manifest(self, name: str, reference: str) -> Manifest:
         manifest = self._manifest_of(name, reference, missing_ok=False)
@@ -286,19 +279,16 @@ class Registry:
             self._check(response, "GET", name, digest)
             hasher, count = hashlib.sha256(), 0
             try:
-                with destination.open("wb") as out:
+                with self._reading(f"blob {digest} of {name}"), destination.open("wb") as out:
                     for chunk in response.raw.stream(CHUNK_BYTES, decode_content=False):
                         count += len(chunk)
                         if count > size:
                             break
                         hasher.update(chunk)
                         out.write(chunk)
-            except (requests.RequestException, urllib3.exceptions.HTTPError, ExchangeError,
-                    OSError) as exc:  # fmt: skip
+            except DriverError as broke:
                 destination.unlink(missing_ok=True)
-                broke = DriverError(f"the registry {self.host} broke off blob {digest} of "
-                                    f"{name} ({_first_line(exc)}): retry")  # fmt: skip
-                raise full_disk(exc, destination) or broke from None
+                raise full_disk(broke.__cause__, destination) or broke from None
         found = "sha256:" + hasher.hexdigest()
         if count != size or found != digest:
             destination.unlink(missing_ok=True)
@@ -347,22 +337,27 @@ class Registry:
 
     def _body(self, response: requests.Response, limit: int, what: str) -> bytes:
         """response's body as sent, at most limit bytes; the response is closed."""
-        with closing(response):
+        with closing(response), self._reading(what):
             check_identity(response.headers.get("Content-Encoding", ""),
                            f"the registry {self.host} sent {what}")  # fmt: skip
             chunks, count = [], 0
-            try:
-                for chunk in response.raw.stream(CHUNK_BYTES, decode_content=False):
-                    count += len(chunk)
-                    if count > limit:
-                        raise DriverError(f"the registry {self.host} sent more than {limit} "
-                                          f"bytes for {what}: refused")  # fmt: skip
-                    chunks.append(chunk)
-            except (requests.RequestException, urllib3.exceptions.HTTPError, ExchangeError,
-                    OSError) as exc:  # fmt: skip
-                raise DriverError(f"the registry {self.host} broke off {what} "
-                                  f"({_first_line(exc)}): retry") from None  # fmt: skip
+            for chunk in response.raw.stream(CHUNK_BYTES, decode_content=False):
+                count += len(chunk)
+                if count > limit:
+                    raise DriverError(f"the registry {self.host} sent more than {limit} bytes "
+                                      f"for {what}: refused")  # fmt: skip
+                chunks.append(chunk)
         return b"".join(chunks)
+
+    @contextmanager
+    def _reading(self, what: str) -> Iterator[None]:
+        """A transfer (or a write of it) that breaks off as one DriverError; its cause kept."""
+        try:
+            yield
+        except (requests.RequestException, urllib3.exceptions.HTTPError, ExchangeError,
+                OSError) as exc:  # fmt: skip
+            raise DriverError(f"the registry {self.host} broke off {what} ({_first_line(exc)}): "
+                              "retry") from exc  # fmt: skip
 
     # --- transport and auth ----------------------------------------------------------------
 

@@ -16,22 +16,12 @@ __all__ = ["FeedReader", "ReleaseError", "current_stable", "find_release", "load
 FeedReader = Callable[[str], str]
 
 
-def read_url(url: str) -> str:
-    """The text at url, within the download limits (gdc.download)."""
-    return read_text(url)
-
-
 def feed_url(env: Mapping[str, str], override: str = "") -> str:
     """--releases-url, else $FLATCAR_RELEASES_URL, else Flatcar's own feed."""
     return override or releases_url_from_env(env)
 
 
-def lts_info_url(env: Mapping[str, str], override: str = "") -> str:
-    """--lts-info-url, else $FLATCAR_LTS_INFO_URL, else Flatcar's own."""
-    return override or env.get(LTS_INFO_URL_ENV) or LTS_INFO_URL
-
-
-def load_feed(url: str, reader: FeedReader = read_url) -> str:
+def load_feed(url: str, reader: FeedReader = read_text) -> str:
     try:
         return reader(url)
     except (DownloadError, OSError) as exc:
@@ -41,11 +31,12 @@ def load_feed(url: str, reader: FeedReader = read_url) -> str:
         ) from None
 
 
-def lts_info(env: Mapping[str, str], reader: FeedReader = read_url, override: str = "") -> (
+def lts_info(env: Mapping[str, str], reader: FeedReader = read_text, override: str = "") -> (
     LtsInfo
 ):  # fmt: skip
-    """lts-info, or why it could not be read (the matrix then judges LTS streams by age)."""
-    url = lts_info_url(env, override)
+    """lts-info (--lts-info-url, else $FLATCAR_LTS_INFO_URL, else Flatcar's own), or why it could
+    not be read (the matrix then judges LTS streams by age)."""
+    url = override or env.get(LTS_INFO_URL_ENV) or LTS_INFO_URL
     try:
         return LtsInfo(parse_lts_info(reader(url)))
     except (DownloadError, OSError, ReleaseError) as exc:

@@ -37,7 +37,7 @@ from gdc import commands
 from gdc.commands import Runner
 from gdc.matrix import Matrix
 from gdc.registry import Registry, Repository
-from gdc.table import format_table
+from gdc.text import counts, format_table
 from nvidia_driver.digests import SHA256_HEX
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats.oci import plain_http
@@ -206,11 +206,6 @@ def sign_images(
 
 
 def summary(results: Iterable[Signed], repository: Repository) -> str:
-    results = list(results)
     rows = [(r.status.value, r.tag, r.digest[:19] or "-", r.detail) for r in results]
-    counts: dict[str, int] = {}
-    for row in rows:
-        counts[row[0]] = counts.get(row[0], 0) + 1
-    total = ", ".join(f"{status} {count}" for status, count in counts.items())
     table = format_table(("STATUS", "TAG", "DIGEST", "DETAIL"), rows)
-    return f"Signatures in {repository}:\n{table}{total or 'nothing published yet'}\n"
+    return f"Signatures in {repository}:\n{table}{counts(rows) or 'nothing published yet'}\n"

@@ -90,16 +90,12 @@ class _Budgeted(HTTPConnection):
         return response
 
 
-class _HTTP(_Budgeted):
-    pass
-
-
 class _HTTPS(_Budgeted, HTTPSConnection):
     pass
 
 
 class _HTTPPool(HTTPConnectionPool):
-    ConnectionCls = _HTTP
+    ConnectionCls = _Budgeted
 
 
 class _HTTPSPool(HTTPSConnectionPool):

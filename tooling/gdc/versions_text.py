@@ -1,9 +1,10 @@
 """versions.toml edited as text: one driver's entry replaced or added, everything else kept.
 
-A driver's entry is its tables, ``[drivers."<version>"]`` and ``[drivers."<version>".<sub>]``
-(the ``redist`` table), which must follow each other: from the first header to the last line
-before the next table that is not a comment or blank (comments just above a header belong to
-that header's table). Lines outside the entry, comments included, are kept byte for byte.
+A table's lines run from its header to the last line before the next header that is not a
+comment or blank (comments just above a header belong to that header's table): :func:`tables`,
+which gdc.peers edits peers.toml by too. A driver's entry is its tables, ``[drivers."<version>"]``
+and ``[drivers."<version>".<sub>]`` (the ``redist`` table), which must follow each other. Lines
+outside the entry, comments included, are kept byte for byte.
 """
 
 from __future__ import annotations
@@ -25,33 +26,38 @@ class _Span:
     end: int  # index after its last line
 
 
+def tables(lines: list[str]) -> list[tuple[str, int, int]]:
+    """Each table's key as its header spells it, its header's index and the index after its
+    last line (module docstring), in file order."""
+    headers = [(number, header["key"]) for number, line in enumerate(lines)
+               if (header := _HEADER.fullmatch(line.rstrip("\n")))]  # fmt: skip
+    found = []
+    for index, (start, key) in enumerate(headers):
+        end = headers[index + 1][0] if index + 1 < len(headers) else len(lines)
+        while end > start + 1 and (not lines[end - 1].strip()
+                                   or lines[end - 1].lstrip().startswith("#")):  # fmt: skip
+            end -= 1
+        found.append((key, start, end))
+    return found
+
+
 def _spans(lines: list[str]) -> list[_Span]:
     """Each driver's entry, in file order; refused when a driver's tables are apart."""
-    headers: list[tuple[int, str | None]] = []  # (line, driver version or None)
-    for number, line in enumerate(lines):
-        header = _HEADER.fullmatch(line.rstrip("\n"))
-        if header is None:
-            continue
-        table = _DRIVER_TABLE.fullmatch(header["key"])
-        headers.append((number, None if table is None else (table["q"] or table["l"] or "")))
     spans: list[_Span] = []
-    for index, (start, version) in enumerate(headers):
-        end = headers[index + 1][0] if index + 1 < len(headers) else len(lines)
-        while end > start + 1 and (
-            not lines[end - 1].strip() or lines[end - 1].lstrip().startswith("#")
-        ):
-            end -= 1
-        if version is None:
-            continue
-        if spans and spans[-1].version == version and headers[index - 1][1] == version:
+    before: str | None = None  # the driver of the table before, if it is a driver's
+    for key, start, end in tables(lines):
+        table = _DRIVER_TABLE.fullmatch(key)
+        version = None if table is None else (table["q"] or table["l"] or "")
+        if version is not None and version == before:
             spans[-1] = _Span(version, spans[-1].start, end)
-        elif any(span.version == version for span in spans):
+        elif version is not None and any(span.version == version for span in spans):
             raise RecordError(
                 f"versions.toml: the tables of driver {version} are not together: move its "
                 f'[drivers."{version}".redist] right after [drivers."{version}"]'
             )
-        else:
+        elif version is not None:
             spans.append(_Span(version, start, end))
+        before = version
     return spans
 
 
