@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
+
+from tools import python_m
 
 from gdc import compilers
 
@@ -41,15 +41,10 @@ def test_the_build_image_installs_one_gcc_per_line_and_no_other() -> None:
 
 
 def test_the_command_prints_the_table() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "gdc.compilers", "--markdown"],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=ROOT,
-        env={"PYTHONPATH": str(ROOT / "tooling")},
+    output = python_m(
+        "gdc.compilers", "--markdown", cwd=ROOT, env={"PYTHONPATH": str(ROOT / "tooling")}
     )
-    assert result.stdout == compilers.markdown()
+    assert output == compilers.markdown()
     plain = compilers.text()
     assert "`" not in plain
     assert all(f"gcc-{major}" in plain for major in compilers.majors())
