@@ -31,7 +31,6 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from types import TracebackType
 from typing import IO, Protocol, Self
 
 from nvidia_driver import limits
@@ -340,7 +339,8 @@ class TarStream:
         self._data = data  # what tarfile reads, if bounded
 
     @classmethod
-    def open(cls, stream: IO[bytes], limit: int, budget: Budget, *, gzip: bool) -> Self:
+    @contextmanager
+    def open(cls, stream: IO[bytes], limit: int, budget: Budget, *, gzip: bool) -> Iterator[Self]:
         """The tar stream in stream, at most limit bytes of it (inflated with gzip): bounded."""
         data = _Decompressed(stream, limit, gzip=gzip)
         try:  # tarfile reads the first member here
@@ -351,18 +351,8 @@ class TarStream:
             raise TarError(f"not a tar archive ({exc})") from exc
         except _READ_FAILURES as exc:
             raise _failure(exc) from exc
-        return cls(archive, budget, data)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self._archive.close()
+        with archive:
+            yield cls(archive, budget, data)
 
     def members(self) -> Iterator[tarfile.TarInfo]:
         """Each member, its size and time checked; its data is read (write) before the next."""
