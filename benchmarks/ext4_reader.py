@@ -10,21 +10,18 @@ extracted tree holds the source's files, contents and links. Needs e2fsprogs; no
 
 from __future__ import annotations
 
-import argparse
-import hashlib
 import os
 import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from contextlib import redirect_stdout
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "entrypoint" / "src"))
 
-from record import Report, add_record_option
+from readers import digests, measuring, options
 
 from nvidia_driver.commands import Commands
 from nvidia_driver.kbuild import devcontainer
@@ -36,18 +33,6 @@ OFFSET = 2 << 20  # where partition 9 starts in Flatcar's developer container
 def tree_bytes(top: Path) -> int:
     """Bytes the files under top take on disk (holes take none)."""
     return sum(path.lstat().st_blocks * 512 for path in top.rglob("*"))
-
-
-def digests(top: Path) -> dict[str, str]:
-    """Each regular file's SHA-256 and each link's target, by path under top."""
-    found = {}
-    for path in sorted(top.rglob("*")):
-        name = str(path.relative_to(top))
-        if path.is_symlink():
-            found[name] = f"-> {path.readlink()}"
-        elif path.is_file():
-            found[name] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return found
 
 
 def make_disk(source: Path, disk: Path) -> devcontainer.Partition:
@@ -71,19 +56,10 @@ def extract(disk: Path, partition: devcontainer.Partition, out: Path) -> float:
 
 
 def main() -> int:
-    options = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    options.add_argument("--source", type=Path, default=Path("/usr/include"))
-    options.add_argument("--runs", type=int, default=3)
-    add_record_option(options)
-    args = options.parse_args()
-    if shutil.which("debugfs") is None or shutil.which("mkfs.ext4") is None:
-        print("needs e2fsprogs (debugfs, mkfs.ext4) on PATH", file=sys.stderr)
-        return 1
-    with (
-        Report("ext4_reader", record=args.record),
-        tempfile.TemporaryDirectory(prefix="ext4-bench.", dir="/var/tmp") as name,
-    ):
-        scratch = Path(name)
+    parser = options(__doc__, runs=3)
+    parser.add_argument("--source", type=Path, default=Path("/usr/include"))
+    args = parser.parse_args()
+    with measuring("ext4_reader", args, ("debugfs", "mkfs.ext4")) as scratch:
         disk = scratch / "disk.bin"
         partition = make_disk(args.source, disk)
         files = sum(1 for path in args.source.rglob("*") if path.is_file())

@@ -1,46 +1,42 @@
-"""The project's tar reader (formats/tar.py) beside the stdlib's tarfile in stream mode.
+"""The project's tar reader (formats/tar.py: tarfile, bounded) beside plain tarfile.
 
 Usage: python benchmarks/tar_reader.py [--runs N] [--record]
 Builds two archives from trees on this machine, in the layouts the extraction reads, and
-extracts each with both readers through the same checks and TreeWriter; prints the median
-times, the ratio tarfile / formats.tar, and whether both wrote the same files and contents.
+extracts each as the entrypoint does, through the same member checks and TreeWriter, with two
+readers: formats.tar as the entrypoint opens it (tarfile ``r|`` over formats.tar's own bounded
+decompressed stream, its extended headers bounded), and plain tarfile with none of its bounds
+(``r|gz``, tarfile inflating, or ``r|``). Prints the median times, the ratio formats.tar /
+plain tarfile (what the bounds cost), and whether both wrote the same files and contents.
 
 - A Flatcar container tarball: a root file system, ``tar -czf`` of it, gzip at its default
   level, members named ``./usr/...`` (tests/integration/fixtures/container_tarball.py, whose
   docstring gives the real one's layout: about 377 MiB). Here /usr/share is the root's bulk,
   /usr/include the kernel's build tree and /usr/lib/x86_64-linux-gnu Gentoo's /usr/lib64.
-  kbuild/container.py writes only the build tree and the libraries and skips the rest. Three
-  readers run it: formats.tar (the code today, inflating on a thread of its own); tarfile
-  ``r|gz``; and tarfile ``r|`` reading tar.Inflated's thread (the inflating kept, the parser
-  dropped).
+  kbuild/container.py writes only the build tree and the libraries and skips the rest.
 - A .run payload: a GNU tar of a driver-like tree, ``./``-prefixed names, owned by root,
   compressed by ``zstd -T2`` (tests/integration/fixtures/runfile.py's write_tar and
   COMPRESSORS; docs/nvidia-run-format.md section 2: zstd since 530.30.02, 1,189 members and
   1.8 GB uncompressed in 610.57.04). Here /usr/lib/python3.11 and /usr/lib/x86_64-linux-gnu.
-  image/runfile.py reads it today with tarfile ``r|`` from the ``zstd -d`` pipe, writing every
-  member; formats.tar reads the same pipe, which a thread hands over as Inflated would.
+  image/runfile.py reads it from the ``zstd -d`` pipe and writes every member.
 Needs GNU tar and zstd; no root, no network.
 """
 
 from __future__ import annotations
 
-import argparse
-import hashlib
 import shutil
 import statistics
 import subprocess
 import sys
 import tarfile
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, BinaryIO, Literal, cast
+from typing import IO, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "entrypoint" / "src"))
 
-from record import Report, add_record_option
+from readers import digests, measuring, options
 
 from nvidia_driver import limits
 from nvidia_driver.formats import output, tar
@@ -58,7 +54,7 @@ RUN_TREES = (
     ("usr/lib/python3.11", "kernel/python3.11"),
     ("usr/lib/x86_64-linux-gnu", "lib"),
 )
-GOAL = 1.2  # issue 38: tarfile replaces formats/tar.py's parser if within this of it
+Reader = Callable[[Path, Path], None]  # (archive, output directory)
 
 
 def absolute_links(trees: tuple[tuple[str, str], ...]) -> list[str]:
@@ -90,95 +86,32 @@ def make_archive(
     return listing.count(b"\n")
 
 
-def digests(top: Path) -> dict[str, str]:
-    """Each regular file's SHA-256 and each link's target, by path under top."""
-    found = {}
-    for path in sorted(top.rglob("*")):
-        name = str(path.relative_to(top))
-        if path.is_symlink():
-            found[name] = f"-> {path.readlink()}"
-        elif path.is_file():
-            with path.open("rb") as data:
-                found[name] = hashlib.file_digest(data, "sha256").hexdigest()
-    return found
-
-
-# --- the container tarball: kbuild/container.py's extraction, fed by each reader ------------
-
-
-class _TarfileData:
-    """What _ContainerExtraction reads a member's bytes from (write_to), over tarfile."""
-
-    def __init__(self, archive: tarfile.TarFile) -> None:
-        self.archive = archive
-        self.member: tarfile.TarInfo | None = None
-
-    def write_to(self, fd: int, size: int) -> None:
-        assert self.member is not None
-        data = self.archive.extractfile(self.member)
-        assert data is not None
-        while size > 0 and (chunk := data.read(min(size, tar.CHUNK))):
-            output.write_all(fd, chunk)
-            size -= len(chunk)
-
-
-def _as_member(info: tarfile.TarInfo) -> tar.Member:
-    kind = tarfile.REGTYPE if info.isreg() else info.type  # tarfile's regular types are tar's
-    return tar.Member(info.name, kind, info.size, info.mode, info.mtime, info.linkname,
-                      info.issparse())  # fmt: skip
-
-
-def _container_roots(out: Path) -> tuple[Path, Path]:
-    (out / "tree").mkdir()
-    (out / "lib").mkdir()
-    return out / "tree", out / "lib"
-
-
-def _container_with_tarfile(stream: IO[bytes], out: Path, mode: Literal["r|gz", "r|"]) -> None:
-    _container_roots(out)
-    tree, libraries = output.TreeWriter(out / "tree", "x"), output.TreeWriter(out / "lib", "x")
-    with tarfile.open(fileobj=stream, mode=mode) as archive:
-        data = _TarfileData(archive)
-        # The code measured is container.py's own; data stands in for tar.Inflated.
-        extraction = container._ContainerExtraction(data, tree, libraries, None)  # type: ignore[arg-type]  # noqa: SLF001
-        for info in archive:
-            data.member = info
-            extraction.member(_as_member(info))
-    extraction.refuse_escaping_links()
+# --- the container tarball: kbuild/container.py's extraction ---------------------------------
 
 
 def container_formats_tar(archive: Path, out: Path) -> None:
+    (out / "tree").mkdir()
+    (out / "lib").mkdir()
     with archive.open("rb") as stream:
-        roots = _container_roots(out)
-        extraction = container._read_container_archive(stream, *roots, None)  # noqa: SLF001
+        extraction = container._read_container_archive(stream, out / "tree", out / "lib", None)  # noqa: SLF001
     extraction.refuse_escaping_links()
 
 
 def container_tarfile(archive: Path, out: Path) -> None:
-    with archive.open("rb") as stream:
-        _container_with_tarfile(stream, out, "r|gz")
-
-
-def container_tarfile_threaded(archive: Path, out: Path) -> None:
-    with archive.open("rb") as stream:
-        inflated = tar.Inflated(stream, limits.CONTAINER_INFLATED)
-        try:
-            _container_with_tarfile(inflated, out, "r|")  # type: ignore[arg-type]
-        finally:
-            inflated.close()
+    (out / "tree").mkdir()
+    (out / "lib").mkdir()
+    tree, libraries = output.TreeWriter(out / "tree", "x"), output.TreeWriter(out / "lib", "x")
+    budget = tar.Budget(limits.CONTAINER_ENTRIES, limits.CONTAINER_WRITTEN, limits.CONTAINER_MEMBER)
+    with archive.open("rb") as stream, tarfile.open(fileobj=stream, mode="r|gz") as plain:
+        reader = tar.TarStream(plain, budget)
+        # The code measured is container.py's own, fed by plain tarfile.
+        extraction = container._ContainerExtraction(reader, tree, libraries, None)  # noqa: SLF001
+        for member in reader.members():
+            extraction.member(member)
+    extraction.refuse_escaping_links()
 
 
 # --- the .run payload: every member written, as image/runfile.py writes it ------------------
-
-
-class _Piped(tar.Inflated):
-    """Inflated's reading thread, handing over bytes already decompressed (the zstd pipe)."""
-
-    def _inflate(self) -> None:
-        while chunk := self._stream.read(tar.CHUNK):
-            if not self._put(chunk):
-                return
-        self._put(None)
 
 
 @contextmanager
@@ -193,51 +126,50 @@ def _zstd_pipe(archive: Path) -> Iterator[IO[bytes]]:
             raise RuntimeError("zstd failed")
 
 
-def run_tarfile(archive: Path, out: Path) -> None:
+def run_formats_tar(archive: Path, out: Path) -> None:
     with _zstd_pipe(archive) as pipe:
         runfile._untar(pipe, out)  # noqa: SLF001 - the code measured
 
 
-def run_formats_tar(archive: Path, out: Path) -> None:
+def run_tarfile(archive: Path, out: Path) -> None:
     writer = output.TreeWriter(out, "x")
     budget = tar.Budget(limits.RUN_ENTRIES, limits.RUN_WRITTEN, limits.RUN_MEMBER)
-    with _zstd_pipe(archive) as pipe:
-        data = _Piped(cast("BinaryIO", pipe), limits.RUN_INFLATED)
-        try:
-            for member in tar.members(data):
-                _run_member(data, member, writer, budget)
-        finally:
-            data.close()
+    with _zstd_pipe(archive) as pipe, tarfile.open(fileobj=pipe, mode="r|") as plain:
+        reader = tar.TarStream(plain, budget)
+        for member in reader.members():
+            runfile._unpack(reader, member, writer)  # noqa: SLF001 - runfile.py's own
     tar.refuse_escaping_links(writer)
-
-
-def _run_member(
-    data: tar.Inflated, member: tar.Member, writer: output.TreeWriter, budget: tar.Budget
-) -> None:
-    """What runfile._unpack does with a tarfile member, with a formats.tar one."""
-    rel = tar.member_path(member.name)
-    budget.take(member.name, member.size if member.kind in tar.REGULAR else None)
-    if member.kind == tar.DIRECTORY:
-        writer.directory(rel)
-    elif member.kind in (tar.SYMLINK, tar.HARDLINK) and member.linkname.startswith("/"):
-        raise tar.UnsafeMemberError(f"a link to an absolute path ({member.name})")
-    elif member.kind == tar.SYMLINK:
-        writer.symlink(rel, tar.symlink_target(rel, member.name, member.linkname), member.mtime)
-    elif member.kind == tar.HARDLINK:
-        writer.hardlink(rel, writer.path(tar.member_path(member.linkname)))
-    elif member.kind in tar.REGULAR:
-        size = member.size
-        mode = runfile._data_mode(member.mode)  # noqa: SLF001 - as runfile.py writes it
-        writer.file(rel, mode, member.mtime, lambda fd: data.write_to(fd, size))
-    else:
-        raise tar.UnsafeMemberError(f"a special file ({member.name})")
 
 
 # --- measuring ------------------------------------------------------------------------------
 
 
+class Archive(NamedTuple):
+    what: str  # what it stands for
+    trees: tuple[tuple[str, str], ...]
+    compressor: list[str]
+    excludes: Callable[[tuple[tuple[str, str], ...]], list[str]]
+    extraction: str  # what extracts it, and what it writes
+    readers: list[tuple[str, Reader]]  # plain tarfile first: the ratios are to it
+
+
+ARCHIVES = (
+    Archive(
+        "container tarball", CONTAINER_TREES, ["gzip", "-c"], lambda _: [],
+        "kbuild/container.py's extraction (build tree and libraries written, rest skipped):",
+        [("tarfile r|gz", container_tarfile),
+         ("formats.tar (r| over its gzip reader)", container_formats_tar)],
+    ),
+    Archive(
+        ".run payload", RUN_TREES, ["zstd", "-q", "-T2", "-c"], absolute_links,
+        "image/runfile.py's extraction (every member written), from the zstd -d pipe:",
+        [("tarfile r|", run_tarfile), ("formats.tar (r| over its bound)", run_formats_tar)],
+    ),
+)  # fmt: skip
+
+
 def median_seconds(
-    readers: list[tuple[str, Callable[[Path, Path], None]]], archive: Path, scratch: Path, runs: int
+    readers: list[tuple[str, Reader]], archive: Path, scratch: Path, runs: int
 ) -> list[tuple[str, float, Path]]:
     """Each reader's median time and its last output; the readers take turns, run by run, so
     that a change in the machine's load falls on all of them."""
@@ -255,74 +187,38 @@ def median_seconds(
     return [(label, statistics.median(samples[label]), outs[label]) for label, _ in readers]
 
 
-def compare(
-    title: str,
-    archive: Path,
-    readers: list[tuple[str, Callable[[Path, Path], None]]],
-    scratch: Path,
-    runs: int,
-) -> dict[str, float]:
-    """Print each reader's median and its ratio to the first's; the ratios, by reader."""
-    print(title)
-    results = median_seconds(readers, archive, scratch, runs)
-    base_seconds, base_out = results[0][1], results[0][2]
+def compare(archive: Archive, scratch: Path, runs: int) -> list[str]:
+    """Make the archive, print each reader's median and its ratio to the first's; the ratios,
+    said in a line each."""
+    path = scratch / archive.what.replace(" ", "-")
+    members = make_archive(archive.trees, archive.compressor, path, archive.excludes(archive.trees))
+    sources = ", ".join(f"/{source}" for source, _ in archive.trees)
+    print(f"{archive.what}: {path.stat().st_size / 2**20:.0f} MiB {archive.compressor[0]}, "
+          f"{members} members ({sources})")  # fmt: skip
+    print(archive.extraction)
+    results = median_seconds(archive.readers, path, scratch, runs)
+    base_label, base_seconds, base_out = results[0]
     base = digests(base_out)
-    ratios = {}
+    said = []
     for label, seconds, out in results:
         same = "" if out == base_out else f", same files: {'yes' if digests(out) == base else 'no'}"
-        ratio = ratios[label] = seconds / base_seconds
-        print(f"  {label:<34} {seconds:6.2f} s  ratio {ratio:4.2f}{same}")
+        ratio = seconds / base_seconds
+        print(f"  {label:<38} {seconds:6.2f} s  ratio {ratio:4.2f}{same}")
+        if out != base_out:
+            said.append(f"  {archive.what}, {label} / {base_label}: {ratio:.2f}")
     for _, _, out in results:
         shutil.rmtree(out)
     print(f"  written: {len(base)} files and links")
-    del ratios[results[0][0]]
-    return ratios
+    path.unlink()
+    return said
 
 
 def main() -> int:
-    options = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    options.add_argument("--runs", type=int, default=5)
-    add_record_option(options)
-    args = options.parse_args()
-    if shutil.which("tar") is None or shutil.which("zstd") is None:
-        print("needs GNU tar and zstd", file=sys.stderr)
-        return 1
-    with (
-        Report("tar_reader", record=args.record),
-        tempfile.TemporaryDirectory(prefix="tar-bench.", dir="/var/tmp") as name,
-    ):
-        scratch = Path(name)
-        tarball = scratch / "flatcar-container.tar.gz"
-        members = make_archive(CONTAINER_TREES, ["gzip", "-c"], tarball, [])
-        sources = ", ".join(f"/{source}" for source, _ in CONTAINER_TREES)
-        print(f"container tarball: {tarball.stat().st_size / 2**20:.0f} MiB gzip, "
-              f"{members} members ({sources})")  # fmt: skip
-        container_ratio = compare(
-            "kbuild/container.py's extraction (build tree and libraries written, rest skipped):",
-            tarball,
-            [("formats.tar (inflating thread)", container_formats_tar),
-             ("tarfile r|gz", container_tarfile),
-             ("tarfile r| over tar.Inflated", container_tarfile_threaded)],
-            scratch, args.runs,
-        )  # fmt: skip
-        payload = scratch / "payload.tar.zst"
-        members = make_archive(RUN_TREES, ["zstd", "-q", "-T2", "-c"], payload,
-                               absolute_links(RUN_TREES))  # fmt: skip
-        sources = ", ".join(f"/{source}" for source, _ in RUN_TREES)
-        print(f".run payload: {payload.stat().st_size / 2**20:.0f} MiB zstd, {members} members "
-              f"({sources})")  # fmt: skip
-        run_ratio = compare(
-            "image/runfile.py's extraction (every member written), from the zstd -d pipe:",
-            payload,
-            [("formats.tar (reading thread)", run_formats_tar),
-             ("tarfile r| (runfile.py today)", run_tarfile)],
-            scratch, args.runs,
-        )  # fmt: skip
-        print(f"median of {args.runs} runs each; ratio tarfile / formats.tar, goal <= {GOAL}:")
-        for what, ratios in (("container tarball", container_ratio), (".run", run_ratio)):
-            for label, ratio in ratios.items():
-                verdict = "within" if ratio <= GOAL else "beyond"
-                print(f"  {what}, {label}: {ratio:.2f} ({verdict})")
+    args = options(__doc__, runs=5).parse_args()
+    with measuring("tar_reader", args, ("tar", "gzip", "zstd")) as scratch:
+        ratios = [line for archive in ARCHIVES for line in compare(archive, scratch, args.runs)]
+        print(f"median of {args.runs} runs each; ratio formats.tar / plain tarfile:")
+        print("\n".join(ratios))
     return 0
 
 

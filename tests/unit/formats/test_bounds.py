@@ -31,7 +31,7 @@ from vmlinuz_images import vmlinux
 from nvidia_driver import limits
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
-from nvidia_driver.formats import output
+from nvidia_driver.formats import output, tar
 from nvidia_driver.formats.vmlinuz import kernel_banner, kernel_banner_from_file
 from nvidia_driver.image import runfile
 from nvidia_driver.kbuild import container, devcontainer, kerneltree
@@ -119,18 +119,127 @@ def test_the_inflated_archive_is_bounded_even_where_nothing_is_written(
         extract(bomb, tmp_path)
 
 
-def test_extended_headers_are_bounded_together(tmp_path: Path) -> None:
-    # 400 pax headers before one member, each 16 KiB with keys of its own: they add up.
-    pax = b"".join(
-        tarfile.TarInfo._create_pax_generic_header(  # type: ignore[attr-defined]
-            {f"comment.{n}.{m}": "x" * 4000 for m in range(4)}, tarfile.XHDTYPE, "utf-8"
-        )
-        for n in range(400)
+def pax_header(records: dict[str, str], kind: bytes = tarfile.XHDTYPE) -> bytes:
+    return tarfile.TarInfo._create_pax_generic_header(  # type: ignore[attr-defined,no-any-return]
+        records, kind, "utf-8"
     )
-    member = tarfile.TarInfo(f"{MODULES}/build/Makefile").tobuf(tarfile.USTAR_FORMAT)
-    archive = pax + member + bytes(2 * tarfile.BLOCKSIZE)
+
+
+def header(name: str, kind: bytes = tarfile.REGTYPE, size: int = 0) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.type, info.size = kind, size
+    return info.tobuf(tarfile.GNU_FORMAT)
+
+
+MAKEFILE = header(f"{MODULES}/build/Makefile")
+END = bytes(2 * tarfile.BLOCKSIZE)
+
+
+def gzip_of(*parts: bytes) -> bytes:
+    """parts, gzip-compressed a part at a time: many MiB of one byte take a few KiB."""
+    compressor = zlib.compressobj(1, wbits=31)
+    return b"".join(compressor.compress(part) for part in parts) + compressor.flush()
+
+
+def refused_within(data: bytes, tmp_path: Path, expected: str, memory: int = 8 << 20) -> None:
+    """The container tarball data is refused with expected, holding less than memory at its
+    peak and within a second."""
+    tracemalloc.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(DriverError, match=expected) as error:
+            extract(data, tmp_path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert time.monotonic() - started < 1.0
+    assert "\n" not in str(error.value)
+    assert peak < memory
+
+
+def test_extended_headers_are_bounded_together(tmp_path: Path) -> None:
+    # 20 pax headers before one member, each 64 KiB with keys of its own: they add up.
+    pax = b"".join(
+        pax_header({f"comment.{n}.{m}": "x" * 16000 for m in range(4)}) for n in range(20)
+    )
     with pytest.raises(DriverError, match="more than 1048576 bytes of extended headers"):
-        extract(zlib.compress(archive, 9, wbits=31), tmp_path)
+        extract(zlib.compress(pax + MAKEFILE + END, 9, wbits=31), tmp_path)
+
+
+@pytest.mark.parametrize(
+    "kind", [tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK]
+)
+def test_a_huge_extended_header_is_refused_before_it_is_read(tmp_path: Path, kind: bytes) -> None:
+    # tarfile reads such a header whole: 64 MiB of it peaked at 128 MiB.
+    size = 64 << 20
+    data = gzip_of(header("././@LongHeader", kind, size), bytes(size), MAKEFILE, END)
+    refused_within(data, tmp_path, f"a {size}-byte extended header")
+
+
+def test_a_run_of_extended_headers_is_bounded(tmp_path: Path) -> None:
+    # Empty ones: no bytes to count, but tarfile reads each by a level of recursion.
+    data = gzip_of(pax_header({}) * 5000, MAKEFILE, END)
+    refused_within(data, tmp_path, "more than 32 extended headers before one member")
+
+
+def test_an_old_gnu_sparse_map_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A sparse header whose blocks of 21 holes each say another block follows, 100,000 times;
+    # tarfile reads them into a list.
+    monkeypatch.setattr(limits, "TAR_METADATA", 64 << 10)
+    sparse = bytearray(header("usr/share/holes", tarfile.GNUTYPE_SPARSE))
+    sparse[482] = 1  # the header's "extended" flag
+    sparse[148:156] = b" " * 8
+    sparse[148:156] = b"%06o\0 " % sum(sparse)  # its checksum again
+    block = bytearray(b"%011o\0%011o\0" % (1, 1) * 21 + bytes(8))
+    block[504] = 1  # and another
+    data = gzip_of(bytes(sparse), bytes(block) * 100_000, MAKEFILE, END)
+    refused_within(data, tmp_path, "more than 65536 bytes of extended headers")
+
+
+def test_a_gnu_1_0_sparse_map_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # GNU's pax sparse format 1.0: the map, a number a line, before the data; tarfile reads it
+    # into a list.
+    monkeypatch.setattr(limits, "TAR_METADATA", 64 << 10)
+    sparse = {"GNU.sparse.major": "1", "GNU.sparse.minor": "0", "GNU.sparse.realsize": "4"}
+    count = 1 << 20
+    data = gzip_of(
+        pax_header(sparse),
+        header("usr/share/GNUSparseFile.0/holes", size=len(b"%d\n" % count) + 4 * count),
+        b"%d\n" % count,
+        b"1\n" * 2 * count,
+        MAKEFILE,
+        END,
+    )
+    refused_within(data, tmp_path, "more than 65536 bytes of extended headers")
+
+
+@pytest.mark.parametrize("size", [1 << 80, 9 << 30], ids=["base-256", "pax"])
+def test_a_member_past_the_bound_is_refused_before_it_is_skipped(tmp_path: Path, size: int) -> None:
+    # Nothing follows its header: tarfile would skip it to its end a block at a time.
+    info = tarfile.TarInfo("usr/share/huge")
+    info.size = size
+    tar_format = tarfile.GNU_FORMAT if size > 1 << 64 else tarfile.PAX_FORMAT
+    data = gzip_of(MAKEFILE, info.tobuf(tar_format))
+    refused_within(data, tmp_path, "has more than 8 GiB of data once inflated")
+
+
+def test_a_member_past_the_end_of_the_stream_is_refused_at_the_end(tmp_path: Path) -> None:
+    # 3.11's tarfile went on skipping past the end, a block at a time, for as long as the size
+    # said: within the bound, 7 GiB took 700,000 reads.
+    data = gzip_of(MAKEFILE, header("usr/share/big", size=7 << 30))
+    refused_within(data, tmp_path, "cannot extract flatcar-container.tar.gz: unexpected end of")
+
+
+def test_global_pax_headers_are_not_kept(tmp_path: Path) -> None:
+    # tarfile adds every global record to every later member: 2,000 global headers before as
+    # many members would make 2,000 records to copy per member, and a global path renames all.
+    globals_ = (pax_header({f"comment.{n}": "x", "path": "/etc/evil"}, tarfile.XGLTYPE)
+                + header(f"usr/share/doc/{n}") for n in range(2000))  # fmt: skip
+    data = gzip_of(*globals_, MAKEFILE, END)
+    with tar.TarStream.open(io.BytesIO(data), 1 << 30, tar.Budget(0, 0, 0), gzip=True) as archive:
+        members = [(member.name, member.pax_headers) for member in archive.members()]
+    assert members[0] == ("usr/share/doc/0", {})
+    assert members[-1] == (f"{MODULES}/build/Makefile", {})
 
 
 # NVIDIA's .run: one tar stream, walked member by member (image/runfile.py).

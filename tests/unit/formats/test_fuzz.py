@@ -32,6 +32,7 @@ from kerneltree_fixtures import (
     tar_gz,
     write,
 )
+from runfile_builder import compress, write_run
 from tools import require
 from vmlinuz_images import bzimage, vmlinux
 
@@ -39,6 +40,7 @@ from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats.vmlinuz import kernel_banner
 from nvidia_driver.image.manifest import parse_manifest
+from nvidia_driver.image.runfile import extract as unpack_run
 from nvidia_driver.image.runfile import payload_offset, read_header, sniff_compression
 from nvidia_driver.kbuild import container, devcontainer
 from nvidia_driver.node.host import parse_os_release
@@ -99,7 +101,8 @@ EDITS = st.lists(st.tuples(st.integers(0, 1 << 24), st.integers(0, 255)), max_si
 CUTS = st.none() | st.integers(0, 1 << 16)
 
 
-# The tar reader (flatcar-container.tar.gz).
+# The tar reader (formats/tar.py: tarfile, bounded), as both its users read: the container
+# tarball (gzip, inflated by the reader) and a .run (its payload decompressed before the reader).
 
 
 @pytest.fixture(scope="module")
@@ -124,13 +127,27 @@ def extract_tar(scratch: Path, data: bytes) -> None:
         shutil.rmtree(destination.parent)
 
 
+def extract_run(scratch: Path, tar: bytes) -> None:
+    directory = fresh(scratch)
+    built = write_run(directory / "x.run", compress(tar, "gzip"), checksums="none")
+    try:
+        within_bounds(lambda: unpack_run(built.path, directory / "out"))
+    finally:
+        shutil.rmtree(directory)
+
+
+def extract_both(scratch: Path, tar: bytes) -> None:
+    extract_tar(scratch, zlib.compress(tar, 1, wbits=31))
+    extract_run(scratch, tar)
+
+
 @fuzz(150)
 @given(edits=EDITS, cut=CUTS, tar_format=st.sampled_from([tarfile.GNU_FORMAT, tarfile.PAX_FORMAT]))
 def test_tar_reader_on_mutated_archives(
     scratch: Path, small_root: Path, edits: list[tuple[int, int]], cut: int | None, tar_format: int
 ) -> None:
     raw = gzip.decompress(tar_gz(small_root, tar_format=tar_format))
-    extract_tar(scratch, zlib.compress(mutated(raw, edits, cut), 1, wbits=31))
+    extract_both(scratch, mutated(raw, edits, cut))
 
 
 NAMES = st.lists(
@@ -139,7 +156,12 @@ NAMES = st.lists(
     min_size=1,
     max_size=10,
 ).map("/".join)  # fmt: skip
-PAX_VALUES = st.text(st.sampled_from("0123456789.-+e nanif\0/²٣"), max_size=24)
+PAX_VALUES = st.text(st.sampled_from("0123456789.-+e nanif\0/²٣,"), max_size=24)
+# What tarfile reads of a pax header, GNU's sparse formats included (1.0: major 1, minor 0).
+PAX_KEYS = st.sampled_from([
+    "path", "linkpath", "size", "mtime", "GNU.sparse.x", "GNU.sparse.size", "GNU.sparse.map",
+    "GNU.sparse.major", "GNU.sparse.minor", "GNU.sparse.realsize", "GNU.sparse.name",
+])  # fmt: skip
 MEMBERS = st.lists(
     st.tuples(
         NAMES,
@@ -147,8 +169,8 @@ MEMBERS = st.lists(
                          tarfile.CHRTYPE, tarfile.FIFOTYPE, tarfile.GNUTYPE_SPARSE]),
         NAMES,
         st.binary(max_size=600),
-        st.dictionaries(st.sampled_from(["path", "linkpath", "size", "mtime", "GNU.sparse.x"]),
-                        PAX_VALUES, max_size=3),
+        st.dictionaries(PAX_KEYS, PAX_VALUES, max_size=3),
+        st.sampled_from([tarfile.XHDTYPE, tarfile.XGLTYPE]),
     ),
     max_size=12,
 )  # fmt: skip
@@ -158,17 +180,17 @@ MEMBERS = st.lists(
 @given(members=MEMBERS)
 def test_tar_reader_on_made_up_members(scratch: Path, members: list[Any]) -> None:
     archive = bytearray()
-    for name, kind, link, data, pax in members:
+    for name, kind, link, data, pax, pax_kind in members:
         if pax:
             archive += tarfile.TarInfo._create_pax_generic_header(  # type: ignore[attr-defined]
-                pax, tarfile.XHDTYPE, "utf-8"
+                pax, pax_kind, "utf-8"
             )
         info = tarfile.TarInfo(name[:99])
         info.type, info.linkname, info.size = kind, link[:99], len(data)
         archive += info.tobuf(tarfile.GNU_FORMAT, "utf-8", "surrogateescape")
         archive += data + bytes(-len(data) % tarfile.BLOCKSIZE)
     archive += bytes(2 * tarfile.BLOCKSIZE)
-    extract_tar(scratch, zlib.compress(bytes(archive), 1, wbits=31))
+    extract_both(scratch, bytes(archive))
 
 
 # The developer container's partition table, as partx reads it.

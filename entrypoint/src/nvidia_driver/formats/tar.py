@@ -1,64 +1,57 @@
-"""A gzip-compressed tar stream, read once, forward only.
+"""A tar stream read once, forward only, by the standard library's tarfile; what it may write.
 
-tarfile spends most of its time per member building a TarInfo (every field decoded, two
-checksums summed) and, in stream mode, copying its buffers; a root file system has tens of
-thousands of members and most are skipped. This reads what an extraction uses, in the formats
-GNU tar and Python write: ustar and its prefix, GNU long names, pax headers (path, linkpath,
-size, mtime; others ignored), GNU sparse headers (skipped), octal and base-256 numbers. Like
-tarfile's default reading, a zero block or, after the first member, an invalid header ends the
-archive; the caller reads the stream to its end, so a corrupt download is then refused by its
-checksum.
+tarfile parses the stream (mode ``r|``: ustar, pax, GNU long names, sparse members). What it
+does not do is here, once, for both tar extractions (kbuild/container.py, image/runfile.py):
 
-:class:`Inflated` inflates the gzip stream ahead, on a thread of its own, and stops at a bound:
-the caller says how many inflated bytes an archive may hold.
+- Bounds on what a stream makes it read and hold. :class:`_Decompressed` hands it at most a
+  given count of bytes, inflating a gzip stream itself (its first member only; whatever follows
+  is the caller's), and a member that would end past them is refused at once. tarfile reads an
+  extended header (pax, a GNU long name or link, a sparse map) whole into memory, and a run of
+  them by recursion: :class:`_BoundedHeaders` refuses one before it is read once a member's
+  pass limits.TAR_METADATA or _EXTENDED_HEADERS. Global pax headers are not kept.
+- Checks of each member: a pax size or mtime that is not a number (tarfile reads those as 0),
+  a negative size, a time os.utime cannot set (:meth:`TarStream.members`); a name or link that
+  leaves the extraction root (:func:`member_path`, :func:`symlink_target`,
+  :func:`refuse_escaping_links`).
+- Writing a member through output.TreeWriter (:meth:`TarStream.write`), counted by a
+  :class:`Budget` that refuses it before it would pass the extraction's bounds.
 
-What any tar extraction may write, whichever reader read its members, is judged here too:
-:func:`member_path` and :func:`symlink_target` refuse names and links that leave the extraction
-root, and a :class:`Budget` refuses a member before it would pass the extraction's bounds.
+Every failure is one DriverError line.
 """
 
 from __future__ import annotations
 
-import queue
+import io
+import lzma
+import os
 import re
-import struct
-import threading
+import tarfile
 import zlib
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO, NamedTuple
+from typing import IO, Protocol, Self
 
 from nvidia_driver import limits
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats import output
 from nvidia_driver.links import escaping_links
 
-CHUNK = 1 << 20
+_CHUNK = 1 << 20  # a member's bytes copied at a time; inflated at most at a time
+_COMPRESSED_CHUNK = 1 << 16  # read at a time; most such chunks inflate whole within _CHUNK
 _GZIP_WBITS = 16 + zlib.MAX_WBITS  # a gzip header and trailer around the deflate data
-_INFLATED_CHUNKS = 32  # inflated ahead of the archive parser, at most CHUNK bytes each
-_STOP_POLL_SECONDS = 0.05
-
-_BLOCK = 512
-_ZERO_BLOCK = bytes(_BLOCK)
-# name, mode, mtime, typeflag, linkname and ustar's prefix (uid, gid, size, checksum, magic,
-# owner names and device numbers are skipped)
-_HEADER = struct.Struct("100s8s16x12x12s8xc100s88x155s")
-_SIZE, _CHECKSUM, _TYPEFLAG = slice(124, 136), slice(148, 156), slice(156, 157)
-REGULAR = frozenset((b"0", b"\0", b"7"))  # file, old-style file, contiguous file
-HARDLINK, SYMLINK, DIRECTORY = b"1", b"2", b"5"
-_NO_DATA = frozenset((HARDLINK, SYMLINK, b"3", b"4", DIRECTORY, b"6"))
-_GNU_LONG_NAME, _GNU_LONG_LINK, _GNU_SPARSE = b"L", b"K", b"S"
-_PAX, _PAX_GLOBAL, _SOLARIS_PAX = b"x", b"g", b"X"
-_METADATA = frozenset((_GNU_LONG_NAME, _GNU_LONG_LINK, _PAX, _PAX_GLOBAL, _SOLARIS_PAX))
-_GNU_SPARSE_EXTENDED = 482  # in a sparse header: more sparse headers follow
-_GNU_SPARSE_MORE = 504  # in those
-_BASE256, _BASE256_NEGATIVE = 0x80, 0xFF  # GNU's first byte of a binary number field
-_HIGH_BIT = 0x80
-_PAX_NUMBER = re.compile(r"[0-9]+")
+# Extended headers before one member: GNU tar and Python write at most three (a global pax
+# header, then a pax header, or a long name and a long link). tarfile reads such a run by
+# recursion, a level each: this keeps it far from the recursion limit.
+_EXTENDED_HEADERS = 32
+_PAX_NUMBER = re.compile(r"[0-9]{1,20}")
 _PAX_TIME = re.compile(r"-?[0-9]{1,12}(\.[0-9]{0,9})?")  # seconds, as pax writes them
 _MAX_MTIME = 1 << 40  # beyond that, os.utime overflows; no real file is that old or new
-_MAX_PAX_DIGITS = 20
+# What reading raises besides tarfile's TarError: its parser on some malformed headers (a GNU
+# sparse header cut short, IndexError; a sparse size or map that is not a number, ValueError),
+# and the decompressors under it on a stream cut short or corrupt.
+_READ_FAILURES = (tarfile.TarError, ValueError, IndexError, EOFError, zlib.error, lzma.LZMAError)
 
 
 class TarError(DriverError):
@@ -69,184 +62,191 @@ class OverBoundError(DriverError):
     """The archive holds more than its bound: a decompression bomb, or not the archive."""
 
 
-class InflatedTooLargeError(OverBoundError):
-    """The stream inflates to more than its bound: a decompression bomb, or not the archive."""
-
-
 class UnsafeMemberError(DriverError):
     """A member's name or link would leave the extraction root, or is no path at all."""
 
 
-class Member(NamedTuple):
-    name: str
-    kind: bytes  # the header's typeflag
-    size: int  # of the data that follows the header
-    mode: int
-    mtime: float
-    linkname: str
-    sparse: bool
+# --- reading: tarfile, bounded ----------------------------------------------------------------
 
 
-@dataclass
-class _Extended:
-    """What GNU long-name and pax headers say about the member that follows them."""
+class _Decompressed(io.RawIOBase):
+    """A tar stream's bytes, at most ``limit`` of them (else OverBoundError, where they would be
+    read): the stream's own, or with ``gzip`` the stream inflated, its first member only."""
 
-    long_name: str | None = None
-    long_link: str | None = None
-    pax: dict[str, str] = field(default_factory=dict)
-    size: int = 0  # of the extended headers read so far
+    def __init__(self, stream: IO[bytes], limit: int, *, gzip: bool) -> None:
+        super().__init__()
+        self._stream = stream
+        self._limit = limit
+        self._taken = 0
+        self._ended = False
+        self._inflater = zlib.decompressobj(_GZIP_WBITS) if gzip else None
+        self._word = "inflated" if gzip else "unpacked"
+        self._compressed = b""  # read, not yet inflated
+        self._chunk = b""  # inflated, handed over from _offset on
+        self._offset = 0
 
-    def add(self, kind: bytes, content: bytes) -> None:
-        self.size += len(content)
-        if self.size > limits.TAR_METADATA:
+    def read(self, size: int = -1, /) -> bytes:
+        wanted = size if size >= 0 else _CHUNK
+        if self._inflater is None:
+            # One byte more than the bound allows: what tells a stream at its bound from a bomb.
+            data = self._stream.read(min(wanted, self._limit + 1 - self._taken))
+        else:
+            data = self._inflated(wanted)
+        self._taken += len(data)
+        if self._taken > self._limit:
+            raise self._over_bound()
+        if not data:
+            # At the end, tarfile reads once; 3.11's, skipping a member, reads on a block at a
+            # time for as long as the member's size says (7 GiB: 700,000 reads). Not twice.
+            if self._ended:
+                raise TarError("unexpected end of data")
+            self._ended = True
+        return data
+
+    def reach(self, position: int) -> None:
+        """Refuse at once a member that ends past the bound: tarfile would skip to its end a
+        block at a time (3.11 also past the end of the stream, for as long as the size says)."""
+        if position > self._limit:
+            raise self._over_bound()
+
+    def _over_bound(self) -> OverBoundError:
+        return OverBoundError(f"more than {limits.size(self._limit)} of data once {self._word}")
+
+    def _inflated(self, size: int) -> bytes:
+        assert self._inflater is not None
+        while self._offset == len(self._chunk):
+            if self._inflater.eof:
+                return b""
+            if not self._compressed:
+                self._compressed = self._stream.read(_COMPRESSED_CHUNK)
+                if not self._compressed:
+                    raise TarError("the gzip stream ends before its end-of-stream marker")
+            try:
+                # Bounded output: a small chunk may hold a long run of zeros.
+                self._chunk = self._inflater.decompress(self._compressed, _CHUNK)
+            except zlib.error as exc:  # not gzip, or corrupt: said as a corrupt archive is
+                raise TarError(str(exc)) from None
+            self._compressed, self._offset = self._inflater.unconsumed_tail, 0
+        start = self._offset
+        self._offset = min(start + size, len(self._chunk))
+        return self._chunk[start : self._offset]  # the chunk itself, not a copy, if whole
+
+
+class _Archive(tarfile.TarFile):
+    """tarfile's stream reader, counting the extended headers of the member it reads, keeping
+    no list of the members (3.11 keeps every one, in stream mode too)."""
+
+    members: list[tarfile.TarInfo]  # tarfile's, undeclared in its stubs
+    extended_headers = 0
+    extended_bytes = 0
+
+    def next(self) -> tarfile.TarInfo | None:
+        self.extended_headers = self.extended_bytes = 0
+        member = super().next()
+        self.members.clear()
+        return member
+
+    def take_extended(self, size: int, *, header: bool = True) -> None:
+        """Count an extended header of size bytes (header False: more bytes of a sparse map);
+        refused before tarfile reads it if it passes a bound."""
+        self.extended_headers += header
+        self.extended_bytes += size
+        if self.extended_headers > _EXTENDED_HEADERS:
+            raise TarError(f"more than {_EXTENDED_HEADERS} extended headers before one member")
+        if size > limits.TAR_METADATA:
+            raise TarError(f"a {size}-byte extended header")
+        if self.extended_bytes > limits.TAR_METADATA:
             raise TarError(f"more than {limits.TAR_METADATA} bytes of extended headers")
-        if kind == _GNU_LONG_NAME:
-            self.long_name = _text(content)
-        elif kind == _GNU_LONG_LINK:
-            self.long_link = _text(content)
-        elif kind != _PAX_GLOBAL:  # a global header holds nothing the extraction uses
-            self.pax.update(_pax_records(content))
 
 
-def _text(field: bytes) -> str:
-    return field.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+class _Unkept(dict[str, str]):
+    """Where tarfile keeps the records of global pax headers: nowhere. An extraction uses none
+    of them (git archive's comment is the one seen), and tarfile would add every one to every
+    later member, a cost per member that a run of global headers makes grow without bound."""
+
+    def __setitem__(self, key: str, value: str) -> None:
+        pass
 
 
-def _number(field: bytes) -> int:
-    if field[0] in (_BASE256, _BASE256_NEGATIVE):
-        value = int.from_bytes(field[1:], "big")
-        return value - 256 ** (len(field) - 1) if field[0] == _BASE256_NEGATIVE else value
-    digits = field.split(b"\0", 1)[0].strip()
+class _BoundedHeaders(tarfile.TarInfo):
+    """tarfile's member header, with what it reads before the member bounded (_Archive).
+
+    tarfile reads a pax or GNU long-name header's data whole into memory (a 64 MiB one peaks at
+    128 MiB) and a sparse map's blocks into a list: each is counted here before it is read. The
+    _proc_* methods overridden are tarfile's private ones, the same from CPython 3.11 (Debian
+    12's, which runs the unit tests) to 3.14 (Debian forky's, the images' and the unit tests'
+    second run): tests/unit/formats/test_bounds.py fails on either if that changes.
+    """
+
+    def _proc_pax(self, archive: _Archive) -> tarfile.TarInfo:
+        archive.take_extended(self.size)
+        if self.type == tarfile.XGLTYPE:
+            archive.pax_headers = _Unkept()
+        member: tarfile.TarInfo = super()._proc_pax(archive)  # type: ignore[misc]
+        if self.type != tarfile.XGLTYPE:  # this header's records: tarfile reads a word as 0
+            _check_pax(member.pax_headers)
+        return member
+
+    def _proc_gnulong(self, archive: _Archive) -> tarfile.TarInfo:
+        archive.take_extended(self.size)
+        return super()._proc_gnulong(archive)  # type: ignore[misc, no-any-return]
+
+    def _proc_sparse(self, archive: _Archive) -> tarfile.TarInfo:
+        # An old GNU sparse header: holes beyond its four come in blocks read until the last.
+        with _sparse_map(archive):
+            return super()._proc_sparse(archive)  # type: ignore[misc, no-any-return]
+
+    def _proc_gnusparse_10(
+        self, member: tarfile.TarInfo, pax: dict[str, str], archive: _Archive
+    ) -> None:
+        # A pax sparse member of GNU's format 1.0: its map, numbers a line, before its data.
+        with _sparse_map(archive):
+            super()._proc_gnusparse_10(member, pax, archive)  # type: ignore[misc]
+
+
+def _check_pax(records: Mapping[str, str]) -> None:
+    size, mtime = records.get("size"), records.get("mtime")
+    if size is not None and not _PAX_NUMBER.fullmatch(size):
+        raise TarError(f"a pax size that is not a size: {size[:40]!r}")
+    if mtime is not None and not _PAX_TIME.fullmatch(mtime):
+        raise TarError(f"a pax mtime that is not a time: {mtime[:40]!r}")
+
+
+class _Readable(Protocol):
+    def read(self, size: int, /) -> bytes: ...
+    def tell(self) -> int: ...
+
+
+class _SparseMap:
+    """The archive's stream while tarfile reads a sparse map: the bytes count as a header's."""
+
+    def __init__(self, archive: _Archive, stream: _Readable) -> None:
+        self._archive = archive
+        self._stream = stream
+
+    def read(self, size: int, /) -> bytes:
+        self._archive.take_extended(size, header=False)
+        return self._stream.read(size)
+
+    def tell(self) -> int:
+        return self._stream.tell()
+
+
+@contextmanager
+def _sparse_map(archive: _Archive) -> Iterator[None]:
+    stream = archive.fileobj
+    archive.fileobj = _SparseMap(archive, stream)  # type: ignore[assignment]
     try:
-        return int(digits, 8) if digits else 0
-    except ValueError:
-        raise TarError(f"a header field is not a number: {field!r}") from None
+        yield
+    finally:
+        archive.fileobj = stream
 
 
-def _checksum_matches(header: bytes) -> bool:
-    unsigned = sum(header) - sum(header[_CHECKSUM]) + 8 * 0x20  # the field counts as spaces
-    try:
-        expected = _number(header[_CHECKSUM])
-    except TarError:
-        return False
-    if expected == unsigned:
-        return True
-    # Some old tars summed signed bytes.
-    high = sum(1 for byte in header[:148] + header[156:] if byte >= _HIGH_BIT)
-    return expected == unsigned - 256 * high
-
-
-def _pax_records(data: bytes) -> dict[str, str]:
-    """The "<length> <key>=<value>\\n" records of a pax header."""
-    records: dict[str, str] = {}
-    position = 0
-    while position < len(data) and data[position] != 0:
-        space = data.find(b" ", position)
-        try:
-            length = int(data[position:space])
-        except ValueError:
-            raise TarError("a malformed pax header") from None
-        record = data[space + 1 : position + length]
-        if length <= 0 or not record.endswith(b"\n") or b"=" not in record:
-            raise TarError("a malformed pax header")
-        key, value = record[:-1].split(b"=", 1)
-        records[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
-        position += length
-    return records
-
-
-def _next_header(data: Inflated, first: bool) -> bytes | None:
-    """The next member's header block; None at the end of the archive."""
-    header = data.read(_BLOCK)
-    if header == _ZERO_BLOCK:
-        return None
-    if len(header) == _BLOCK and _checksum_matches(header):
-        return header
-    if first:
-        raise TarError("not a tar archive")
-    return None  # as tarfile: what follows the last valid header is not read
-
-
-def _read_metadata(data: Inflated, size: int) -> bytes:
-    if size > limits.TAR_METADATA:
-        raise TarError(f"a {size}-byte extended header")
-    content = data.read(size)
-    if len(content) < size:
-        raise TarError("unexpected end of data")
-    data.seek(data.tell() + -size % _BLOCK)
-    return content
-
-
-def _skip_sparse_headers(data: Inflated, header: bytes) -> None:
-    extended = header[_GNU_SPARSE_EXTENDED]
-    while extended:
-        more = data.read(_BLOCK)
-        if len(more) < _BLOCK:
-            raise TarError("unexpected end of data")
-        extended = more[_GNU_SPARSE_MORE]
-
-
-def _member(header: bytes, size: int, extended: _Extended) -> Member:
-    name, mode, mtime, kind, link, prefix = _HEADER.unpack_from(header)
-    pax = extended.pax
-    path = extended.long_name or pax.get("path")
-    if path is None:
-        path = _text(name)
-        if kind != _GNU_SPARSE and prefix[0]:  # ustar keeps long names' directories apart
-            path = f"{_text(prefix)}/{path}"
-    if kind == b"\0" and path.endswith("/"):
-        kind = DIRECTORY  # how pre-POSIX tars mark a directory
-    return Member(
-        name=path,
-        kind=kind,
-        size=0 if kind in _NO_DATA else size,
-        mode=_number(mode),
-        mtime=_pax_time(pax["mtime"]) if "mtime" in pax else checked_mtime(_number(mtime)),
-        linkname=extended.long_link or pax.get("linkpath") or _text(link),
-        sparse=kind == _GNU_SPARSE or any(key.startswith("GNU.sparse.") for key in pax),
-    )
-
-
-def checked_mtime(seconds: float) -> float:
+def _checked_mtime(seconds: float) -> float:
     """A member's modification time, refused (TarError) where os.utime would overflow."""
     if not -_MAX_MTIME < seconds < _MAX_MTIME:
         raise TarError(f"an implausible modification time ({seconds:.0f})")
     return seconds
-
-
-def _pax_time(text: str) -> float:
-    if not _PAX_TIME.fullmatch(text):
-        raise TarError(f"a pax mtime that is not a time: {text[:40]!r}")
-    return checked_mtime(float(text))
-
-
-def _pax_size(text: str) -> int:
-    if not _PAX_NUMBER.fullmatch(text) or len(text) > _MAX_PAX_DIGITS:
-        raise TarError(f"a pax size that is not a size: {text[:40]!r}")
-    return int(text)
-
-
-def members(data: Inflated) -> Iterator[Member]:
-    """The members of the tar archive in data; each is yielded with data at its contents."""
-    extended = _Extended()
-    first = True
-    while (header := _next_header(data, first)) is not None:
-        first = False
-        pax_size = extended.pax.get("size")
-        size = _pax_size(pax_size) if pax_size is not None else _number(header[_SIZE])
-        if size < 0:
-            raise TarError(f"a member of negative size at byte {data.tell() - _BLOCK}")
-        kind = header[_TYPEFLAG]
-        if kind in _METADATA:
-            extended.add(kind, _read_metadata(data, size))
-            continue
-        if kind == _GNU_SPARSE:
-            _skip_sparse_headers(data, header)
-        member = _member(header, size, extended)
-        start = data.tell()
-        yield member
-        data.seek(start + member.size + -member.size % _BLOCK)
-        extended = _Extended()
 
 
 # --- what an extraction writes --------------------------------------------------------------
@@ -311,131 +311,109 @@ class Budget:
     entries: int = 0
     written: int = 0
 
-    def take(self, name: str, file_size: int | None) -> None:
-        """Count member name (file_size None: not a file); refused before it passes a bound."""
+    def take(self, member: tarfile.TarInfo) -> None:
+        """Count member; refused before it passes a bound."""
         self.entries += 1
         if self.entries > self.max_entries:
             raise OverBoundError(f"more than {self.max_entries} entries to write")
-        if file_size is None:
+        if not member.isreg():
             return
-        if file_size > self.max_member:
+        if member.size > self.max_member:
             raise OverBoundError(
-                f"{name[:200]} of {file_size} bytes, more than the "
+                f"{member.name[:200]} of {member.size} bytes, more than the "
                 f"{limits.size(self.max_member)} a file may have"
             )
-        self.written += file_size
+        self.written += member.size
         if self.written > self.max_written:
             raise OverBoundError(f"more than {limits.size(self.max_written)} to write")
 
 
-class Inflated:
-    """The decompressed bytes of a gzip stream, inflated ahead by a thread of its own.
+class TarStream:
+    """The members of one tar stream, checked, and what writes them through a TreeWriter."""
 
-    Reading the download (which hashes it and feeds gpgv) and inflating it release the GIL, so
-    they run on a second core while this thread parses the archive and writes the tree: at a
-    mirror's bandwidth the extraction then keeps pace with the download. Reading only goes
-    forward; skipping drops whole inflated chunks without copying them, and most of a root file
-    system's bytes are skipped. Like tarfile's "r|gz", only the first gzip member is read;
-    whatever follows it is left to the caller. More than ``limit`` inflated bytes raise
-    InflatedTooLargeError where they would be read.
-    """
+    def __init__(
+        self, archive: tarfile.TarFile, budget: Budget, data: _Decompressed | None = None
+    ) -> None:
+        self._archive = archive
+        self.budget = budget
+        self._data = data  # what tarfile reads, if bounded
 
-    def __init__(self, stream: BinaryIO, limit: int) -> None:
-        self._stream = stream
-        self._limit = limit
-        self._queue: queue.Queue[bytes | Exception | None] = queue.Queue(_INFLATED_CHUNKS)
-        self._stop = threading.Event()
-        self._chunk = b""
-        self._offset = 0  # in _chunk
-        self._position = 0  # in the inflated stream
-        self._ended = False
-        self._thread = threading.Thread(target=self._inflate, name="inflate", daemon=True)
-        self._thread.start()
+    @classmethod
+    @contextmanager
+    def open(cls, stream: IO[bytes], limit: int, budget: Budget, *, gzip: bool) -> Iterator[Self]:
+        """The tar stream in stream, at most limit bytes of it (inflated with gzip): bounded."""
+        data = _Decompressed(stream, limit, gzip=gzip)
+        try:  # tarfile reads the first member here
+            archive = _Archive.open(
+                fileobj=data, mode="r|", tarinfo=_BoundedHeaders, encoding="utf-8"
+            )
+        except tarfile.ReadError as exc:
+            raise TarError(f"not a tar archive ({exc})") from exc
+        except _READ_FAILURES as exc:
+            raise _failure(exc) from exc
+        with archive:
+            yield cls(archive, budget, data)
 
-    def tell(self) -> int:
-        return self._position
+    def members(self) -> Iterator[tarfile.TarInfo]:
+        """Each member, its size and time checked; its data is read (write) before the next."""
+        while True:
+            try:
+                member = self._archive.next()
+            except _READ_FAILURES as exc:
+                raise _failure(exc) from exc
+            if member is None:
+                return
+            if member.size < 0:
+                raise TarError(f"a member of negative size ({member.name[:200]!r})")
+            _checked_mtime(member.mtime)
+            if self._data is not None:
+                self._data.reach(self._archive.offset)  # where tarfile reads on: past the data
+            yield member
 
-    def seek(self, position: int) -> None:
-        """Skip forward to position (or to the end, if it comes first)."""
-        while self._position < position and self._available():
-            step = min(position - self._position, len(self._chunk) - self._offset)
-            self._offset += step
-            self._position += step
-
-    def read(self, size: int) -> bytes:
-        """The next size bytes; fewer only at the end."""
-        pieces = []
-        while size > 0 and self._available():
-            start = self._offset
-            self._offset = min(start + size, len(self._chunk))
-            whole = start == 0 and self._offset == len(self._chunk)
-            pieces.append(self._chunk if whole else self._chunk[start : self._offset])
-            size -= self._offset - start
-            self._position += self._offset - start
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
-
-    def write_to(self, fd: int, size: int) -> None:
-        """Write the next size bytes to fd."""
-        while size > 0:
-            if not self._available():
-                raise TarError("unexpected end of data")
-            start = self._offset
-            self._offset = min(start + size, len(self._chunk))
-            output.write_all(fd, memoryview(self._chunk)[start : self._offset])
-            size -= self._offset - start
-            self._position += self._offset - start
-
-    def _available(self) -> bool:
-        """Whether there are inflated bytes at the current position (waits for them)."""
-        while self._offset >= len(self._chunk):
-            if self._ended:
+    def write(
+        self,
+        writer: output.TreeWriter,
+        rel: str,
+        member: tarfile.TarInfo,
+        mode: int | None,
+        source: str | None = None,
+    ) -> bool:
+        """Write member at rel, counted by the budget: a directory (mode None: as made), a file
+        (its data from the stream), a symbolic link (its target checked) or a hard link to
+        source, which must be a file this writer wrote. False, nothing written, for anything
+        else: a device, a fifo, a hard link to what is not such a file."""
+        self.budget.take(member)
+        if member.isdir():
+            path = writer.directory(rel)
+            if mode is not None:
+                os.chmod(path, mode)  # noqa: PTH101 - string paths: no Path object per member
+        elif member.issym():
+            writer.symlink(rel, symlink_target(rel, member.name, member.linkname), member.mtime)
+        elif member.islnk():
+            if source is None or writer.made(source) != output.FILE:
                 return False
-            item = self._queue.get()
-            if item is None or isinstance(item, Exception):
-                self._ended = True
-                if item is None:
-                    return False
-                raise item
-            self._chunk, self._offset = item, 0
+            writer.hardlink(rel, writer.path(source))
+        elif member.isreg():
+            writer.file(rel, member.mode if mode is None else mode, member.mtime,
+                        lambda fd: self._copy(member, fd))  # fmt: skip
+        else:
+            return False
         return True
 
-    def close(self) -> None:
-        """Stop inflating; afterwards the stream is the caller's again."""
-        self._stop.set()
-        self._thread.join()
-
-    def _inflate(self) -> None:
-        try:
-            inflater = zlib.decompressobj(_GZIP_WBITS)
-            total = 0
-            while not inflater.eof:
-                pending = self._stream.read(CHUNK)
-                if not pending:
-                    self._put(TarError("the gzip stream ends before its end-of-stream marker"))
-                    return
-                while pending and not inflater.eof:
-                    # Bounded output: a small chunk may hold a long run of zeros.
-                    inflated = inflater.decompress(pending, CHUNK)
-                    total += len(inflated)
-                    if total > self._limit:
-                        bound = limits.size(self._limit)
-                        self._put(InflatedTooLargeError(f"more than {bound} of data once inflated"))
-                        return
-                    if inflated and not self._put(inflated):
-                        return
-                    pending = inflater.unconsumed_tail
-            self._put(None)
-        except zlib.error as exc:  # not gzip, or corrupt: said as the tar reader says it
-            self._put(TarError(str(exc)))
-        except Exception as exc:  # noqa: BLE001 - handed over, raised in the reading thread
-            self._put(exc)
-
-    def _put(self, item: bytes | Exception | None) -> bool:
-        """Queue item unless told to stop; whether to go on."""
-        while not self._stop.is_set():
+    def _copy(self, member: tarfile.TarInfo, fd: int) -> None:
+        data = self._archive.extractfile(member)
+        assert data is not None  # tarfile gives every regular member a reader
+        while True:
             try:
-                self._queue.put(item, timeout=_STOP_POLL_SECONDS)
-            except queue.Full:
-                continue
-            return True
-        return False
+                chunk = data.read(_CHUNK)
+            except _READ_FAILURES as exc:
+                raise _failure(exc) from exc
+            if not chunk:
+                return
+            output.write_all(fd, chunk)
+
+
+def _failure(exc: BaseException) -> TarError:
+    if isinstance(exc, tarfile.TarError | EOFError | zlib.error | lzma.LZMAError):
+        return TarError(str(exc) or type(exc).__name__)
+    return TarError(f"a malformed header ({exc})")  # tarfile's parser's ValueError, IndexError

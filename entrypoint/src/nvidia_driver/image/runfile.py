@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import io
 import lzma
 import re
 import shutil
@@ -314,50 +313,38 @@ def _untar(payload: IO[bytes], dest: Path) -> None:
     writer = output.TreeWriter(dest, _NOT_GENUINE)
     budget = tar.Budget(limits.RUN_ENTRIES, limits.RUN_WRITTEN, limits.RUN_MEMBER)
     try:
-        # tarfile only reads the archive (stream mode: forward only); nothing extracts with it.
-        with tarfile.open(fileobj=_Bounded(payload, limits.RUN_INFLATED), mode="r|") as archive:
-            for member in archive:
-                _unpack(archive, member, writer, budget)
+        # Read by tarfile in stream mode (formats/tar.py); written only by the TreeWriter.
+        with tar.TarStream.open(payload, limits.RUN_INFLATED, budget, gzip=False) as archive:
+            for member in archive.members():
+                _unpack(archive, member, writer)
         # Verified before it was unpacked: the links may be followed now.
         tar.refuse_escaping_links(writer)
     except (tar.UnsafeMemberError, tar.OverBoundError) as exc:
         raise DriverError(
             f"refusing to unpack the driver package: it has {exc}; {_NOT_GENUINE}"
         ) from exc
-    except (tar.TarError, tarfile.TarError, lzma.LZMAError, EOFError, OSError) as exc:
+    except (tar.TarError, OSError) as exc:
         raise DriverError(f"unpacking the driver package failed: {exc}") from exc
 
 
-def _unpack(
-    archive: tarfile.TarFile, member: tarfile.TarInfo, writer: output.TreeWriter, budget: tar.Budget
-) -> None:
+def _unpack(archive: tar.TarStream, member: tarfile.TarInfo, writer: output.TreeWriter) -> None:
     """Write one member as the "data" filter would let it be extracted, or refuse it."""
     rel = tar.member_path(member.name)
-    budget.take(member.name, member.size if member.isreg() else None)
-    mtime = tar.checked_mtime(member.mtime)
-    if member.isdir():
-        writer.directory(rel)  # the filter keeps no directory mode either
-    elif member.issym() or member.islnk():
-        if member.linkname.startswith("/"):
-            raise tar.UnsafeMemberError(
-                f"a link to an absolute path ({member.name} -> {member.linkname})"
-            )
-        if member.issym():
-            writer.symlink(rel, tar.symlink_target(rel, member.name, member.linkname), mtime)
-        elif writer.made(source := tar.member_path(member.linkname)) == output.FILE:
-            writer.hardlink(rel, writer.path(source))
-        else:
-            raise tar.UnsafeMemberError(
-                f"a hard link to what it has not unpacked as a file before "
-                f"({member.name} -> {member.linkname})"
-            )
-    elif member.isreg():
-        data = archive.extractfile(member)
-        if data is None:  # tarfile gives every regular member a reader
-            raise tar.TarError(f"{member.name} has no data")
-        writer.file(rel, _data_mode(member.mode), mtime, lambda fd: _copy(data, fd))
-    else:
-        raise tar.UnsafeMemberError(f"a device, fifo or other special file ({member.name})")
+    if (member.issym() or member.islnk()) and member.linkname.startswith("/"):
+        raise tar.UnsafeMemberError(
+            f"a link to an absolute path ({member.name} -> {member.linkname})"
+        )
+    source = tar.member_path(member.linkname) if member.islnk() else None
+    # The filter keeps no directory mode either.
+    mode = None if member.isdir() else _data_mode(member.mode)
+    if archive.write(writer, rel, member, mode, source):
+        return
+    if member.islnk():
+        raise tar.UnsafeMemberError(
+            f"a hard link to what it has not unpacked as a file before "
+            f"({member.name} -> {member.linkname})"
+        )
+    raise tar.UnsafeMemberError(f"a device, fifo or other special file ({member.name})")
 
 
 def _data_mode(mode: int) -> int:
@@ -367,33 +354,6 @@ def _data_mode(mode: int) -> int:
     if not mode & stat.S_IXUSR:
         mode &= ~0o111
     return mode | stat.S_IRUSR | stat.S_IWUSR
-
-
-def _copy(data: IO[bytes], fd: int) -> None:
-    while chunk := data.read(CHUNK_BYTES):
-        output.write_all(fd, chunk)
-
-
-class _Bounded(io.BufferedIOBase):
-    """The payload's decompressed bytes, refused past ``limit`` (a decompression bomb)."""
-
-    def __init__(self, stream: IO[bytes], limit: int) -> None:
-        super().__init__()
-        self._stream = stream
-        self._limit = limit
-        self._taken = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def read(self, size: int | None = -1, /) -> bytes:
-        # One byte more than the bound allows: what tells a stream at its bound from a bomb.
-        left = self._limit + 1 - self._taken
-        chunk = self._stream.read(left if size is None or size < 0 else min(size, left))
-        self._taken += len(chunk)
-        if self._taken > self._limit:
-            raise tar.OverBoundError(f"more than {limits.size(self._limit)} of data once unpacked")
-        return chunk
 
 
 @contextmanager

@@ -1,16 +1,16 @@
 """The kernel build tree of a release's flatcar-container.tar.gz, read once, as a stream.
 
-Since 4230.1.0 the archive holds a complete extmod tree. The 377 MiB archive is read once
-(formats/tar.py): only the kernel's ``build``/``source`` and the shared libraries are written.
-Archive members named absolute or with ".." are refused, and so are symlinks that climb out. A
-streamed archive is only written while it streams: its links are checked by where they resolve
-and its tree walked and rewritten only after the download's verdict.
+Since 4230.1.0 the archive holds a complete extmod tree. The 377 MiB archive is read once, by
+tarfile in stream mode (formats/tar.py): only the kernel's ``build``/``source`` and the shared
+libraries are written. Archive members named absolute or with ".." are refused, and so are
+symlinks that climb out. A streamed archive is only written while it streams: its links are
+checked by where they resolve and its tree walked and rewritten only after the download's
+verdict.
 """
 
 from __future__ import annotations
 
-import os
-import zlib
+import tarfile
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +19,7 @@ from typing import BinaryIO, NamedTuple
 from nvidia_driver import limits
 from nvidia_driver.atomic import replacing
 from nvidia_driver.errors import DriverError
-from nvidia_driver.formats import output, tar
+from nvidia_driver.formats import tar
 from nvidia_driver.formats.output import TreeWriter
 from nvidia_driver.kbuild.hosttools import (
     LIBRARY_DIRS,
@@ -75,16 +75,11 @@ def _placement(path: str) -> _Placement | None:
 
 @dataclass
 class _ContainerExtraction:
-    data: tar.Inflated
+    archive: tar.TarStream
     tree: TreeWriter
     runtime: TreeWriter
     kernel_release: str | None
     kernels: set[str] = field(default_factory=set)
-    budget: tar.Budget = field(
-        default_factory=lambda: tar.Budget(
-            limits.CONTAINER_ENTRIES, limits.CONTAINER_WRITTEN, limits.CONTAINER_MEMBER
-        )
-    )
 
     def writer(self, placement: _Placement) -> TreeWriter:
         return self.runtime if placement.area == "runtime" else self.tree
@@ -96,7 +91,7 @@ class _ContainerExtraction:
         except tar.UnsafeMemberError as exc:
             raise _unsafe(exc) from exc
 
-    def member(self, member: tar.Member) -> None:
+    def member(self, member: tarfile.TarInfo) -> None:
         placement = _placement(tar.member_path(member.name))
         if placement is None:
             return
@@ -104,36 +99,25 @@ class _ContainerExtraction:
             self.kernels.add(placement.kernel)
             if self.kernel_release not in (None, placement.kernel):
                 return
-        writer, rel, kind = self.writer(placement), placement.path, member.kind
-        self.budget.take(member.name, member.size if kind in tar.REGULAR else None)
-        if member.sparse:
+        if member.issparse():
             raise DriverError(
                 f"{CONTAINER_TARBALL}: {member.name} is stored as a sparse file, which the "
                 "extraction does not write; report this with the Flatcar version"
             )
-        if kind == tar.DIRECTORY:
-            os.chmod(writer.directory(rel), member.mode & 0o777 | 0o700)  # noqa: PTH101
-        elif kind == tar.SYMLINK:
-            writer.symlink(rel, tar.symlink_target(rel, member.name, member.linkname), member.mtime)
-        elif kind == tar.HARDLINK:
-            self.hardlink(placement, member)
-        elif kind in tar.REGULAR:
-            # Straight from the inflated chunks: no file object, no copy of the bytes.
-            size = member.size
-            writer.file(rel, member.mode, member.mtime, lambda fd: self.data.write_to(fd, size))
-        # Devices and fifos have no place in a build tree.
-
-    def hardlink(self, placement: _Placement, member: tar.Member) -> None:
-        writer = self.writer(placement)
-        source = _placement(tar.member_path(member.linkname))
-        if source and source.area == placement.area and writer.made(source.path) == output.FILE:
-            writer.hardlink(placement.path, writer.path(source.path))
-        elif placement.area == "tree":
+        writer, rel, source = self.writer(placement), placement.path, None
+        if member.islnk():
+            linked = _placement(tar.member_path(member.linkname))
+            source = linked.path if linked and linked.area == placement.area else None
+        # Directories keep their mode, and the owner may always fill them.
+        mode = member.mode & 0o777 | 0o700 if member.isdir() else member.mode
+        written = self.archive.write(writer, rel, member, mode, source)
+        if not written and member.islnk() and placement.area == "tree":
             raise DriverError(
                 f"{CONTAINER_TARBALL}: {member.name} is a hard link to {member.linkname}, "
                 "which is not part of the kernel tree; report this with the Flatcar version"
             )
-        # A library linked to something not extracted is not needed: the closure decides.
+        # Else not written: a library linked to something not extracted (not needed: the
+        # closure decides), a device or a fifo (no place in a build tree).
 
 
 def _unsafe(exc: tar.UnsafeMemberError) -> DriverError:
@@ -160,22 +144,20 @@ def _read_container_archive(
 ) -> _ContainerExtraction:
     """Write the wanted members, following nothing; the extraction tells what it wrote."""
     tree, libraries = TreeWriter(tree_root, NOT_FLATCAR), TreeWriter(libraries_root, NOT_FLATCAR)
-    # A thread, stopped below whatever happens.
-    inflated = tar.Inflated(stream, limits.CONTAINER_INFLATED)
-    extraction = _ContainerExtraction(inflated, tree, libraries, kernel_release)
+    budget = tar.Budget(limits.CONTAINER_ENTRIES, limits.CONTAINER_WRITTEN, limits.CONTAINER_MEMBER)
     try:
-        for member in tar.members(inflated):
-            extraction.member(member)
+        with tar.TarStream.open(stream, limits.CONTAINER_INFLATED, budget, gzip=True) as archive:
+            extraction = _ContainerExtraction(archive, tree, libraries, kernel_release)
+            for member in archive.members():
+                extraction.member(member)
     except tar.OverBoundError as exc:
         raise _over_bound(str(exc)) from exc
     except tar.UnsafeMemberError as exc:
         raise _unsafe(exc) from exc
-    except (tar.TarError, EOFError, zlib.error) as exc:
+    except tar.TarError as exc:
         raise DriverError(
             f"cannot extract {CONTAINER_TARBALL}: {exc}; delete the download and fetch it again"
         ) from exc
-    finally:
-        inflated.close()
     _drain(stream)
     return extraction
 
