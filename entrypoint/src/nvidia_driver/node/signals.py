@@ -19,8 +19,8 @@ HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 
 def _raise_caught(signum: int, _frame: FrameType | None) -> None:
-    # A helper thread may be blocked reading a download (the tarball's inflater): wake it, so
-    # that the unwinding does not wait for the network.
+    # Another thread may be blocked reading a download: wake it, so that the unwinding does not
+    # wait for the network.
     abort_downloads()
     raise CaughtSignalError(signum)
 
