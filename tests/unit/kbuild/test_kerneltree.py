@@ -409,6 +409,14 @@ BAD_ARCHIVES = {
         ),
         "has a symbolic link out of the extraction directory",
     ),
+    "escaping symlink with a line break": (
+        lambda: _escaping(
+            f"usr/lib/modules/{KERNEL}/build/evil",
+            tarfile.SYMTYPE,
+            "../../../../../../../etc\nERROR: x",
+        ),
+        r"out of the extraction directory \(.*/evil -> (\.\./){7}etc\\nERROR: x\)",
+    ),
     "hard link to an unextracted member": (
         lambda: tar_gz_members(
             [

@@ -37,6 +37,7 @@ from nvidia_driver import limits
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats import output
 from nvidia_driver.links import escaping_links
+from nvidia_driver.safetext import shown
 
 _CHUNK = 1 << 20  # a member's bytes copied at a time; inflated at most at a time
 _COMPRESSED_CHUNK = 1 << 16  # read at a time; most such chunks inflate whole within _CHUNK
@@ -278,12 +279,12 @@ def symlink_target(rel: str, name: str, linkname: str) -> str:
     if "\0" in linkname or len(linkname) > limits.LINK_TARGET:
         raise UnsafeMemberError(
             f"a symbolic link with a NUL byte or more than {limits.LINK_TARGET} bytes in its "
-            f"target ({name[:200]})"
+            f"target ({shown(name)})"
         )
     target = output.contained_link_target(PurePosixPath(rel), linkname)
     if target is None:
         raise UnsafeMemberError(
-            f"a symbolic link out of the extraction directory ({name} -> {linkname})"
+            f"a symbolic link out of the extraction directory ({shown(name)} -> {shown(linkname)})"
         )
     return target
 
@@ -296,7 +297,8 @@ def refuse_escaping_links(writer: output.TreeWriter) -> None:
         rel = escaping[0]
         raise UnsafeMemberError(
             "a symbolic link that resolves out of the extraction directory "
-            f"({rel} -> {Path(writer.path(rel)).readlink()}, through its other links)"
+            f"({shown(rel)} -> {shown(str(Path(writer.path(rel)).readlink()))}, through its other "
+            "links)"
         )
 
 
