@@ -145,10 +145,6 @@ def check_repository(registry: str, image: str = DEFAULT_IMAGE) -> str:
     return joined
 
 
-def reference(registry: str, tag: str, image: str = DEFAULT_IMAGE) -> str:
-    return f"{repository(registry, image)}:{tag}"
-
-
 @dataclass(frozen=True)
 class ImageTags:
     """Every reference one built image gets; ``primary`` is the one builds refer to."""

@@ -20,7 +20,6 @@ from gdc.tags import (
     kernel_in_tag,
     os_tag,
     precompiled_tags,
-    reference,
     repository,
 )
 from gdc.versions import Driver, RedistDigests, VersionsError
@@ -90,9 +89,7 @@ def test_a_kernel_release_is_made_fit_for_a_tag() -> None:
 def test_repository_joins_like_driver_repository_and_image() -> None:
     assert repository("") == "driver"
     assert repository("ghcr.io/me/") == "ghcr.io/me/driver"
-    assert reference("127.0.0.1:5000/gdc", "580.178.04-flatcar", "nvdriver") == (
-        "127.0.0.1:5000/gdc/nvdriver:580.178.04-flatcar"
-    )
+    assert repository("127.0.0.1:5000/gdc", "nvdriver") == "127.0.0.1:5000/gdc/nvdriver"
     tags = ImageTags("r/driver", ("a", "b"))
     assert tags.primary == "r/driver:a"
     assert tags.references == ("r/driver:a", "r/driver:b")
