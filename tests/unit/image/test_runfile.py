@@ -299,6 +299,7 @@ UNSAFE_MEMBERS = {
         (_member("./a/b", tarfile.SYMTYPE, ".."), b""),
         (_member("./c", tarfile.SYMTYPE, "a/b/.."), b""),
     ],
+    "fifo-named-with-a-line-break": [(_member("./fifo\nERROR: x", tarfile.FIFOTYPE), b"")],
     # Stricter than the "data" filter, which failed on the first with a KeyError and linked
     # the directory.
     "hardlink-to-nothing": [(_member("./copy", tarfile.LNKTYPE, "./missing"), b"")],
@@ -317,6 +318,7 @@ REFUSALS = {
     "device": r"a device, fifo or other special file \(\./dev\)",
     "block-device": r"a device, fifo or other special file \(\./sda\)",
     "fifo": r"a device, fifo or other special file \(\./fifo\)",
+    "fifo-named-with-a-line-break": r"a device, fifo or other special file \(\./fifo\\nERROR: x\)",
     "hardlink-up": r"a member that would land outside the extraction directory \('\.\./",
     "symlink-chain-out": r"a symbolic link that resolves out of the extraction directory \(c -> ",
     "hardlink-to-nothing": r"a hard link to what it has not unpacked as a file before",

@@ -322,7 +322,7 @@ class Budget:
             return
         if member.size > self.max_member:
             raise OverBoundError(
-                f"{member.name[:200]} of {member.size} bytes, more than the "
+                f"{shown(member.name)} of {member.size} bytes, more than the "
                 f"{limits.size(self.max_member)} a file may have"
             )
         self.written += member.size

@@ -27,6 +27,7 @@ from nvidia_driver.commands import Commands
 from nvidia_driver.digests import valid_sha256
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats import output, tar
+from nvidia_driver.safetext import shown
 
 Compression = Literal["gzip", "xz", "zstd"]
 
@@ -332,7 +333,7 @@ def _unpack(archive: tar.TarStream, member: tarfile.TarInfo, writer: output.Tree
     rel = tar.member_path(member.name)
     if (member.issym() or member.islnk()) and member.linkname.startswith("/"):
         raise tar.UnsafeMemberError(
-            f"a link to an absolute path ({member.name} -> {member.linkname})"
+            f"a link to an absolute path ({shown(member.name)} -> {shown(member.linkname)})"
         )
     source = tar.member_path(member.linkname) if member.islnk() else None
     # The filter keeps no directory mode either.
@@ -342,9 +343,9 @@ def _unpack(archive: tar.TarStream, member: tarfile.TarInfo, writer: output.Tree
     if member.islnk():
         raise tar.UnsafeMemberError(
             f"a hard link to what it has not unpacked as a file before "
-            f"({member.name} -> {member.linkname})"
+            f"({shown(member.name)} -> {shown(member.linkname)})"
         )
-    raise tar.UnsafeMemberError(f"a device, fifo or other special file ({member.name})")
+    raise tar.UnsafeMemberError(f"a device, fifo or other special file ({shown(member.name)})")
 
 
 def _data_mode(mode: int) -> int:

@@ -38,6 +38,7 @@ from nvidia_driver.kbuild.kerneltree import (
     tree_at,
 )
 from nvidia_driver.log import say
+from nvidia_driver.safetext import shown
 from nvidia_driver.sources.flatcar import RELEASE_FILE
 
 _CHUNK = 1 << 20
@@ -101,7 +102,7 @@ class _ContainerExtraction:
                 return
         if member.issparse():
             raise DriverError(
-                f"{CONTAINER_TARBALL}: {member.name} is stored as a sparse file, which the "
+                f"{CONTAINER_TARBALL}: {shown(member.name)} is stored as a sparse file, which the "
                 "extraction does not write; report this with the Flatcar version"
             )
         writer, rel, source = self.writer(placement), placement.path, None
@@ -113,8 +114,9 @@ class _ContainerExtraction:
         written = self.archive.write(writer, rel, member, mode, source)
         if not written and member.islnk() and placement.area == "tree":
             raise DriverError(
-                f"{CONTAINER_TARBALL}: {member.name} is a hard link to {member.linkname}, "
-                "which is not part of the kernel tree; report this with the Flatcar version"
+                f"{CONTAINER_TARBALL}: {shown(member.name)} is a hard link to "
+                f"{shown(member.linkname)}, which is not part of the kernel tree; report this "
+                "with the Flatcar version"
             )
         # Else not written: a library linked to something not extracted (not needed: the
         # closure decides), a device or a fifo (no place in a build tree).
