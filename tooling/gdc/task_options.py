@@ -151,7 +151,7 @@ def _with_config_keys(help_texts: dict[str, str]) -> dict[str, str]:
 HELP = _with_config_keys({
     # What to build, and how it is tagged (tags, build, push; matrix, publish and sign cover
     # every image of the matrix, and take the last five).
-    "variant": "build (compiles on the node) or precompiled (one per Flatcar release)",
+    "variant": "build (compiles on the node) or precompiled (one per Flatcar kernel)",
     "driver_version": "NVIDIA driver version or branch (default: newest in versions.toml)",
     "flatcar_version": "Flatcar release (default: current stable, from the releases feed)",
     "arch": "amd64, arm64, a comma list, or 'all' (multi-arch: buildx, needs --push)",
