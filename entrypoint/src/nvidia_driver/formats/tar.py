@@ -31,7 +31,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import IO, Protocol, Self
+from typing import IO, Any, Protocol, Self
 
 from nvidia_driver import limits
 from nvidia_driver.errors import DriverError
@@ -141,10 +141,15 @@ class _Archive(tarfile.TarFile):
     extended_headers = 0
     extended_bytes = 0
 
+    def __init__(self, *args: Any, source: _Decompressed, **kwargs: Any) -> None:
+        self._source = source  # what tarfile reads, through its own stream wrapper
+        super().__init__(*args, **kwargs)
+
     def next(self) -> tarfile.TarInfo | None:
         self.extended_headers = self.extended_bytes = 0
         member = super().next()
         self.members.clear()
+        self._source.reach(self.offset)  # where tarfile reads on: past the member's data
         return member
 
     def take_extended(self, size: int, *, header: bool = True) -> None:
@@ -333,12 +338,9 @@ class Budget:
 class TarStream:
     """The members of one tar stream, checked, and what writes them through a TreeWriter."""
 
-    def __init__(
-        self, archive: tarfile.TarFile, budget: Budget, data: _Decompressed | None = None
-    ) -> None:
+    def __init__(self, archive: tarfile.TarFile, budget: Budget) -> None:
         self._archive = archive
         self.budget = budget
-        self._data = data  # what tarfile reads, if bounded
 
     @classmethod
     @contextmanager
@@ -346,15 +348,17 @@ class TarStream:
         """The tar stream in stream, at most limit bytes of it (inflated with gzip): bounded."""
         data = _Decompressed(stream, limit, gzip=gzip)
         try:  # tarfile reads the first member here
-            archive = _Archive.open(
-                fileobj=data, mode="r|", tarinfo=_BoundedHeaders, encoding="utf-8"
+            # tarfile.open hands keywords it does not know to the class (3.11 to 3.14);
+            # typeshed's overloads do not say so.
+            archive = _Archive.open(  # type: ignore[call-overload]
+                fileobj=data, mode="r|", tarinfo=_BoundedHeaders, encoding="utf-8", source=data
             )
         except tarfile.ReadError as exc:
             raise TarError(f"not a tar archive ({exc})") from exc
         except _READ_FAILURES as exc:
             raise _failure(exc) from exc
         with archive:
-            yield cls(archive, budget, data)
+            yield cls(archive, budget)
 
     def members(self) -> Iterator[tarfile.TarInfo]:
         """Each member, its size and time checked; its data is read (write) before the next."""
@@ -368,8 +372,6 @@ class TarStream:
             if member.size < 0:
                 raise TarError(f"a member of negative size ({member.name[:200]!r})")
             _checked_mtime(member.mtime)
-            if self._data is not None:
-                self._data.reach(self._archive.offset)  # where tarfile reads on: past the data
             yield member
 
     def write(
