@@ -27,15 +27,18 @@ from nvidia_driver.settings import (
 MODULE_TYPES = ("auto", "open", "proprietary")
 _NUMBER = re.compile(r"[0-9]+")
 _TRUE = ("true", "1", "yes")
-_FALSE = ("false", "0", "no", "")
+_FALSE = ("false", "0", "no")
 
 
 def _invalid(variable: str, value: str, accepted: str) -> DriverError:
     return DriverError(f"invalid value for {variable}: {value!r} (accepted: {accepted})")
 
 
-def _flag(env: Mapping[str, str], variable: str) -> bool:
+def flag(env: Mapping[str, str], variable: str, *, default: bool = False) -> bool:
+    """A true/false setting; unset or empty, default."""
     value = env.get(variable, "").strip().lower()
+    if not value:
+        return default
     if value in _TRUE:
         return True
     if value in _FALSE:
@@ -50,7 +53,7 @@ def _module_type(env: Mapping[str, str]) -> str:
             raise _invalid(KERNEL_MODULE_TYPE, env[KERNEL_MODULE_TYPE], ", ".join(MODULE_TYPES))
         return requested
     # Kept by the Operator for backwards compatibility: it means "open".
-    return "open" if _flag(env, OPEN_KERNEL_MODULES_ENABLED) else "auto"
+    return "open" if flag(env, OPEN_KERNEL_MODULES_ENABLED) else "auto"
 
 
 def _driver_version(env: Mapping[str, str], *, required: bool) -> str:
@@ -133,10 +136,10 @@ class DriverConfig:
             target_arch=_target_arch(env),
             kernel_module_type=_module_type(env),
             driver_config_digest=_digest(env),
-            gpu_direct_rdma=_flag(env, GPU_DIRECT_RDMA_ENABLED),
-            use_host_mofed=_flag(env, USE_HOST_MOFED),
+            gpu_direct_rdma=flag(env, GPU_DIRECT_RDMA_ENABLED),
+            use_host_mofed=flag(env, USE_HOST_MOFED),
             fabricmanager_overrides=_fabricmanager_overrides(env),
             node_name=env.get(NODE_NAME, ""),
-            allow_non_flatcar=_flag(env, ALLOW_NON_FLATCAR),
+            allow_non_flatcar=flag(env, ALLOW_NON_FLATCAR),
             max_threads=int(threads) if threads else 0,
         )

@@ -18,7 +18,7 @@ from nvidia_driver.gate.http import Client, Limits, Response, UnreachableError, 
 from nvidia_driver.gate.kubeapi import ConflictError, KubeAPI, NotFoundError
 from nvidia_driver.gate.managers import Manager
 from nvidia_driver.gate.verdict import allowed, held
-from nvidia_driver.settings import REBOOT_GATE_ANNOTATION
+from nvidia_driver.settings import REBOOT_GATE_ANNOTATION, REBOOT_GATE_PREPULL
 from nvidia_driver.sources.download import Backoff
 
 
@@ -150,6 +150,24 @@ def test_a_name_from_the_environment_outside_kubernetes_names_is_refused(
     with pytest.raises(DriverError) as raised:
         Settings.from_env(env, Manager.KURED, 60)
     assert str(raised.value).startswith(f"{name} {value!r}, which is not {accepted} (")
+
+
+@pytest.mark.parametrize(
+    ("value", "prepull"), [(None, True), ("", True), ("false", False), ("No", False), ("1", True)]
+)
+def test_the_prepull_setting_is_read_as_every_true_false_setting(
+    value: str | None, prepull: bool
+) -> None:
+    env = {"NODE_NAME": "gpu-1", "POD_NAMESPACE": "gate", "POD_NAME": "pod"}
+    if value is not None:
+        env[REBOOT_GATE_PREPULL] = value
+    assert Settings.from_env(env, Manager.KURED, 60).prepull is prepull
+
+
+def test_a_misspelt_prepull_setting_is_refused_not_read_as_true() -> None:
+    env = {"NODE_NAME": "gpu-1", "POD_NAMESPACE": "gate", "POD_NAME": "pod"}
+    with pytest.raises(DriverError, match="invalid value for REBOOT_GATE_PREPULL: 'flase'"):
+        Settings.from_env({**env, REBOOT_GATE_PREPULL: "flase"}, Manager.KURED, 60)
 
 
 @pytest.mark.parametrize(

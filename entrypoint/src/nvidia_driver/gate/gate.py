@@ -30,6 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from nvidia_driver.config import flag
 from nvidia_driver.errors import DriverError
 from nvidia_driver.gate.kubeapi import ConflictError, KubeAPI, namespace, object_name
 from nvidia_driver.gate.managers import (
@@ -91,7 +92,7 @@ class Settings:
             pod_name=env.get(POD_NAME, "").strip(),
             approval=env.get(REBOOT_GATE_ANNOTATION, "").strip() or APPROVAL,
             interval=interval,
-            prepull=env.get(REBOOT_GATE_PREPULL, "true").strip().lower() != "false",
+            prepull=flag(env, REBOOT_GATE_PREPULL, default=True),
             others=others,
         )
         needed = {POD_NAMESPACE: settings.namespace}
