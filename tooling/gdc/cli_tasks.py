@@ -15,6 +15,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 from invoke.context import Context
@@ -304,12 +305,13 @@ def sign(c: Context, given: Given) -> None:
         raise Exit(message, code=1)
 
 
-def _nvidia(c: Context, task: str, given: Given, releases_url: str = "") -> NvidiaUpstream:
-    """Where NVIDIA's files are read: the options, over invoke's configuration (propose-drivers'
-    --releases-url is NVIDIA's list of releases, not the configuration's Flatcar feed)."""
-    settings = _configured(c, task, given)
+def _nvidia(c: Context, task: str, given: Given) -> NvidiaUpstream:
+    """Where NVIDIA's files are read: the options, over invoke's configuration. propose-drivers'
+    --releases-url is NVIDIA's list of releases, so it stays out of the configuration's Flatcar
+    feed."""
+    settings = _configured(c, task, replace(given, releases_url=""))
     return NvidiaUpstream(settings.checksum_base_url, settings.driver_base_url,
-                          settings.fabricmanager_base_url, releases_url)  # fmt: skip
+                          settings.fabricmanager_base_url, given.releases_url)  # fmt: skip
 
 
 def record_driver(c: Context, given: Given) -> None:
@@ -332,7 +334,7 @@ def _opened(task: str, given: Given, proposals: int, opened: int) -> None:
 
 
 def propose_drivers(c: Context, given: Given) -> None:
-    upstream = _nvidia(c, "propose-drivers", given, given.releases_url)
+    upstream = _nvidia(c, "propose-drivers", given)
     path = _versions_path(given)
     with _failing("propose-drivers", RecordError):
         repository = None if given.dry_run else proposing.Repository.of(path)
