@@ -168,12 +168,23 @@ def relocate_host_tools(build_dir: Path, runtime_root: Path) -> list[Path]:
 
     Each tool becomes a shell wrapper beside ``<tool>.real``; the wrapped tools are returned.
     """
+    executables = _checked_executables(build_dir)
+    _wrap(executables, runtime_root)
+    return [tool for tool, _ in executables]
+
+
+def _checked_executables(build_dir: Path) -> list[tuple[Path, ElfInfo]]:
+    executables = _dynamic_executables(build_dir)
+    for tool, info in executables:
+        _check_machine(tool, info)
+    return executables
+
+
+def _wrap(executables: list[tuple[Path, ElfInfo]], runtime_root: Path) -> None:
     directories = _library_dirs(runtime_root)
     # Only directories that hold libraries go on the tools' library path.
     library_path = [d for d in directories if any(LIBRARY_NAME.match(p.name) for p in d.iterdir())]
-    tools = _dynamic_executables(build_dir)
-    for tool, info in tools:
-        _check_machine(tool, info)
+    for tool, info in executables:
         interpreter = PurePosixPath(info.interpreter or "").name
         loader = _find_library(interpreter, directories, runtime_root)
         if loader is None:
@@ -182,7 +193,6 @@ def relocate_host_tools(build_dir: Path, runtime_root: Path) -> list[Path]:
                 "its host tools cannot run; report this with the Flatcar version"
             )
         _write_wrapper(tool, loader, library_path)
-    return [tool for tool, _ in tools]
 
 
 def _check_tool_dirs(build_dir: Path, root: Path, origin: str) -> None:
@@ -199,11 +209,9 @@ def _check_tool_dirs(build_dir: Path, root: Path, origin: str) -> None:
 def make_tools_runnable(build_dir: Path, libraries_from: Path, root: Path, origin: str) -> None:
     """Wrap the tree's tools; only ever called on a tree whose links were checked."""
     _check_tool_dirs(build_dir, root, origin)
-    executables = _dynamic_executables(build_dir)
-    # Before their libraries are looked for: an x86-64 tool's loader is not on an arm64 root.
-    for tool, info in executables:
-        _check_machine(tool, info)
-    tools = [tool for tool, _ in executables]
-    if tools:
-        install_runtime(tools, libraries_from, root / RUNTIME_LIB_DIR)
-        relocate_host_tools(build_dir, root)
+    # Checked before their libraries are looked for: an x86-64 tool's loader is not on an arm64
+    # root.
+    executables = _checked_executables(build_dir)
+    if executables:
+        install_runtime([tool for tool, _ in executables], libraries_from, root / RUNTIME_LIB_DIR)
+        _wrap(executables, root)
