@@ -5,14 +5,18 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import tarfile
+import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from fetch_server import ReleaseServer
+from runfile_builder import build_run
+from userspace_package import EXPECTED_FILES, installed, make_package
 
 from nvidia_driver import naming
 from nvidia_driver.errors import DriverError
@@ -53,39 +57,30 @@ def _runfile_server(tmp_path: Path, body: bytes) -> str:
     return (tmp_path / "tesla").as_uri()
 
 
-def test_the_driver_is_verified_then_handed_to_the_userspace_installer(
+def test_the_driver_is_verified_then_its_userspace_installed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    body = b"#!/bin/sh\necho a makeself archive\n"
-    calls: list[Sequence[str]] = []
-
-    def runner(argv: Sequence[str]) -> None:
-        calls.append(argv)
-        assert Path(argv[argv.index("--run") + 1]).read_bytes() == body
-
-    monkeypatch.setattr(provision, "_run", runner)
+    built = build_run(tmp_path / "built.run", make_package(tmp_path / "package"), "xz")
+    body = built.path.read_bytes()
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    root = tmp_path / "root"
     provision.install_driver(base_url=_runfile_server(tmp_path, body), version=VERSION,
                              arch="amd64", sha256_spec=f"amd64={_sha256(body)}",
-                             root=tmp_path / "root")  # fmt: skip
-    [argv] = calls
-    assert argv[1:4] == ["-m", "nvidia_driver.image.userspace", "install"]
-    assert argv[argv.index("--sha256") + 1] == _sha256(body)
-    assert argv[argv.index("--arch") + 1] == "amd64"
-    assert "--no-man-pages" in argv  # the image has no man pages
-    assert not Path(argv[argv.index("--run") + 1]).exists()  # never left for a layer
+                             root=root)  # fmt: skip
+    # No man pages: the image has none.
+    assert installed(root) == {name: mode for name, mode in EXPECTED_FILES.items()
+                               if not name.startswith("usr/share/man/")}  # fmt: skip
+    assert not any(scratch.iterdir())  # the .run is never left for a layer
 
 
-def test_a_driver_with_the_wrong_checksum_is_not_installed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def runner(argv: Sequence[str]) -> None:
-        raise AssertionError(argv)
-
-    monkeypatch.setattr(provision, "_run", runner)
-
+def test_a_driver_with_the_wrong_checksum_is_not_installed(tmp_path: Path) -> None:
     with pytest.raises(DriverError, match="the download is damaged or the recorded checksum"):
         provision.install_driver(base_url=_runfile_server(tmp_path, b"x"), version=VERSION,
-                                 arch="amd64", sha256_spec="0" * 64, root=tmp_path)  # fmt: skip
+                                 arch="amd64", sha256_spec="0" * 64,
+                                 root=tmp_path / "root")  # fmt: skip
+    assert not (tmp_path / "root").exists()
 
 
 def test_a_wrong_checksum_stops_the_image_build_with_one_line(
@@ -268,15 +263,18 @@ def _install(redist: Redist, root: Path, spec: str | None = None) -> list[str]:
 
 
 @pytest.fixture(autouse=True)
-def ldconfig_calls(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
-    """ldconfig -r needs root; record it instead."""
-    calls: list[list[str]] = []
-    monkeypatch.setattr(provision, "_run", lambda argv: calls.append(list(argv)))
-    return calls
+def ldconfig_calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """ldconfig -r needs root: an ldconfig first on PATH records its arguments instead."""
+    log, stubs = tmp_path / "ldconfig.log", tmp_path / "stubs"
+    stubs.mkdir()
+    (stubs / "ldconfig").write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
+    (stubs / "ldconfig").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{stubs}:{os.environ.get('PATH', os.defpath)}")
+    return log
 
 
 def test_every_archive_lands_where_nvidia_s_packages_put_it(
-    tmp_path: Path, ldconfig_calls: list[list[str]]
+    tmp_path: Path, ldconfig_calls: Path
 ) -> None:
     root = tmp_path / "root"
     installed = _install(_redist(tmp_path), root)
@@ -304,7 +302,8 @@ def test_every_archive_lands_where_nvidia_s_packages_put_it(
     assert not (root / "usr/include").exists()
     assert not list(root.rglob("*.service"))
     assert not list(root.rglob("fm_run_package_installer.sh"))
-    assert ldconfig_calls == [["ldconfig", "-r", str(root)]]  # SONAME links, as for the .run
+    # SONAME links, as for the .run
+    assert ldconfig_calls.read_text().splitlines() == [f"-r {root}"]
 
 
 def test_a_manifest_without_the_optional_archives_says_what_the_node_lacks(

@@ -9,9 +9,9 @@ images/build/Dockerfile runs these, and only these::
     python3 -m nvidia_driver.image.provision verify --arch amd64 --version V
 
 ``driver`` downloads ``<base>/<V>/NVIDIA-Linux-<x86_64|aarch64>-<V>.run``, checks its SHA-256
-(one digest, or ``amd64=HEX,arm64=HEX`` so that one multi-arch build passes both) and hands it
-to ``python3 -m nvidia_driver.image.userspace install`` (without man pages); the .run is
-deleted in the same step, so it never lands in an image layer.
+(one digest, or ``amd64=HEX,arm64=HEX`` so that one multi-arch build passes both) and installs
+its userspace (image/userspace.py, without man pages); the .run is deleted in the same step, so
+it never lands in an image layer.
 
 ``redist`` reads ``<base>/redistrib_<V>.json``, NVIDIA's manifest of redistributable archives,
 and installs the fabric manager, NSCQ, NVLSM, IMEX and NVSDM archives it lists (sources/redist.py),
@@ -26,7 +26,6 @@ import argparse
 import dataclasses
 import hashlib
 import os
-import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -38,6 +37,7 @@ from nvidia_driver.digests import ANY, digest_list
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats import jsontext
 from nvidia_driver.image.driverroot import ldconfig_root, verify_root
+from nvidia_driver.image.userspace import install_runfile
 from nvidia_driver.log import say
 from nvidia_driver.naming import ARCHES, TRIPLETS, driver_url, known_arch, redist_manifest_url
 from nvidia_driver.settings import NVIDIA_DRIVER_REDIRECT_HOSTS
@@ -128,12 +128,6 @@ def _read_json(url: str) -> Any:
 # --- driver ------------------------------------------------------------------------------------
 
 
-def _run(argv: Sequence[str]) -> None:
-    result = subprocess.run(list(argv), check=False)
-    if result.returncode != 0:
-        raise DriverError(f"{' '.join(argv)} exited {result.returncode}")
-
-
 def install_driver(*, base_url: str, version: str, arch: str, sha256_spec: str, root: Path) -> None:
     expected = checksum_for(sha256_spec, known_arch(arch))
     url = driver_url(base_url, version, arch)
@@ -144,11 +138,7 @@ def install_driver(*, base_url: str, version: str, arch: str, sha256_spec: str, 
         say(f"Verified {runfile.name} (sha256 {expected})")
         # No man pages: the image has none (images/build/dpkg/gdc-slim), and the container
         # toolkit injects programs and libraries only.
-        _run(
-            [sys.executable, "-m", "nvidia_driver.image.userspace", "install",
-             "--run", str(runfile), "--sha256", expected, "--root", str(root), "--arch", arch,
-             "--no-man-pages"]
-        )  # fmt: skip
+        install_runfile(runfile, root, arch=arch, sha256=expected, man_pages=False)
 
 
 # --- redist archives ----------------------------------------------------------------------------
@@ -186,7 +176,8 @@ def install_redist(
             if archive.component is redist.NVLSM:
                 redist.link_nvlsm_config(root)
             _check_installed(root, archive.component.key)
-    _update_linker_cache(root)
+    # SONAME links (libnvidia-nscq.so.2) come from ldconfig, as nvidia-installer's do.
+    Commands().run("ldconfig", *ldconfig_root(root))
     return archives
 
 
@@ -194,11 +185,6 @@ def _check_installed(root: Path, component: str) -> None:
     missing = [name for name in REQUIRED_FILES.get(component, ()) if not (root / name).exists()]
     if missing:
         raise DriverError(f"the {component} archive lacks {', '.join(missing)}: wrong archive?")
-
-
-def _update_linker_cache(root: Path) -> None:
-    # SONAME links (libnvidia-nscq.so.2) come from ldconfig, as nvidia-installer's do.
-    _run(["ldconfig", *ldconfig_root(root)])
 
 
 def verify(*, version: str, arch: str, root: Path) -> None:
