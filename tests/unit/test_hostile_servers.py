@@ -22,8 +22,7 @@ import pytest
 import requests
 from raw_server import raw_server
 
-from gdc.download import DownloadError, read_text
-from gdc.download import Limits as FeedLimits
+from gdc import releases
 from gdc.registry import Registry
 from gdc.transport import Limits as TransportLimits
 from gdc.transport import deadline_session
@@ -72,7 +71,7 @@ def _registry(url: str) -> object:
 
 
 def _feed(url: str) -> object:
-    return read_text(url, FeedLimits(deadline=DEADLINE))
+    return releases.read_text(url, _downloader())
 
 
 def _gate_client() -> GateClient:
@@ -98,7 +97,7 @@ def _gate_registry(url: str) -> object:
 # The clients asked for a URL as they are: (how it is asked, its own error type).
 _CLIENTS: dict[str, tuple[Attempt, type[Exception]]] = {
     "download": (_entrypoint, DriverError),
-    "feed": (_feed, DownloadError),
+    "feed": (_feed, DriverError),
     "registry": (_registry, DriverError),
     "gate-api": (_gate_api, DriverError),
     "gate-registry": (_gate_registry, DriverError),
@@ -208,7 +207,7 @@ def _session(url: str) -> object:
 
 @pytest.mark.parametrize(
     ("attempt", "error"),
-    [(_entrypoint, DriverError), (_feed, DownloadError), (_session, requests.Timeout)],
+    [(_entrypoint, DriverError), (_feed, DriverError), (_session, requests.Timeout)],
     ids=["download", "feed", "registry-session"],
 )
 def test_a_proxy_trickling_its_connect_answer_cannot_hold_a_download_past_its_deadline(

@@ -24,7 +24,7 @@ replaces the base URLs, and ``NVIDIA_DRIVER_REDIRECT_HOSTS`` then names the host
   "architectures", "runfile_url": {"x86_64": URL, "aarch64": URL}}, ...]}}``.
 
 Every read is bounded in bytes and time; a small file (a checksum, a manifest, the list) within
-one deadline for all its tries (:data:`~gdc.download.DEADLINE_SECONDS`), so that a server that
+one deadline for all its tries (:data:`SMALL_DEADLINE_SECONDS`), so that a server that
 trickles it cannot hold a run for the .run's. JSON that gives a key twice is refused (which copy
 is meant?), and the list's words (a branch's type, a date, a URL) are kept as
 :func:`nvidia_driver.safetext.shown` shows them: no line break or control character of NVIDIA's
@@ -42,7 +42,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gdc.download import DEADLINE_SECONDS as SMALL_DEADLINE_SECONDS
 from nvidia_driver.digests import valid_sha256
 from nvidia_driver.errors import DriverError
 from nvidia_driver.image import provision
@@ -58,6 +57,7 @@ from nvidia_driver.safetext import shown
 from nvidia_driver.sources.download import CHUNK, Opened
 
 CHECKSUM_BASE_URL = "https://download.nvidia.com/XFree86"
+SMALL_DEADLINE_SECONDS = 120.0  # every try of a small file: a checksum, a manifest, the list
 DRIVER_BASE_URL = "https://us.download.nvidia.com/tesla"
 REDIST_BASE_URL = "https://developer.download.nvidia.com/compute/nvidia-driver/redist"
 RELEASES_URL = "https://docs.nvidia.com/datacenter/tesla/drivers/releases.json"

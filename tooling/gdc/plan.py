@@ -14,7 +14,6 @@ from functools import cached_property
 from pathlib import Path
 
 from gdc import coverage, matrix, releases
-from gdc.download import read_text
 from gdc.tags import DEFAULT_IMAGE, Variant, check_repository
 from gdc.versions import Driver, Versions, VersionsError, driver_branch
 from nvidia_driver.digests import ANY, digest_list
@@ -256,7 +255,7 @@ def resolve(
     versions: Versions,
     env: Mapping[str, str],
     *,
-    reader: releases.FeedReader = read_text,
+    reader: releases.FeedReader = releases.read_text,
 ) -> Request:
     """The request options name; without --flatcar-version, the current stable release's
     precompiled image with every covered release of its kernel, as invoke publish builds it."""

@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 
 from gdc.coverage import LTS_INFO_URL, LTS_INFO_URL_ENV, LtsInfo, ReleaseError, parse_lts_info
 from gdc.coverage import read_feed as _read_feed
-from gdc.download import DownloadError, read_text
 from nvidia_driver.errors import DriverError
+from nvidia_driver.limits import FEED
 from nvidia_driver.settings import FLATCAR_RELEASES_URL
+from nvidia_driver.sources.download import Downloader, feed_downloader
 from nvidia_driver.sources.flatcar import Channel, FlatcarVersion, Release, releases_url_from_env
 
-__all__ = ["FeedReader", "ReleaseError", "current_stable", "find_release", "load_feed"]
+__all__ = [
+    "FeedReader", "ReleaseError", "current_stable", "find_release", "load_feed", "read_text",
+]  # fmt: skip
 
 FeedReader = Callable[[str], str]
+
+
+def read_text(url: str, downloader: Downloader | None = None) -> str:
+    """A Flatcar feed (releases.json, lts-info), read as the reboot gate reads it."""
+    return (downloader or feed_downloader(os.environ)).get_text(url, FEED, "a Flatcar feed")
 
 
 def feed_url(env: Mapping[str, str], override: str = "") -> str:
@@ -24,7 +33,7 @@ def feed_url(env: Mapping[str, str], override: str = "") -> str:
 def load_feed(url: str, reader: FeedReader = read_text) -> str:
     try:
         return reader(url)
-    except (DownloadError, OSError) as exc:
+    except DriverError as exc:
         raise ReleaseError(
             f"cannot read the Flatcar releases feed ({exc}); set {FLATCAR_RELEASES_URL} or pass "
             "--releases-url for a mirror"
@@ -39,7 +48,7 @@ def lts_info(env: Mapping[str, str], reader: FeedReader = read_text, override: s
     url = override or env.get(LTS_INFO_URL_ENV) or LTS_INFO_URL
     try:
         return LtsInfo(parse_lts_info(reader(url)))
-    except (DownloadError, OSError, ReleaseError) as exc:
+    except (DriverError, ReleaseError) as exc:
         return LtsInfo(unavailable=f"{url}: {exc}")
 
 

@@ -47,6 +47,11 @@ KERNEL_CANDIDATES = 16  # compression magics tried per codec when scanning (a re
 BANNER_CANDIDATES = 64  # "Linux version " strings looked at per decoding (a real kernel: 1-3)
 LZMA_MEMORY = 256 * MiB  # the kernel's xz and lzma use dictionaries of 32 and 64 MiB
 
+# Flatcar's releases.json (a few MB in 2026, flatcar-website static/releases-json/) and its
+# lts-info (a few lines), read by the reboot gate and the tooling alike; inflated too, if gzip.
+FEED = 64 * MiB
+FEED_SECONDS = 300.0  # a reboot gate's pass, or a publish run, should not wait hours for it
+
 # /drivers/<module>.conf, the kernel module parameters ConfigMap: a few name=value tokens.
 MODULE_PARAMETERS = 64 * KiB
 

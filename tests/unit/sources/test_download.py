@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import threading
 import time
 from collections.abc import Iterator
@@ -227,3 +228,32 @@ def test_aborting_wakes_a_thread_blocked_reading_a_stalled_download(
     assert time.monotonic() - started < 2  # not the 30 s read timeout
     opened.close()
     assert outcome[-1] == b""  # the read ended: the caller sees the body cut short
+
+
+# --- small text files (Flatcar's releases feed and lts-info) --------------------------------
+
+
+def _serve(server: ReleaseServer, body: bytes) -> str:
+    (server.root / "feed.json").write_bytes(body)
+    return server.url("feed.json")
+
+
+def test_a_small_file_over_its_bound_is_refused(server: ReleaseServer) -> None:
+    url = _serve(server, b"x" * 5000)
+    with pytest.raises(DriverError, match=r"feed\.json is over 4096 bytes: not a feed; check"):
+        downloader().get_small(url, 4096, "a feed")
+
+
+def test_a_text_file_is_utf8_and_a_gzip_one_is_inflated_within_its_bound(
+    server: ReleaseServer,
+) -> None:
+    assert downloader().get_text(_serve(server, gzip.compress(b'{"gz": 1}')), 4096, "a feed") == (
+        '{"gz": 1}'
+    )
+    bomb = _serve(server, gzip.compress(b" " * 5000))
+    with pytest.raises(DriverError, match=r"feed\.json inflates to more than the 4096 bytes"):
+        downloader().get_text(bomb, 4096, "a feed")
+    with pytest.raises(DriverError, match=r"is not UTF-8 text \(byte 2 is 0xff\): not a feed"):
+        downloader().get_text(_serve(server, b'{"\xff": 1}'), 4096, "a feed")
+    with pytest.raises(DriverError, match="the gzip body is cut short"):
+        downloader().get_text(_serve(server, gzip.compress(b"{}")[:-6]), 4096, "a feed")

@@ -3,7 +3,6 @@ variables, and who sets them: settings.py, ``nvidia-driver settings``)."""
 
 from __future__ import annotations
 
-import dataclasses
 import signal
 import threading
 from collections.abc import Mapping
@@ -23,14 +22,13 @@ from nvidia_driver.kbuild.cachedirs import cache_dir, work_dir
 from nvidia_driver.kbuild.release import FlatcarReleases
 from nvidia_driver.log import say
 from nvidia_driver.settings import DRIVER_VERSION, GPU_OPERATOR_NAMESPACE
-from nvidia_driver.sources.download import Downloader, DownloadLimits
+from nvidia_driver.sources.download import feed_downloader
 from nvidia_driver.sources.flatcar import releases_url_from_env
 
 # An emptyDir in the gate's pod: a kernel banner (cache), the vmlinuz it came from (work).
 CACHE = Path("/var/cache/nvidia-reboot-gate/cache")
 WORK = Path("/var/cache/nvidia-reboot-gate/work")
 OPERATOR_NAMESPACE = "gpu-operator"
-FEED_DEADLINE = 300.0  # seconds: the feed is ~2 MB, a pass should not wait for it for hours
 
 
 def make_gate(
@@ -40,11 +38,9 @@ def make_gate(
     api = KubeAPI.from_env(env)
     commands = Commands(dict(env))
     releases = FlatcarReleases.from_env(commands, cache_dir(CACHE, env), work_dir(WORK, env), env)
-    limits = DownloadLimits.from_env(env)
-    feed = Downloader(dataclasses.replace(limits, deadline=min(limits.deadline, FEED_DEADLINE)))
     checker = Checker(
         api,
-        Releases(releases_url_from_env(env), feed),
+        Releases(releases_url_from_env(env), feed_downloader(env)),
         BuildImage(env.get(DRIVER_VERSION, "").strip(), commands, releases),
         operator_namespace=namespace(
             env.get(GPU_OPERATOR_NAMESPACE, "").strip() or OPERATOR_NAMESPACE,

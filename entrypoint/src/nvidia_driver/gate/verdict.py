@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nvidia_driver import limits
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats import jsontext
 from nvidia_driver.formats.oci import Credentials, credentials_from_docker_config
@@ -44,12 +45,10 @@ from nvidia_driver.gate.operator import (
 )
 from nvidia_driver.gate.registry import ImageRef, Presence, Registry
 from nvidia_driver.gate.updateengine import PREFS, VERSION_ZERO, staged_from_prefs
-from nvidia_driver.limits import MiB
 from nvidia_driver.safetext import ANNOTATION_SHOWN, shown
 from nvidia_driver.sources.download import Downloader
 from nvidia_driver.sources.flatcar import FlatcarVersion, Release, parse_releases
 
-FEED_LIMIT = 64 * MiB  # releases.json: ~2 MB in 2026
 SHOWN = 3  # missing images named in the line; the rest are counted
 
 
@@ -86,7 +85,7 @@ class Releases:
 
     def find(self, version: FlatcarVersion) -> Release | None:
         if version not in self._known:
-            text = self.downloader.get_small(self.url, FEED_LIMIT, "Flatcar's releases feed")
+            text = self.downloader.get_text(self.url, limits.FEED, "Flatcar's releases feed")
             feed = jsontext.parse(text, "Flatcar's releases feed")
             self._known = {release.version: release for release in parse_releases(feed)}
         return self._known.get(version)

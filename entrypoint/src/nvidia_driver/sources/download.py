@@ -18,6 +18,7 @@ down, which wakes any read of it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import http.client
 import os
 import re
@@ -27,6 +28,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -34,6 +36,7 @@ from pathlib import Path
 from typing import IO, Protocol, TypeVar
 
 from nvidia_driver.errors import DriverError
+from nvidia_driver.limits import FEED_SECONDS
 from nvidia_driver.log import warn
 from nvidia_driver.safetext import check, shown
 from nvidia_driver.settings import (
@@ -75,6 +78,8 @@ _HOST_PATTERN = re.compile(r"(\*\.)?[a-z0-9]([a-z0-9.-]*[a-z0-9])?")
 _SIZE = re.compile(r"([0-9]+)([kKmM]?)")
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20}
 
+_GZIP_MAGIC = b"\x1f\x8b"
+_LOOP = urllib.request.HTTPRedirectHandler.inf_msg
 _T = TypeVar("_T")
 
 
@@ -279,6 +284,19 @@ class Downloader:
 
         return self.transfer(url, read)
 
+    def get_text(self, url: str, limit: int, what: str) -> str:
+        """A small UTF-8 file; a gzip body (a mirror may serve one) inflated within ``limit``."""
+        body = self.get_small(url, limit, what)
+        if body.startswith(_GZIP_MAGIC):
+            body = _inflated(url, body, limit)
+        try:
+            return body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DriverError(
+                f"{url} is not UTF-8 text (byte {exc.start} is {body[exc.start]:#04x}): not "
+                f"{what}; check the URL"
+            ) from None
+
     def _open(self, url: str, ends: float) -> Opened:
         if ends <= self.clock():
             raise DriverError(_past_deadline(url, self.limits))
@@ -303,6 +321,17 @@ class Downloader:
             raise TransientError(f"cannot reach {url}: {shown(str(exc))}") from exc
         length = _content_length(response.headers.get("Content-Length"))
         return Opened(url, response, length, budget, limits)
+
+
+def feed_downloader(env: Mapping[str, str]) -> Downloader:
+    """What reads Flatcar's releases feed and lts-info, for the reboot gate and the tooling: the
+    limits from env, every try within :data:`limits.FEED_SECONDS` (read with ``get_text`` and
+    :data:`limits.FEED`)."""
+    limits = DownloadLimits.from_env(env)
+    return Downloader(
+        dataclasses.replace(limits, deadline=min(limits.deadline, FEED_SECONDS)),
+        missing="no such file; check the feed's URL",
+    )
 
 
 class _RedirectPolicy(urllib.request.HTTPRedirectHandler):
@@ -337,6 +366,19 @@ class _RedirectPolicy(urllib.request.HTTPRedirectHandler):
 _IN_FLIGHT: set[Opened] = set()
 
 
+def _inflated(url: str, body: bytes, limit: int) -> bytes:
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        text = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise DriverError(f"{url}: the gzip body is damaged ({exc})") from None
+    if len(text) > limit or inflater.unconsumed_tail:
+        raise DriverError(f"{url} inflates to more than the {limit} bytes allowed")
+    if not inflater.eof:
+        raise DriverError(f"{url}: the gzip body is cut short")
+    return text
+
+
 def _connection_of(body: _Body) -> socket.socket | None:
     """A duplicate of the body's socket, to shut it down from elsewhere; None for files."""
     try:
@@ -354,6 +396,12 @@ def _http_failure(url: str, code: int, status: str, missing: str) -> Exception:
         return not_found(url, f"HTTP {code}", missing)
     if code in RETRYABLE or code >= HTTPStatus.INTERNAL_SERVER_ERROR:
         return TransientError(f"{url} answered HTTP {code} {reason}")
+    # urllib words a redirect loop on three lines: its inf_msg, then the last reason.
+    if " ".join(status.split()).startswith(" ".join(_LOOP.split())):
+        return DriverError(
+            f"{url} redirects in a loop (HTTP {code}, more than {MAX_REDIRECTS} redirects or the "
+            "same URL again): check the URL or the mirror's redirects"
+        )
     return DriverError(f"{url} answered HTTP {code} {reason}; check the URL and any proxy")
 
 
