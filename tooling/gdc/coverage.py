@@ -159,13 +159,10 @@ class Feed:
         """The version's release, or why its entry is unusable."""
         return self.releases.get(version) or self.unusable[version]
 
-    def channel_of(self, version: FlatcarVersion) -> str:
-        return self.entry(version).channel
-
     def versions(self, channel: str, major: int | None = None) -> list[FlatcarVersion]:
         """Every version (usable or not) of channel, oldest first."""
         return sorted(v for v in (*self.releases, *self.unusable)
-                      if self.channel_of(v) == channel and major in (None, v.major))  # fmt: skip
+                      if self.entry(v).channel == channel and major in (None, v.major))  # fmt: skip
 
     def copied_by(self, marker: str) -> FlatcarVersion | None:
         """The newest versioned entry that marker is a copy of."""
@@ -201,10 +198,9 @@ def _entry_problem(entry: object) -> str:
         return "the entry is not an object"
     conflicts = [path for path, same in _duplicates(entry) if not same]
     software = entry.get("major_software")
-    kernel_problem = _kernel_problem(software.get("kernel") if isinstance(software, Mapping)
-                                     else None)  # fmt: skip
-    if conflicts or kernel_problem:
-        return kernel_problem if not conflicts else (
+    problem = _kernel_problem(software.get("kernel") if isinstance(software, Mapping) else None)
+    if conflicts or problem:
+        return problem if not conflicts else (
             f"gives {conflicts[0]} twice with different values in the releases feed: which one "
             "is meant is ambiguous")  # fmt: skip
     if not isinstance(entry.get("channel"), str) or not entry["channel"]:
@@ -265,9 +261,9 @@ def _duplicates(value: object, path: str = "") -> Iterator[tuple[str, bool]]:
             yield from _duplicates(child, path)
 
 
-def _listed(items: list[str]) -> str:
+def _listed(items: list[str], separator: str = ", ") -> str:
     more = f" (and {len(items) - _SHOWN} more)" if len(items) > _SHOWN else ""
-    return ", ".join(items[:_SHOWN]) + more
+    return separator.join(items[:_SHOWN]) + more
 
 
 def _plausible(keys: Iterable[str]) -> tuple[set[str], list[str]]:
@@ -532,10 +528,9 @@ def covered_releases(
                                                             for v in versions.pinned}  # fmt: skip
     stale = sorted(v for v in feed.unusable if v not in live)
     if stale:
-        shown = "; ".join(f"{v} {feed.unusable[v].reason}" for v in stale[:3])
-        more = f" (and {len(stale) - 3} more)" if len(stale) > 3 else ""  # noqa: PLR2004
+        shown = _listed([f"{v} {feed.unusable[v].reason}" for v in stale], "; ")
         feed.notes.append(f"{len(stale)} older feed entr{'y' if len(stale) == 1 else 'ies'} "
-                          f"cannot be read, ignored: {shown}{more}")  # fmt: skip
+                          f"cannot be read, ignored: {shown}")  # fmt: skip
     if not named:
         wanted = ", ".join(versions.channels)
         # The first exclusion says why, naming the release and the field (a current stable

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from gdc import releases
@@ -150,7 +150,7 @@ class Matrix:
     notes: tuple[str, ...] = ()
     repository: str = DEFAULT_IMAGE
     prefix: str = ""
-    arches: tuple[str, ...] = field(default=())
+    arches: tuple[str, ...] = ()
 
     def build_image(self, driver: Driver) -> Image:
         builds = (i for i in self.images if i.variant is Variant.BUILD)

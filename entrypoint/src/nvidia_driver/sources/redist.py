@@ -170,10 +170,8 @@ def listed_archives(manifest: Mapping[str, Any], arch: str, version: str) -> lis
     for component in COMPONENTS:
         if arch not in component.arches:
             continue
-        entry = manifest.get(component.key)
-        if not isinstance(entry, Mapping):
-            entry = {}
-        files = entry.get(platform)
+        entry = manifest.get(component.key, {})
+        files = entry.get(platform) if isinstance(entry, Mapping) else None
         if not isinstance(files, Mapping):
             if component.required:
                 raise DriverError(
