@@ -17,7 +17,6 @@ from nvidia_driver.settings import (
     GPU_DIRECT_RDMA_ENABLED,
     KERNEL_MODULE_TYPE,
     MAX_THREADS,
-    NODE_NAME,
     NVFM_CONFIG_,
     OPEN_KERNEL_MODULES_ENABLED,
     TARGETARCH,
@@ -120,7 +119,6 @@ class DriverConfig:
     gpu_direct_rdma: bool = False
     use_host_mofed: bool = False
     fabricmanager_overrides: dict[str, str] = field(default_factory=dict)
-    node_name: str = ""
     allow_non_flatcar: bool = False
     max_threads: int = 0
 
@@ -139,7 +137,6 @@ class DriverConfig:
             gpu_direct_rdma=flag(env, GPU_DIRECT_RDMA_ENABLED),
             use_host_mofed=flag(env, USE_HOST_MOFED),
             fabricmanager_overrides=_fabricmanager_overrides(env),
-            node_name=env.get(NODE_NAME, ""),
             allow_non_flatcar=flag(env, ALLOW_NON_FLATCAR),
             max_threads=int(threads) if threads else 0,
         )

@@ -97,7 +97,7 @@ USE_HOST_MOFED = _setting(
     "true: MOFED is the host's, so the sidecar waits for mlx5_core, not the MOFED container",
 )  # fmt: skip
 NODE_NAME = _setting(
-    "NODE_NAME", None, f"{OPERATOR}, {GATE} (the pod's node)", (*DRIVER_COMMANDS, *GATE_COMMAND),
+    "NODE_NAME", None, f"{OPERATOR}, {GATE} (the pod's node)", GATE_COMMAND,
     "the node the pod runs on; the gate holds this node's reboot",
 )  # fmt: skip
 NVFM_CONFIG_ = _setting(

@@ -129,7 +129,6 @@ def test_configuration_from_the_operator_environment() -> None:
         GPU_DIRECT_RDMA_ENABLED="True",
         USE_HOST_MOFED="false",
         NVFM_CONFIG_FABRIC_MODE="1",
-        NODE_NAME="gpu-node-1",
     )
     assert parsed.kernel_module_type == "open"
     assert parsed.driver_branch == 580
@@ -137,7 +136,6 @@ def test_configuration_from_the_operator_environment() -> None:
     assert parsed.gpu_direct_rdma
     assert not parsed.use_host_mofed
     assert parsed.fabricmanager_overrides == {"FABRIC_MODE": "1"}
-    assert parsed.node_name == "gpu-node-1"
 
 
 def test_kernel_module_type_wins_over_the_legacy_flag() -> None:
