@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import struct
 import subprocess
 import threading
@@ -40,7 +41,6 @@ from fixtures.debian import ensure_packages
 from fixtures.docker_env import stop_process
 
 from nvidia_driver.formats import dbus
-from nvidia_driver.gate import updateengine
 
 # flatcar/update_engine src/update_engine/dbus_constants.h
 UPDATE_ENGINE = "com.coreos.update1"
@@ -147,19 +147,24 @@ def encode(kind: int, serial: int, headers: Sequence[tuple[int, str, Value]],
 Handler = Callable[[dbus.Message], tuple[str, Sequence[Value]]]
 
 
-class _Service(updateengine._Connection):
-    """One connection to the bus, owning ``name``; calls to it go to ``handlers[member]``. It
-    authenticates and reads messages as the gate's client does, with no deadline."""
+class _Service:
+    """One connection to the bus, owning ``name``; calls to it go to ``handlers[member]``."""
 
     def __init__(self, address: Path, name: str, handlers: dict[str, Handler]) -> None:
-        super().__init__(address, timeout=10)
         self.name = name
         self.handlers = handlers
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(str(address))
+        self.sock.settimeout(10)
+        self.buffer = b""
+        self.serial = 0
         self.lock = threading.Lock()
         self.stop = threading.Event()
-        self.sock.sendall(b"\0")
-        answer = self.auth_line(f"AUTH EXTERNAL {str(os.getuid()).encode().hex()}")
-        if not answer.startswith("OK "):
+        self.sock.sendall(b"\0AUTH EXTERNAL " + str(os.getuid()).encode().hex().encode() + b"\r\n")
+        while b"\r\n" not in self.buffer:
+            self._read_more()
+        answer, _, self.buffer = self.buffer.partition(b"\r\n")
+        if not answer.startswith(b"OK "):
             raise RuntimeError(f"the private bus refused {name}: {answer!r}")
         self.sock.sendall(b"BEGIN\r\n")
         self._call(*BUS, "Hello")
@@ -175,6 +180,13 @@ class _Service(updateengine._Connection):
         if not chunk:
             raise ConnectionError("the private bus closed the connection")
         self.buffer += chunk
+
+    def _message(self) -> dbus.Message:
+        while True:
+            message, self.buffer = dbus.split_message(self.buffer)
+            if message is not None:
+                return message
+            self._read_more()
 
     def _send(self, kind: int, headers: list[tuple[int, str, Value]], signature: str = "",
               values: Sequence[Value] = ()) -> int:  # fmt: skip
