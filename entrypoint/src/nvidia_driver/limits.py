@@ -29,6 +29,13 @@ RUN_WRITTEN = 8 * GiB  # the bytes of every file written
 RUN_MEMBER = 2 * GiB  # one file written
 RUN_ENTRIES = 100_000  # files, links and directories written
 
+# NVIDIA's redist archives (fabric manager, NSCQ, NVLSM, IMEX, NVSDM): .tar.xz, verified against
+# their recorded SHA-256 before they are read; these bounds sit far above any of them.
+REDIST_INFLATED = 4 * GiB  # the tar stream: the files and their headers
+REDIST_WRITTEN = 2 * GiB  # the bytes of every member
+REDIST_MEMBER = 1 * GiB  # one member
+REDIST_ENTRIES = 20_000  # members
+
 # Paths: a kernel tree's deepest is ~12 components; PATH_MAX (4096) allows ~2,000.
 PATH_DEPTH = 128
 LINK_TARGET = 4095  # bytes: PATH_MAX without its NUL

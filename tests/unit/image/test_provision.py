@@ -6,6 +6,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import tarfile
 import tempfile
 import time
@@ -18,7 +19,7 @@ from fetch_server import ReleaseServer
 from runfile_builder import build_run
 from userspace_package import EXPECTED_FILES, installed, make_package
 
-from nvidia_driver import naming
+from nvidia_driver import limits, naming
 from nvidia_driver.errors import DriverError
 from nvidia_driver.image import provision
 from nvidia_driver.sources import redist
@@ -495,6 +496,26 @@ def test_setuid_bits_in_an_archive_are_dropped(tmp_path: Path) -> None:
     _install_one(tmp_path, info, b"fm")
     mode = (tmp_path / "root/usr/bin/nv-fabricmanager").stat().st_mode
     assert mode & 0o7777 == 0o755
+
+
+def test_an_archive_past_its_bounds_is_refused_before_it_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The redist archives are read as the .run's payload is (formats/tar.py), bounded."""
+    monkeypatch.setattr(limits, "REDIST_MEMBER", 1)
+    info = tarfile.TarInfo(f"{FM_TOP}/bin/nv-fabricmanager")
+    info.size = 2
+    larger = f"{FM_TOP}.tar.xz is larger than any NVIDIA redist archive ({FM_TOP}/bin/"
+    with pytest.raises(DriverError, match=re.escape(larger)):
+        _install_one(tmp_path, info, b"fm")
+    assert not (tmp_path / "root/usr/bin/nv-fabricmanager").exists()
+
+
+def test_an_archive_that_is_not_xz_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "a.tar.xz").write_bytes(b"not xz")
+    archive = redist.Archive(redist.FABRICMANAGER, VERSION, f"x/{FM_TOP}.tar.xz", "0" * 64)
+    with pytest.raises(DriverError, match=re.escape(f"reading {FM_TOP}.tar.xz failed: ")):
+        redist.install_archive(tmp_path / "a.tar.xz", archive, tmp_path / "root", "amd64")
 
 
 def test_the_command_line_reports_failures_in_one_line(

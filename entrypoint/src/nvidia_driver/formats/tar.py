@@ -399,12 +399,13 @@ class TarStream:
             writer.hardlink(rel, writer.path(source))
         elif member.isreg():
             writer.file(rel, member.mode if mode is None else mode, member.mtime,
-                        lambda fd: self._copy(member, fd))  # fmt: skip
+                        lambda fd: self.copy(member, fd))  # fmt: skip
         else:
             return False
         return True
 
-    def _copy(self, member: tarfile.TarInfo, fd: int) -> None:
+    def copy(self, member: tarfile.TarInfo, fd: int) -> None:
+        """Write a regular member's data to fd, read from the stream."""
         data = self._archive.extractfile(member)
         assert data is not None  # tarfile gives every regular member a reader
         while True:

@@ -14,25 +14,23 @@ through a directory that is a symlink, so nothing lands outside the mapped direc
 
 from __future__ import annotations
 
+import lzma
 import os
-import shutil
 import tarfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from nvidia_driver import limits
 from nvidia_driver.atomic import replacing
 from nvidia_driver.digests import digest_list, valid_sha256
 from nvidia_driver.errors import DriverError
+from nvidia_driver.formats import tar
 from nvidia_driver.log import say
 from nvidia_driver.naming import ARCHES, TRIPLETS, redist_platform
 from nvidia_driver.safetext import check
 
-MAX_MEMBERS = 20_000
-MAX_MEMBER_BYTES = 1 << 30
-MAX_TOTAL_BYTES = 2 << 30
-CHUNK = 1 << 20
 NVLSM_HOME = "opt/nvidia/nvlsm"
 # Where NVIDIA's NVLink5 start path hands NVLSM its configuration (ubuntu24.04/nvidia-driver).
 NVLSM_CONFIG_DIR = "usr/share/nvidia/nvlsm"
@@ -279,45 +277,30 @@ def _parents_without_links(root: Path, relative: PurePosixPath) -> Path:
     return current
 
 
-class _Budget:
-    def __init__(self) -> None:
-        self.members = 0
-        self.total = 0
-
-    def take(self, member: tarfile.TarInfo) -> None:
-        self.members += 1
-        self.total += max(member.size, 0)
-        if (
-            self.members > MAX_MEMBERS
-            or member.size > MAX_MEMBER_BYTES
-            or self.total > MAX_TOTAL_BYTES
-        ):
-            raise DriverError(
-                f"the archive is larger than any NVIDIA redist archive (member {member.name}): "
-                "refusing it"
-            )
-
-
 def install_archive(path: Path, archive: Archive, root: Path, arch: str) -> list[PurePosixPath]:
     """Install a verified archive under root; return what was installed (relative paths)."""
     libdir = f"usr/lib/{TRIPLETS[arch]}"
     installed: list[PurePosixPath] = []
-    budget = _Budget()
+    budget = tar.Budget(limits.REDIST_ENTRIES, limits.REDIST_WRITTEN, limits.REDIST_MEMBER)
     root.mkdir(parents=True, exist_ok=True)
     try:
-        tar = tarfile.open(path, "r:xz")  # noqa: SIM115 - closed below
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        raise DriverError(f"{archive.file_name} is not an xz tar archive: {exc}") from None
-    with tar:
-        try:
-            for member in tar:
+        # Read by tarfile in stream mode, bounded (formats/tar.py), as the .run's payload is.
+        with (
+            lzma.open(path) as xz,
+            tar.TarStream.open(xz, limits.REDIST_INFLATED, budget, gzip=False) as stream,
+        ):
+            for member in stream.members():
                 budget.take(member)
                 target = _member_destination(member, archive, libdir)
                 if target is not None:
-                    _install_member(tar, member, root, target)
+                    _install_member(stream, member, root, target)
                     installed.append(target)
-        except (tarfile.TarError, EOFError, OSError) as exc:
-            raise DriverError(f"reading {archive.file_name} failed: {exc}") from None
+    except tar.OverBoundError as exc:
+        raise DriverError(
+            f"{archive.file_name} is larger than any NVIDIA redist archive ({exc}): refusing it"
+        ) from None
+    except (tar.TarError, OSError, lzma.LZMAError) as exc:
+        raise DriverError(f"reading {archive.file_name} failed: {exc}") from None
     return installed
 
 
@@ -340,7 +323,7 @@ def _member_destination(
 
 
 def _install_member(
-    tar: tarfile.TarFile, member: tarfile.TarInfo, root: Path, target: PurePosixPath
+    stream: tar.TarStream, member: tarfile.TarInfo, root: Path, target: PurePosixPath
 ) -> None:
     parent = _parents_without_links(root, target)
     final = parent / target.name
@@ -351,13 +334,9 @@ def _install_member(
         with replacing(final) as staged:
             staged.symlink_to(link)
         return
-    source = tar.extractfile(member)
-    if source is None:
-        raise DriverError(f"cannot read {member.name} from the archive")
     mode = 0o755 if member.mode & 0o111 else 0o644  # no setuid, whatever the archive says
-
-    with replacing(final) as staged, source, staged.open("xb") as out:
-        shutil.copyfileobj(source, out, CHUNK)
+    with replacing(final) as staged, staged.open("xb") as out:
+        stream.copy(member, out.fileno())
         staged.chmod(mode)
 
 
