@@ -50,7 +50,7 @@ def test_one_checker_keeps_its_registry_client_and_a_published_verdict(
 @pytest.mark.parametrize(
     ("feed", "reason"),
     [
-        (b"\xff\xfe{}", "not JSON"),
+        (b"\xff\xfe{}", "is not UTF-8 text (byte 0 is 0xff)"),
         (DEEP, "nested deeper"),
         (HUGE_INTEGER, "not JSON"),
     ],
