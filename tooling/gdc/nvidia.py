@@ -146,13 +146,9 @@ class Nvidia:
     def text(self, url: str, limit: int, what: str) -> str:
         self.check(url)
         try:
-            body = self._small.get_small(url, limit, what)
+            return self._small.get_text(url, limit, what)
         except DriverError as exc:
             raise RecordError(str(exc)) from None
-        try:
-            return body.decode()
-        except UnicodeDecodeError:
-            raise RecordError(f"{url} is not UTF-8 text: not {what}") from None
 
     def json(self, url: str, limit: int, what: str) -> Any:
         try:

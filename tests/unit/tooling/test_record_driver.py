@@ -432,3 +432,14 @@ def test_a_small_file_that_trickles_fails_within_one_deadline(
             Nvidia(small_deadline=1.0).text(url, 4096, "a checksum file")
     assert time.monotonic() - started < 5
     assert "\n" not in str(error.value)
+
+
+def test_a_checksum_file_that_is_not_utf8_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in nvidia_tree.TRUST_LOOPBACK.items():
+        monkeypatch.setenv(name, value)
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\n\xff\xfe\x00x"
+    with raw_server(answer, path="x.run.sha256sum") as url, pytest.raises(RecordError) as error:
+        Nvidia().text(url, 4096, "a checksum file")
+    assert str(error.value) == (
+        f"{url} is not UTF-8 text (byte 0 is 0xff): not a checksum file; check the URL"
+    )
