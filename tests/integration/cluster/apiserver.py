@@ -147,6 +147,10 @@ class Cluster:
     def get(self, path: str, **kwargs: Any) -> dict[str, Any]:
         return self.request("GET", path, **kwargs)
 
+    def node_metadata(self, node: str, key: str) -> dict[str, str]:
+        """A node's ``annotations`` or ``labels`` as the API server has them now."""
+        return dict(self.get(f"/api/v1/nodes/{node}")["metadata"].get(key) or {})
+
     def audit_size(self) -> int:
         """Where the audit log ends now: requests_of reads from there."""
         return (self.logs / AUDIT_LOG).stat().st_size

@@ -58,11 +58,11 @@ def node(cluster: Cluster) -> dict[str, object]:
 
 
 def annotations(cluster: Cluster) -> dict[str, str]:
-    return dict(cluster.get(f"/api/v1/nodes/{NODE}")["metadata"].get("annotations") or {})
+    return cluster.node_metadata(NODE, "annotations")
 
 
 def labels(cluster: Cluster) -> dict[str, str]:
-    return dict(cluster.get(f"/api/v1/nodes/{NODE}")["metadata"].get("labels") or {})
+    return cluster.node_metadata(NODE, "labels")
 
 
 def test_fluo_reboots_a_gpu_node_only_once_the_staged_release_has_its_image(

@@ -53,8 +53,7 @@ def test_a_held_node_keeps_fluo_from_rebooting_the_others(
     fluo = rebooting.binaries["fluo"]
     operator_log, agent_log = fluo_logs(cluster)
 
-    def metadata(name: str, key: str) -> dict[str, str]:
-        return dict(cluster.get(f"/api/v1/nodes/{name}")["metadata"].get(key) or {})
+    metadata = cluster.node_metadata
 
     def picked() -> list[str]:
         return [name for name in NODES if metadata(name, "labels").get(BEFORE_REBOOT) == "true"]

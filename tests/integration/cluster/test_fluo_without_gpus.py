@@ -50,10 +50,10 @@ def test_a_cpu_node_reboots_under_fluo_with_the_gate_installed(
     agent_log = cluster.logs / "update-agent.log"
 
     def annotations() -> dict[str, str]:
-        return dict(cluster.get(f"/api/v1/nodes/{NODE}")["metadata"].get("annotations") or {})
+        return cluster.node_metadata(NODE, "annotations")
 
     def labels() -> dict[str, str]:
-        return dict(cluster.get(f"/api/v1/nodes/{NODE}")["metadata"].get("labels") or {})
+        return cluster.node_metadata(NODE, "labels")
 
     with (
         private_system_bus(tmp_path, cluster.logs) as bus,

@@ -52,7 +52,7 @@ def nvidia_driver_only(cluster: Cluster, operator_module: Path, registry: Regist
 
 
 def annotations(cluster: Cluster) -> dict[str, str]:
-    return dict(cluster.get(f"/api/v1/nodes/{NODE}")["metadata"].get("annotations") or {})
+    return cluster.node_metadata(NODE, "annotations")
 
 
 def test_the_api_server_refuses_a_node_event_outside_default(cluster: Cluster) -> None:
