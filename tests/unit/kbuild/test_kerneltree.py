@@ -106,7 +106,7 @@ def test_relocated_tools_run_with_the_toolchain_roots_glibc(tmp_path: Path) -> N
     install_machine_runtime(toolchain)
     before = (build / "scripts/basic/fixdep").stat().st_mtime_ns
 
-    wrapped = hosttools.relocate_host_tools(build, toolchain)
+    wrapped = hosttools.relocate_host_tools(hosttools.host_tools(build), toolchain)
 
     assert sorted(wrapped) == sorted(build / tool for tool in TOOLS)
     for tool in TOOLS:
@@ -123,7 +123,7 @@ def test_relocated_tools_still_run_when_the_tree_moves_or_is_reached_by_symlink(
     root = tmp_path / "root"
     build = flatcar_build_tree(root / "build")
     install_machine_runtime(root)
-    hosttools.relocate_host_tools(build, root)
+    hosttools.relocate_host_tools(hosttools.host_tools(build), root)
     root.rename(tmp_path / "moved")
     (tmp_path / "link").symlink_to(tmp_path / "moved/build")
     assert_runs_with(tmp_path / "link", tmp_path / "moved/usr/lib64")
@@ -132,8 +132,8 @@ def test_relocated_tools_still_run_when_the_tree_moves_or_is_reached_by_symlink(
 def test_relocation_is_idempotent(tmp_path: Path) -> None:
     build = flatcar_build_tree(tmp_path / "build")
     install_machine_runtime(tmp_path)
-    hosttools.relocate_host_tools(build, tmp_path)
-    assert hosttools.relocate_host_tools(build, tmp_path) == []
+    hosttools.relocate_host_tools(hosttools.host_tools(build), tmp_path)
+    assert hosttools.relocate_host_tools(hosttools.host_tools(build), tmp_path) == []
     assert not list(build.rglob("*.real.real"))
 
 
@@ -144,13 +144,13 @@ def test_relocation_refuses_tools_of_another_architecture(tmp_path: Path) -> Non
     tool.write_bytes(bytes(data))
     install_machine_runtime(tmp_path)
     with pytest.raises(hosttools.ForeignToolsError, match=r"is built for ELF machine .* here"):
-        hosttools.relocate_host_tools(tmp_path / "build", tmp_path)
+        hosttools.relocate_host_tools(hosttools.host_tools(tmp_path / "build"), tmp_path)
 
 
 def test_relocation_needs_the_loader(tmp_path: Path) -> None:
     flatcar_build_tree(tmp_path / "build")
     with pytest.raises(DriverError, match="no ld-linux"):
-        hosttools.relocate_host_tools(tmp_path / "build", tmp_path / "empty")
+        hosttools.relocate_host_tools(hosttools.host_tools(tmp_path / "build"), tmp_path / "empty")
 
 
 # 1. The host's tree.

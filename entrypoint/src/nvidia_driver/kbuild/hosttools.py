@@ -163,28 +163,23 @@ def _write_wrapper(tool: Path, loader: Path, library_dirs: list[Path]) -> None:
     os.utime(tool, ns=(status.st_atime_ns, status.st_mtime_ns))
 
 
-def relocate_host_tools(build_dir: Path, runtime_root: Path) -> list[Path]:
-    """Make the tree's dynamically linked host tools run with runtime_root's loader and libraries.
+def host_tools(build_dir: Path) -> list[tuple[Path, ElfInfo]]:
+    """The tree's dynamically linked host tools, each checked to be built for this machine."""
+    tools = _dynamic_executables(build_dir)
+    for tool, info in tools:
+        _check_machine(tool, info)
+    return tools
+
+
+def relocate_host_tools(tools: list[tuple[Path, ElfInfo]], runtime_root: Path) -> list[Path]:
+    """Make the host tools (:func:`host_tools`) run with runtime_root's loader and libraries.
 
     Each tool becomes a shell wrapper beside ``<tool>.real``; the wrapped tools are returned.
     """
-    executables = _checked_executables(build_dir)
-    _wrap(executables, runtime_root)
-    return [tool for tool, _ in executables]
-
-
-def _checked_executables(build_dir: Path) -> list[tuple[Path, ElfInfo]]:
-    executables = _dynamic_executables(build_dir)
-    for tool, info in executables:
-        _check_machine(tool, info)
-    return executables
-
-
-def _wrap(executables: list[tuple[Path, ElfInfo]], runtime_root: Path) -> None:
     directories = _library_dirs(runtime_root)
     # Only directories that hold libraries go on the tools' library path.
     library_path = [d for d in directories if any(LIBRARY_NAME.match(p.name) for p in d.iterdir())]
-    for tool, info in executables:
+    for tool, info in tools:
         interpreter = PurePosixPath(info.interpreter or "").name
         loader = _find_library(interpreter, directories, runtime_root)
         if loader is None:
@@ -193,6 +188,7 @@ def _wrap(executables: list[tuple[Path, ElfInfo]], runtime_root: Path) -> None:
                 "its host tools cannot run; report this with the Flatcar version"
             )
         _write_wrapper(tool, loader, library_path)
+    return [tool for tool, _ in tools]
 
 
 def _check_tool_dirs(build_dir: Path, root: Path, origin: str) -> None:
@@ -211,7 +207,7 @@ def make_tools_runnable(build_dir: Path, libraries_from: Path, root: Path, origi
     _check_tool_dirs(build_dir, root, origin)
     # Checked before their libraries are looked for: an x86-64 tool's loader is not on an arm64
     # root.
-    executables = _checked_executables(build_dir)
-    if executables:
-        install_runtime([tool for tool, _ in executables], libraries_from, root / RUNTIME_LIB_DIR)
-        _wrap(executables, root)
+    tools = host_tools(build_dir)
+    if tools:
+        install_runtime([tool for tool, _ in tools], libraries_from, root / RUNTIME_LIB_DIR)
+        relocate_host_tools(tools, root)
