@@ -30,13 +30,13 @@ from nvidia_driver.cli import parser
 from nvidia_driver.commands import Commands
 from nvidia_driver.gate.buildcheck import BuildImage
 from nvidia_driver.gate.gate import Gate, Settings
-from nvidia_driver.gate.http import Client, Limits
 from nvidia_driver.gate.kubeapi import KubeAPI
 from nvidia_driver.gate.managers import BEFORE_REBOOT, NEW_VERSION, TRUE, Manager
 from nvidia_driver.gate.registry import Registry
 from nvidia_driver.gate.verdict import Checker, Releases, Verdict
 from nvidia_driver.kbuild.release import FlatcarReleases
 from nvidia_driver.sources.download import Backoff, Downloader, DownloadLimits
+from nvidia_driver.sources.http import Client, Limits
 
 NAMESPACE = "nvidia-reboot-gate"  # deploy/reboot-gate/common/0000_namespace.yaml
 OPERATOR_NAMESPACE = "gpu-operator"

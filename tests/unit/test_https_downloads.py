@@ -1,8 +1,9 @@
 """HTTPS through the deadline socket: the body arrives whole, and certificates are still checked.
 
-The entrypoint's downloads (the tooling's feed reader among them) and the tooling's registry
-session wrap their TLS connections in sources/exchange.py's socket; a server whose certificate
-the client does not trust must be refused as before.
+The entrypoint's downloads (the tooling's feed reader among them) and the one client of the
+registries and the Kubernetes API (sources/http.py) wrap their TLS connections in
+sources/exchange.py's socket; a server whose certificate the client does not trust must be
+refused as before.
 """
 
 from __future__ import annotations
@@ -11,12 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import requests
 from tls_server import TLSServer, tls_server
 
-from gdc.transport import deadline_session
 from nvidia_driver.errors import DriverError
 from nvidia_driver.sources.download import Backoff, Downloader
+from nvidia_driver.sources.http import Client
 
 BODY = b"# SHA512 HASH\n" + b"0" * 128 + b"  flatcar_production_image.vmlinuz\n"
 
@@ -35,13 +35,9 @@ def test_a_trusted_server_s_file_arrives_whole(
     server: TLSServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SSL_CERT_FILE", str(server.certificate))  # urllib's default context
-    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(server.certificate))
 
     assert _entrypoint(server.url) == BODY
-    # Closed here: a pooled keep-alive socket left to the garbage collector warns as
-    # unraisable in whichever test runs when it is collected.
-    with deadline_session() as session:
-        assert [session.get(server.url, timeout=60).content for _ in range(2)] == [BODY, BODY]
+    assert Client().send("GET", server.url).body == BODY
 
 
 def test_a_server_with_a_certificate_nobody_trusts_is_refused(
@@ -54,5 +50,5 @@ def test_a_server_with_a_certificate_nobody_trusts_is_refused(
 
     with pytest.raises(DriverError, match="CERTIFICATE_VERIFY_FAILED"):
         _entrypoint(server.url)
-    with deadline_session() as session, pytest.raises(requests.exceptions.SSLError):
-        session.get(server.url, timeout=60)
+    with pytest.raises(DriverError, match="CERTIFICATE_VERIFY_FAILED"):
+        Client().send("GET", server.url)

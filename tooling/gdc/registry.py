@@ -1,5 +1,5 @@
-"""A small OCI distribution API client (through ``requests``): which tags exist, tag copies, and
-blobs, down and up (:mod:`gdc.compression` rewrites layers with them).
+"""A small OCI distribution API client: which tags exist, tag copies, and blobs, down and up
+(:mod:`gdc.compression` rewrites layers with them).
 
 Registries on 127.0.0.1 or localhost are spoken to over plain http, all others over https.
 Answers 429 and 5xx are retried, a bounded number of times with exponential backoff, honouring
@@ -8,9 +8,11 @@ the client's :class:`RetryBudget` lasts (``invoke publish`` gives its whole run 
 the answer stands, and a 429, the registry's or its token service's, is reported as a rate
 limit, never as a credentials problem.
 
-Every answer is read as sent (``Accept-Encoding: identity``) and within a byte bound, then
-checked as the reboot gate checks it, by :mod:`nvidia_driver.formats.oci` (its docstring says
-what: digests, media types and shapes, references, redirects, token realms). Failures are
+It speaks through the reboot gate's HTTP client (:mod:`nvidia_driver.sources.http`: one
+deadline per request, the environment's proxy). Every answer is read as sent
+(``Accept-Encoding: identity``) and within a byte bound, then checked as the reboot gate
+checks it, by :mod:`nvidia_driver.formats.oci` (its docstring says what: digests, media types
+and shapes, references, redirects, token realms). Failures are
 DriverErrors.
 
 On a 401 the client follows the ``WWW-Authenticate`` challenge: for ``Bearer`` (ghcr.io, Docker
@@ -24,7 +26,7 @@ scope, for ``Basic`` it sends the credentials. Credentials, first found wins:
 3. for ghcr.io, ``GITHUB_TOKEN`` (user ``$GITHUB_ACTOR``);
 4. none: anonymous tokens, enough to read public images.
 
-Blobs move through a session of their own, whose deadline (:data:`BLOB_DEADLINE_SECONDS`) fits a
+Blobs move through a client of their own, whose deadline (:data:`BLOB_DEADLINE_SECONDS`) fits a
 layer of gigabytes; a download is bounded by the size its descriptor gives and checked against
 its digest before anyone reads it. An upload is monolithic (a POST for a location, one PUT of the
 bytes with their digest); the registry's credentials go only to a location on the registry
@@ -42,16 +44,12 @@ import re
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import closing, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import requests
-import urllib3.exceptions
+from typing import Any, BinaryIO
 
 from gdc.text import first_line
-from gdc.transport import Limits, deadline_session
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats.oci import (
     ACCEPT,
@@ -79,9 +77,11 @@ from nvidia_driver.formats.oci import (
     token_of,
 )
 from nvidia_driver.safetext import shown
-from nvidia_driver.sources.exchange import ExchangeError
+from nvidia_driver.sources.http import Answer, Client, Limits, UnreachableError
 
-TIMEOUT_SECONDS = 60
+USER_AGENT = "gpu-driver-container-tooling"
+DEADLINE_SECONDS = 120.0  # one request: a manifest, a config blob, a token
+TIMEOUT_SECONDS = 60.0  # one read or write
 RETRIES = 4  # after the first attempt: 1 + 2 + 4 + 8 s of backoff at most, Retry-After aside
 BACKOFF_SECONDS = 1.0
 MAX_RETRY_AFTER_SECONDS = 60.0
@@ -89,7 +89,9 @@ RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})
 BLOB_DEADLINE_SECONDS = 3600.0  # one blob, down or up: a precompiled image's layer is ~1 GB
 CHUNK_BYTES = 1 << 20
 _HOST = re.compile(r"[^/]*[.:][^/]*|localhost")
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _NOT_FOUND = 404
+_BAD_REQUEST = 400  # an answer from here up failed
 _UNAUTHORIZED = 401
 _TOO_MANY_REQUESTS = 429
 _SERVER_ERROR = 500
@@ -185,16 +187,19 @@ def _first_line(error: Exception) -> str:
     return _one_line(first_line(error))
 
 
+def _client(deadline: float) -> Client:
+    return Client(Limits(TIMEOUT_SECONDS, deadline), user_agent=USER_AGENT)
+
+
 class Registry:
-    """One registry host; ``session`` is injectable (tests pass adapters or a loopback URL)."""
+    """One registry host; ``client`` is injectable (tests give it shorter limits)."""
 
     def __init__(
         self,
         host: str,
         *,
         credentials: Credentials | None = None,
-        session: requests.Session | None = None,
-        blob_session: requests.Session | None = None,
+        client: Client | None = None,
         retries: int = RETRIES,
         sleep: Callable[[float], None] = time.sleep,
         retry_budget: float = math.inf,
@@ -204,11 +209,9 @@ class Registry:
         self.token_hosts = token_hosts
         self.base_url = base_url(host)
         self.credentials = credentials
-        self.session = session or deadline_session()  # each request within one deadline
-        # Blobs: a longer deadline, the same session when one is given (tests, adapters).
-        self.blob_session = (
-            blob_session or session or deadline_session(Limits(deadline=BLOB_DEADLINE_SECONDS))
-        )
+        self.client = client or _client(DEADLINE_SECONDS)  # each request within one deadline
+        # Blobs: a longer deadline, the same client when one is given (tests).
+        self.blob_client = client or _client(BLOB_DEADLINE_SECONDS)
         self.retries = retries
         self.sleep = sleep
         self.budget = RetryBudget(retry_budget)  # the caller may replace it (per image)
@@ -236,9 +239,9 @@ class Registry:
         """The image config an image manifest points at (labels, os, architecture), checked
         against its digest."""
         digest = config_digest(manifest, f"the config blob of {self.host}/{name}")
-        response = self._send("GET", name, f"blobs/{digest}", "pull")
-        self._check(response, "GET", name, digest)
-        body = self._body(response, MAX_CONFIG_BYTES, f"the config blob {digest} of {name}")
+        answer = self._send("GET", name, f"blobs/{digest}", "pull")
+        self._check(answer, "GET", name, digest)
+        body = self._body(answer, MAX_CONFIG_BYTES, f"the config blob {digest} of {name}")
         what = f"the registry {self.host}'s config blob {digest} of {name}"
         return read_config(body, digest, what)
 
@@ -254,33 +257,30 @@ class Registry:
     def put_manifest(self, name: str, tag: str, manifest: Manifest) -> str:
         """Tag manifest as name:tag (a copy within the repository: no blob moves)."""
         checked_reference(tag, f"{self.host}/{name}")
-        response = self._send("PUT", name, f"manifests/{tag}", "pull,push", data=manifest.body,
-                              headers={"Content-Type": manifest.media_type})  # fmt: skip
-        self._check(response, "PUT", name, tag)
-        response.close()
-        return response.headers.get("Docker-Content-Digest") or manifest.digest
+        with self._send("PUT", name, f"manifests/{tag}", "pull,push", body=manifest.body,
+                        headers={"Content-Type": manifest.media_type}) as answer:  # fmt: skip
+            self._check(answer, "PUT", name, tag)
+        return answer.header("Docker-Content-Digest") or manifest.digest
 
     def blob_exists(self, name: str, digest: str) -> bool:
         """Whether the registry has blob digest in name (a HEAD)."""
         checked_digest(digest, f"a blob of {self.host}/{name}")
-        response = self._send("HEAD", name, f"blobs/{digest}", "pull")
-        response.close()
-        if response.status_code == _NOT_FOUND:
-            return False
-        self._check(response, "HEAD", name, digest)
+        with self._send("HEAD", name, f"blobs/{digest}", "pull") as answer:
+            if answer.status == _NOT_FOUND:
+                return False
+            self._check(answer, "HEAD", name, digest)
         return True
 
     def fetch_blob(self, name: str, digest: str, size: int, destination: Path) -> None:
         """Write blob digest of name to destination: at most size bytes, streamed, its size and
         SHA-256 checked before this returns (a mismatch leaves no file)."""
         checked_digest(digest, f"a blob of {self.host}/{name}")
-        response = self._send("GET", name, f"blobs/{digest}", "pull", session=self.blob_session)
-        with closing(response):
-            self._check(response, "GET", name, digest)
+        with self._send("GET", name, f"blobs/{digest}", "pull", blobs=True) as answer:
+            self._check(answer, "GET", name, digest)
             hasher, count = hashlib.sha256(), 0
             try:
                 with self._reading(f"blob {digest} of {name}"), destination.open("wb") as out:
-                    for chunk in response.raw.stream(CHUNK_BYTES, decode_content=False):
+                    for chunk in iter(lambda: answer.read(CHUNK_BYTES), b""):
                         count += len(chunk)
                         if count > size:
                             break
@@ -301,47 +301,46 @@ class Registry:
     def upload_blob(self, name: str, path: Path, digest: str) -> None:
         """Upload the file path as blob digest of name: POST for a location, then one PUT."""
         checked_digest(digest, f"a blob of {self.host}/{name}")
-        started = self._send("POST", name, "blobs/uploads/", "pull,push",
-                             headers={"Content-Length": "0"})  # fmt: skip
-        self._check(started, "POST", name, "blobs/uploads/")
-        started.close()
-        location = started.headers.get("Location", "")
+        with self._send("POST", name, "blobs/uploads/", "pull,push",
+                        headers={"Content-Length": "0"}) as started:  # fmt: skip
+            self._check(started, "POST", name, "blobs/uploads/")
+        location = started.header("Location")
         if not location:
             raise DriverError(f"the registry {self.host} started an upload to {name} but gave "
                               "no Location: check the registry")  # fmt: skip
         url = urllib.parse.urljoin(f"{self.base_url}/v2/{name}/blobs/uploads/", location)
         url += f"{'&' if urllib.parse.urlsplit(url).query else '?'}digest={digest}"
-        with path.open("rb") as body:
-            response = self._send("PUT", name, "", "pull,push", url=url, data=body,
-                                  headers={"Content-Type": "application/octet-stream",
-                                           "Content-Length": str(path.stat().st_size)},
-                                  session=self.blob_session)  # fmt: skip
-        self._check(response, "PUT", name, digest)
-        response.close()
+        with (
+            path.open("rb") as body,
+            self._send("PUT", name, "", "pull,push", url=url, body=body, blobs=True,
+                       headers={"Content-Type": "application/octet-stream",
+                                "Content-Length": str(path.stat().st_size)}) as answer,
+        ):  # fmt: skip
+            self._check(answer, "PUT", name, digest)
 
     # --- reading an answer -----------------------------------------------------------------
 
     def _manifest_of(self, name: str, reference: str, *, missing_ok: bool) -> Manifest | None:
         checked_reference(reference, f"{self.host}/{name}")
-        response = self._send("GET", name, f"manifests/{reference}", "pull")
-        if response.status_code == _NOT_FOUND and missing_ok:
-            response.close()
+        answer = self._send("GET", name, f"manifests/{reference}", "pull")
+        if answer.status == _NOT_FOUND and missing_ok:
+            answer.close()
             return None
-        self._check(response, "GET", name, reference)
+        self._check(answer, "GET", name, reference)
         what = f"{name}{'@' if reference.startswith('sha256:') else ':'}{reference}"
-        body = self._body(response, MAX_MANIFEST_BYTES, f"the manifest {what}")
-        return read_manifest(body, content_type=response.headers.get("Content-Type", ""),
-                             claimed=response.headers.get("Docker-Content-Digest", ""),
+        body = self._body(answer, MAX_MANIFEST_BYTES, f"the manifest {what}")
+        return read_manifest(body, content_type=answer.header("Content-Type"),
+                             claimed=answer.header("Docker-Content-Digest"),
                              reference=reference, what=f"the registry {self.host} answered GET "
                              f"{what}: the manifest")  # fmt: skip
 
-    def _body(self, response: requests.Response, limit: int, what: str) -> bytes:
-        """response's body as sent, at most limit bytes; the response is closed."""
-        with closing(response), self._reading(what):
-            check_identity(response.headers.get("Content-Encoding", ""),
+    def _body(self, answer: Answer, limit: int, what: str) -> bytes:
+        """answer's body as sent, at most limit bytes; the answer is closed."""
+        with answer, self._reading(what):
+            check_identity(answer.header("Content-Encoding"),
                            f"the registry {self.host} sent {what}")  # fmt: skip
             chunks, count = [], 0
-            for chunk in response.raw.stream(CHUNK_BYTES, decode_content=False):
+            for chunk in iter(lambda: answer.read(CHUNK_BYTES), b""):
                 count += len(chunk)
                 if count > limit:
                     raise DriverError(f"the registry {self.host} sent more than {limit} bytes "
@@ -354,40 +353,36 @@ class Registry:
         """A transfer (or a write of it) that breaks off as one DriverError; its cause kept."""
         try:
             yield
-        except (requests.RequestException, urllib3.exceptions.HTTPError, ExchangeError,
-                OSError) as exc:  # fmt: skip
+        except (UnreachableError, OSError) as exc:
             raise DriverError(f"the registry {self.host} broke off {what} ({_first_line(exc)}): "
                               "retry") from exc  # fmt: skip
 
     # --- transport and auth ----------------------------------------------------------------
 
-    def _send(
-        self, method: str, name: str, path: str, actions: str, *, url: str = "", **kwargs: Any
-    ) -> requests.Response:
+    def _send(self, method: str, name: str, path: str, actions: str, *, url: str = "",
+              headers: Mapping[str, str] | None = None, body: bytes | BinaryIO | None = None,
+              blobs: bool = False) -> Answer:  # fmt: skip
         """One request to /v2/<name>/<path>, or to url (an upload's location), its redirects
-        followed (module docstring). The credentials go to this registry only: a location on
-        another host is sent none."""
+        followed (module docstring); the caller closes the answer. The credentials go to this
+        registry only: a location on another host is sent none."""
         url = url or f"{self.base_url}/v2/{name}/{path}"
-        headers = {"Accept": ACCEPT, "Accept-Encoding": "identity",
-                   **kwargs.pop("headers", {})}  # fmt: skip
+        sent = {"Accept": ACCEPT, "Accept-Encoding": "identity", **(headers or {})}
         key = f"{name}:{actions}"
         ours = on_registry(url, self.host)
-        response = self._request(method, url, headers=self._with_auth(headers, key, ours),
-                                 **kwargs)  # fmt: skip
-        if response.status_code == _UNAUTHORIZED and ours:
-            response.close()
-            self._auth[key] = self._authorize(response, name, actions)
-            response = self._request(method, url, headers=self._with_auth(headers, key), **kwargs)
+        answer = self._request(method, url, self._with_auth(sent, key, ours), body, blobs)
+        if answer.status == _UNAUTHORIZED and ours:
+            self._auth[key] = self._authorize(answer, name, actions)
+            answer = self._request(method, url, self._with_auth(sent, key), body, blobs)
         for _ in range(MAX_REDIRECTS):
-            if not response.is_redirect or method not in {"GET", "HEAD"}:
-                return response
-            response.close()
-            url = redirect_target(url, response.headers.get("Location", ""), self.host,
+            if answer.status not in _REDIRECTS or method not in {"GET", "HEAD"}:
+                return answer
+            answer.close()
+            url = redirect_target(url, answer.header("Location"), self.host,
                                   f"the registry {self.host} redirected {method} "
                                   f"{name}/{path}")  # fmt: skip
-            response = self._request(method, url, headers=self._with_auth(
-                headers, key, on_registry(url, self.host)), **kwargs)  # fmt: skip
-        response.close()
+            answer = self._request(method, url, self._with_auth(
+                sent, key, on_registry(url, self.host)), body, blobs)  # fmt: skip
+        answer.close()
         raise DriverError(f"the registry {self.host} redirected {method} {name}/{path} more "
                           f"than {MAX_REDIRECTS} times: check the registry")  # fmt: skip
 
@@ -396,37 +391,35 @@ class Registry:
             return {**headers, "Authorization": self._auth[key]}
         return headers
 
-    def _request(
-        self, method: str, url: str, *, session: requests.Session | None = None, **kwargs: Any
-    ) -> requests.Response:
-        body = kwargs.get("data")
-        # Streamed, so that every body is read bounded (_body); redirects are _send's to follow.
-        kwargs = {"stream": True, "allow_redirects": False, **kwargs}
+    def _request(self, method: str, url: str, headers: Mapping[str, str],
+                 body: bytes | BinaryIO | None = None, blobs: bool = False) -> Answer:  # fmt: skip
+        """The answer, 429 and 5xx retried within the budget; a DriverError if there is none."""
         for attempt in range(self.retries + 1):
             self.requests += 1
             if isinstance(body, io.IOBase):  # a file sent again is sent from its start
                 body.seek(0)
             try:
-                response = (session or self.session).request(method, url,
-                                                             timeout=TIMEOUT_SECONDS,
-                                                             **kwargs)  # fmt: skip
-            except requests.RequestException as exc:
+                answer = (self.blob_client if blobs else self.client).open(
+                    method, url, headers, body
+                )
+            except UnreachableError as exc:
                 raise DriverError(
                     f"cannot reach the registry {self.host} ({_first_line(exc)}): check "
                     "--registry and that the registry is up"
                 ) from None
-            if response.status_code not in RETRIED_STATUSES or attempt == self.retries:
-                return response
-            wait = _retry_after(response, BACKOFF_SECONDS * 2**attempt)
+            if answer.status not in RETRIED_STATUSES or attempt == self.retries:
+                return answer
+            wait = _retry_after(answer, BACKOFF_SECONDS * 2**attempt)
             if wait > MAX_RETRY_AFTER_SECONDS or not self.budget.spend(wait):
-                return response  # the caller says what the registry answered
-            response.close()  # a streamed answer holds its connection until closed
+                return answer  # the caller says what the registry answered
+            answer.close()  # an answer holds its connection until closed
             self.retried += 1
             self.sleep(wait)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _authorize(self, challenge: requests.Response, name: str, actions: str) -> str:
-        header = challenge.headers.get("WWW-Authenticate", "")
+    def _authorize(self, challenge: Answer, name: str, actions: str) -> str:
+        challenge.close()
+        header = challenge.header("WWW-Authenticate")
         scheme, params = parse_challenge(header)
         if scheme == "basic" and self.credentials:
             return self.credentials.basic
@@ -436,23 +429,26 @@ class Registry:
                  "scope": params.get("scope", f"repository:{name}:{actions}")}  # fmt: skip
         check_realm(params["realm"], self.host, credentials=self.credentials is not None,
                     trusted=self.token_hosts, what=f"the registry {self.host}")  # fmt: skip
-        auth = (self.credentials.username, self.credentials.password) if self.credentials else None
-        response = self._request("GET", params["realm"], params=query, auth=auth,
-                                 headers={"Accept-Encoding": "identity"})  # fmt: skip
-        realm, reason = _one_line(params["realm"]), _one_line(response.reason)
-        answered = f"its token service {realm} answered {response.status_code} {reason}"
-        if response.status_code in RETRIED_STATUSES or not response.ok:
-            response.close()
-        if response.status_code == _TOO_MANY_REQUESTS:
+        headers = {"Accept-Encoding": "identity"}
+        if self.credentials:
+            headers["Authorization"] = self.credentials.basic
+        separator = "&" if urllib.parse.urlsplit(params["realm"]).query else "?"
+        url = f"{params['realm']}{separator}{urllib.parse.urlencode(query)}"
+        answer = self._request("GET", url, headers)
+        realm, reason = _one_line(params["realm"]), _one_line(answer.reason)
+        answered = f"its token service {realm} answered {answer.status} {reason}"
+        if answer.status >= _BAD_REQUEST:
+            answer.close()
+        if answer.status == _TOO_MANY_REQUESTS:
             raise _rate_limited(f"the registry {self.host}'s token service {realm} answered 429 "
                                 f"{reason}{self.budget.waited()}")  # fmt: skip
-        if response.status_code >= _SERVER_ERROR:
+        if answer.status >= _SERVER_ERROR:
             raise DriverError(f"the registry {self.host} could not authorize: {answered}"
                               f"{self.budget.waited()}; the registry is in trouble, retry "
                               "later")  # fmt: skip
-        if not response.ok:
+        if answer.status >= _BAD_REQUEST:
             raise self._denied(answered)
-        body = self._body(response, MAX_ANSWER_BYTES, f"a token from {realm}")
+        body = self._body(answer, MAX_ANSWER_BYTES, f"a token from {realm}")
         token, _ = token_of(body, f"the registry {self.host}'s token service {realm}")
         return f"Bearer {token}"
 
@@ -462,22 +458,22 @@ class Registry:
             "REGISTRY_PASSWORD (for ghcr.io: GITHUB_TOKEN with packages: write) or docker login"
         )
 
-    def _check(self, response: requests.Response, method: str, name: str, ref: str) -> None:
-        if response.ok:
+    def _check(self, answer: Answer, method: str, name: str, ref: str) -> None:
+        if answer.status < _BAD_REQUEST:
             return
         try:  # read, which also closes it
-            detail = error_detail(self._body(response, MAX_ANSWER_BYTES, "an error"))
+            detail = error_detail(self._body(answer, MAX_ANSWER_BYTES, "an error"))
         except DriverError:
             detail = ""  # the status says enough
-        if response.status_code == _UNAUTHORIZED:
+        if answer.status == _UNAUTHORIZED:
             raise self._denied(f"{method} {name}:{ref} is still 401 with the credentials given")
-        reason = _one_line(response.reason)  # the status line's: the registry's words
-        if response.status_code == _TOO_MANY_REQUESTS:
+        reason = _one_line(answer.reason)  # the status line's: the registry's words
+        if answer.status == _TOO_MANY_REQUESTS:
             raise _rate_limited(f"the registry {self.host} answered {method} {name}:{ref} with "
                                 f"429 {reason}{self.budget.waited()}")  # fmt: skip
         raise DriverError(
             f"the registry {self.host} answered {method} {name}:{ref} with "
-            f"{response.status_code} {reason}{detail}: check the registry and the "
+            f"{answer.status} {reason}{detail}: check the registry and the "
             "credentials' permissions"
         )
 
@@ -486,7 +482,7 @@ def _rate_limited(what: str) -> DriverError:
     return DriverError(f"{what}: rate-limited by the registry (HTTP 429), retry later")
 
 
-def _retry_after(response: requests.Response, backoff: float) -> float:
+def _retry_after(answer: Answer, backoff: float) -> float:
     """Seconds to wait before the next attempt: Retry-After when the answer has one."""
-    seconds = retry_after(response.headers.get("Retry-After", ""))
+    seconds = retry_after(answer.header("Retry-After"))
     return backoff if seconds is None else seconds

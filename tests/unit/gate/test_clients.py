@@ -14,12 +14,12 @@ from fake_apiserver import Fault
 
 from nvidia_driver.errors import DriverError
 from nvidia_driver.gate.gate import Settings
-from nvidia_driver.gate.http import Client, Limits, Response, UnreachableError, send_retried
 from nvidia_driver.gate.kubeapi import ConflictError, KubeAPI, NotFoundError
 from nvidia_driver.gate.managers import Manager
 from nvidia_driver.gate.verdict import allowed, held
 from nvidia_driver.settings import REBOOT_GATE_ANNOTATION, REBOOT_GATE_PREPULL
 from nvidia_driver.sources.download import Backoff
+from nvidia_driver.sources.http import Client, Limits, Response, UnreachableError, send_retried
 
 
 @pytest.fixture

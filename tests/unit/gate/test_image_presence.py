@@ -15,9 +15,9 @@ from tls_server import tls_server
 
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats.oci import Credentials, credentials_from_docker_config
-from nvidia_driver.gate.http import Client
 from nvidia_driver.gate.registry import LIMITS, ImageRef, Presence, Registry
 from nvidia_driver.sources.download import Backoff
+from nvidia_driver.sources.http import Client
 
 TAG = "610.57.04-flatcar4593.2.5"
 

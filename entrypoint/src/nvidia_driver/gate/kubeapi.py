@@ -28,14 +28,6 @@ from typing import Any
 
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats import jsontext
-from nvidia_driver.gate.http import (
-    OK,
-    Client,
-    Limits,
-    Response,
-    UnreachableError,
-    send_retried,
-)
 from nvidia_driver.limits import MiB
 from nvidia_driver.safetext import ANNOTATION_SHOWN, check_name, shown
 from nvidia_driver.settings import (
@@ -44,6 +36,14 @@ from nvidia_driver.settings import (
     REBOOT_GATE_API_SERVER,
 )
 from nvidia_driver.sources.download import Backoff
+from nvidia_driver.sources.http import (
+    OK,
+    Client,
+    Limits,
+    Response,
+    UnreachableError,
+    send_retried,
+)
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 # The API server's URL: a ``kubectl proxy`` on 127.0.0.1 to run the gate outside the cluster.

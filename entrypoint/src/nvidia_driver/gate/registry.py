@@ -48,7 +48,9 @@ from nvidia_driver.formats.oci import (
     token_of,
     verified,
 )
-from nvidia_driver.gate.http import (
+from nvidia_driver.safetext import ANNOTATION_SHOWN, shown
+from nvidia_driver.sources.download import Backoff
+from nvidia_driver.sources.http import (
     OK,
     Client,
     Limits,
@@ -58,8 +60,6 @@ from nvidia_driver.gate.http import (
     retryable,
     send_retried,
 )
-from nvidia_driver.safetext import ANNOTATION_SHOWN, shown
-from nvidia_driver.sources.download import Backoff
 
 LIMITS = Limits(timeout=20.0, deadline=60.0, max_bytes=MAX_MANIFEST_BYTES)
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})

@@ -11,8 +11,8 @@ the resolver's own timeouts (resolv.conf), not here.
 
 The HTTP libraries (urllib, http.client, urllib3) pass these errors on unchanged, since they
 are not OSErrors, and close the connection; each client words them. Users: urllib's openers
-(:func:`handlers`), the reboot gate's client (gate/http.py) and the tooling's requests
-transport (tooling/gdc/transport.py).
+(:func:`handlers`): the downloads (download.py), and the one client of the Kubernetes API and
+the registries (http.py), the gate's and the tooling's.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import http.client
 import io
 import math
 import socket
+import ssl
 import time
 import urllib.request
 from collections.abc import Callable
@@ -285,16 +286,18 @@ class BudgetedHTTPSConnection(BudgetedHTTPConnection, http.client.HTTPSConnectio
 class _BudgetedHandler(urllib.request.HTTPHandler, urllib.request.HTTPSHandler):
     """Opens http and https URLs (in place of urllib's two handlers) within one budget."""
 
-    def __init__(self, budget: Budget) -> None:
+    def __init__(self, budget: Budget, context: ssl.SSLContext | None) -> None:
         super().__init__()
         self._budget = budget
+        self._tls = context
 
     def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
         return self.do_open(self._connections(BudgetedHTTPConnection), req)
 
     def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-        # http.client makes its default context (certificates verified, ALPN http/1.1).
-        return self.do_open(self._connections(BudgetedHTTPSConnection), req)
+        # Without a context, http.client makes its default (certificates verified, ALPN
+        # http/1.1).
+        return self.do_open(self._connections(BudgetedHTTPSConnection), req, context=self._tls)
 
     def _connections(
         self, kind: type[BudgetedHTTPConnection]
@@ -305,6 +308,9 @@ class _BudgetedHandler(urllib.request.HTTPHandler, urllib.request.HTTPSHandler):
         return connection
 
 
-def handlers(budget: Budget) -> tuple[urllib.request.BaseHandler, ...]:
-    """urllib handlers (for ``build_opener``) whose connections all keep ``budget``."""
-    return (_BudgetedHandler(budget),)
+def handlers(
+    budget: Budget, context: ssl.SSLContext | None = None
+) -> tuple[urllib.request.BaseHandler, ...]:
+    """urllib handlers (for ``build_opener``) whose connections all keep ``budget``; https
+    servers verified with ``context`` (the default one if None)."""
+    return (_BudgetedHandler(budget, context),)

@@ -10,8 +10,8 @@ from gate_cluster import NAMESPACE, GateCluster
 from gate_store import RealStore, gate_requests
 
 from nvidia_driver.errors import DriverError
-from nvidia_driver.gate.http import Client, Limits
 from nvidia_driver.gate.kubeapi import PAGE_SIZE
+from nvidia_driver.sources.http import Client, Limits
 
 pytestmark = pytest.mark.cluster
 
