@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import Cluster
 from fake_apiserver import Fault
+from raw_server import raw_server
 
 from nvidia_driver.errors import DriverError
 from nvidia_driver.gate.gate import Settings
@@ -53,6 +55,19 @@ def test_an_exchange_ends_by_its_deadline(silent_server: str) -> None:
     client = Client(Limits(timeout=0.2, deadline=0.5))
     with pytest.raises(UnreachableError, match=r"^GET http://127\.0\.0\.1:\d+/x failed: timed out"):
         client.send("GET", f"{silent_server}/x")
+
+
+def test_a_body_trickled_past_the_deadline_ends_by_it_read_whole_or_streamed() -> None:
+    """The gate reads answers whole, the tooling streams blobs: both within one deadline."""
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n"
+    client = Client(Limits(timeout=3.0, deadline=1.0))
+    with raw_server(head, *[b"x"] * 1000, pause=0.1) as url:
+        started = time.monotonic()
+        with pytest.raises(UnreachableError, match=r"did not answer within 1 s$"):
+            client.send("GET", url)
+        with client.open("GET", url) as answer, pytest.raises(UnreachableError):
+            b"".join(iter(lambda: answer.read(100), b""))
+    assert time.monotonic() - started < 2 * 1.0 + 1.5
 
 
 def test_a_409_is_a_conflict_and_not_retried(cluster: Cluster) -> None:
