@@ -150,7 +150,9 @@ class Client:
 
 class _EveryAnswer(urllib.request.HTTPErrorProcessor):
     def http_response(
-        self, request: urllib.request.Request, response: http.client.HTTPResponse  # noqa: ARG002
+        self,
+        request: urllib.request.Request,  # noqa: ARG002 - urllib's signature
+        response: http.client.HTTPResponse,
     ) -> http.client.HTTPResponse:
         return response
 
