@@ -16,6 +16,7 @@ it gives (a registry that lies or breaks for one image).
 from __future__ import annotations
 
 import base64
+import contextlib
 import gzip
 import hashlib
 import io
@@ -271,4 +272,5 @@ def _send(handler: BaseHTTPRequestHandler, status: int, body: bytes,
     handler.send_header("Content-Length", str(len(body)))
     handler.end_headers()
     if not head:
-        handler.wfile.write(body)
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            handler.wfile.write(body)  # a client that refuses a blob stops reading it
