@@ -220,13 +220,13 @@ GDRCOPY_ENABLED = _setting(
 NODE_IP = _setting("NODE_IP", None, OPERATOR, (), "the node's address: not used", "nothing")
 HTTPS_PROXY = _setting(
     "HTTPS_PROXY", None, USER, (),
-    "the proxy for https downloads, the Kubernetes API and registries (https_proxy too; "
+    "the proxy for https downloads and registries, not the Kubernetes API (https_proxy too; "
     "HTTP_PROXY for http URLs)", "Python's urllib (sources/download.py, sources/http.py)",
 )  # fmt: skip
 NO_PROXY = _setting(
     "NO_PROXY", None, USER, (),
     "hosts and addresses reached without the proxy, comma-separated (no_proxy too; no CIDR "
-    "ranges): the gate's API server address", "Python's urllib",
+    "ranges)", "Python's urllib",
 )  # fmt: skip
 TMPDIR = _setting(
     "TMPDIR", "/tmp", USER, (),  # noqa: S108 - the default shown, not a file opened

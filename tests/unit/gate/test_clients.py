@@ -138,6 +138,21 @@ def test_the_in_cluster_api_server_comes_from_the_pods_environment(tmp_path: Pat
         KubeAPI.from_env({}, service_account=tmp_path)
 
 
+def test_the_api_server_is_asked_directly_whatever_proxy_the_environment_names(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cluster's no_proxy names its service network as a CIDR range, which Python's proxy
+    rules do not read: the in-cluster API server would be asked through the proxy."""
+    cluster.add_node("gpu-1")
+    for variable in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
+        monkeypatch.setenv(variable, "http://127.0.0.1:9")  # nothing listens: a proxy fails
+    for variable in ("no_proxy", "NO_PROXY"):
+        monkeypatch.setenv(variable, "10.96.0.0/12")
+    api = KubeAPI.from_env({"REBOOT_GATE_API_SERVER": cluster.api.url}, service_account=tmp_path)
+
+    assert api.get("/api/v1/nodes/gpu-1")["metadata"]["name"] == "gpu-1"
+
+
 @pytest.mark.parametrize(
     ("name", "value"),
     [("NODE_NAME", "gpu-1\nRebootAllowed"), ("POD_NAMESPACE", "gate\u2028x"),

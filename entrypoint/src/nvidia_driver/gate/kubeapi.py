@@ -10,7 +10,9 @@ What the gate relies on, and the fake API server of the tests enforces:
   object changed since, and the caller reads it again and decides again (:class:`ConflictError`);
 * 429 and 5xx answers, and exchanges that fail, are retried a bounded number of times.
 
-The token is read from its file at every request: the kubelet rotates projected tokens.
+The token is read from its file at every request: the kubelet rotates projected tokens. The
+API server is asked directly, never through the environment's proxy: clusters list their
+service network in ``no_proxy`` as a CIDR range, which Python does not read.
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ class NotFoundError(DriverError):
 class KubeAPI:
     base_url: str  # scheme://host:port
     token_file: Path | None = None
-    client: Client = field(default_factory=Client)
+    client: Client = field(default_factory=lambda: Client(proxy=False))  # direct: see above
     backoff: Backoff = field(default_factory=lambda: Backoff(attempts=4, first_delay=1.0))
     sleep: Callable[[float], None] = time.sleep
 
@@ -134,7 +136,7 @@ class KubeAPI:
         return cls(
             url,
             token_file=token if token.is_file() else None,
-            client=Client(limits or Limits(max_bytes=ANSWER_BYTES), context),
+            client=Client(limits or Limits(max_bytes=ANSWER_BYTES), context, proxy=False),
         )
 
     # --- the verbs the gate uses -----------------------------------------------------------

@@ -1,7 +1,9 @@
 """One bounded HTTP exchange: the Kubernetes API and the registries, for the gate and the tooling.
 
 Each exchange keeps the project's one deadline mechanism (:mod:`.exchange`), and goes through
-the proxy the environment names (``https_proxy``, ``no_proxy``), as the downloads do. A body
+the proxy the environment names (``https_proxy``, ``no_proxy``), as the downloads do, unless
+the client is told to go direct (the in-cluster API server: Python reads no CIDR ranges in
+``no_proxy``, where clusters list their service network). A body
 read whole (:meth:`Client.send`) is bounded in bytes; a large one is read as it arrives
 (:meth:`Client.open`). Redirects are not followed here: neither the API server nor a
 registry's manifest endpoint sends one to follow; the registry clients follow a blob's
@@ -105,12 +107,14 @@ class Answer:
 
 @dataclass(frozen=True)
 class Client:
-    """Sends requests within the limits; ``context`` verifies https servers."""
+    """Sends requests within the limits; ``context`` verifies https servers; ``proxy``: through
+    the environment's proxy, else directly."""
 
     limits: Limits = field(default_factory=Limits)
     context: ssl.SSLContext | None = None
     clock: Callable[[], float] = time.monotonic
     user_agent: str = USER_AGENT
+    proxy: bool = True
 
     def send(
         self,
@@ -139,7 +143,10 @@ class Client:
             raise DriverError(f"cannot send to {where}: only http and https URLs work")
         budget = Budget(self.clock() + self.limits.deadline, self.limits.timeout, clock=self.clock)
         # No redirect followed, no status raised: the caller reads every answer.
-        opener = urllib.request.build_opener(_EveryAnswer(), *handlers(budget, self.context))
+        direct = () if self.proxy else (urllib.request.ProxyHandler({}),)
+        opener = urllib.request.build_opener(
+            _EveryAnswer(), *direct, *handlers(budget, self.context)
+        )
         request = urllib.request.Request(  # noqa: S310 - the scheme is checked above
             url, body, {"User-Agent": self.user_agent, **(headers or {})}, method=method
         )
