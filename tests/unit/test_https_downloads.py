@@ -3,7 +3,7 @@
 The entrypoint's downloads (the tooling's feed reader among them) and the one client of the
 registries and the Kubernetes API (sources/http.py) wrap their TLS connections in
 sources/exchange.py's socket; a server whose certificate the client does not trust must be
-refused as before.
+refused as before, and a tunnel through the environment's proxy carries the same TLS.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from connect_proxy import connect_proxy
 from tls_server import TLSServer, tls_server
 
 from nvidia_driver.errors import DriverError
@@ -52,3 +53,22 @@ def test_a_server_with_a_certificate_nobody_trusts_is_refused(
         _entrypoint(server.url)
     with pytest.raises(DriverError, match="CERTIFICATE_VERIFY_FAILED"):
         Client().send("GET", server.url)
+
+
+def test_a_server_behind_a_proxy_is_reached_through_its_tunnel_and_still_verified(
+    server: TLSServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """https_proxy as a node behind a forward proxy sets it: the downloads and the registry
+    clients open a CONNECT tunnel, and TLS inside it checks the server's certificate."""
+    monkeypatch.setenv("SSL_CERT_FILE", str(server.certificate))
+    for variable in ("no_proxy", "NO_PROXY", "HTTPS_PROXY"):
+        monkeypatch.delenv(variable, raising=False)
+    target = server.url.removeprefix("https://").removesuffix("/file")
+    with connect_proxy() as proxy:
+        monkeypatch.setenv("https_proxy", proxy.url)
+
+        assert _entrypoint(server.url) == BODY
+        assert Client().send("GET", server.url).body == BODY
+        assert proxy.tunnels == [target, target]
+        assert Client(proxy=False).send("GET", server.url).body == BODY  # the API server's way
+        assert proxy.tunnels == [target, target]

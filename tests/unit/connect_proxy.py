@@ -1,0 +1,83 @@
+"""An HTTP proxy on 127.0.0.1 that opens CONNECT tunnels, as squid or any forward proxy does for
+https URLs (RFC 9110, section 9.3.6): ``CONNECT host:port``, ``200`` once the target is
+reached, then the bytes relayed both ways. It tunnels only to 127.0.0.1 and records each target.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import selectors
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Proxy:
+    url: str  # http://127.0.0.1:<port>, for https_proxy
+    tunnels: list[str] = field(default_factory=list)  # each CONNECT's host:port, in order
+
+
+@contextmanager
+def connect_proxy() -> Iterator[Proxy]:
+    listener = socket.create_server(("127.0.0.1", 0))
+    proxy = Proxy(f"http://127.0.0.1:{listener.getsockname()[1]}")
+    stop = threading.Event()
+    threads: list[threading.Thread] = []
+
+    def tunnel(client: socket.socket) -> None:
+        with client:
+            head = b""
+            while b"\r\n\r\n" not in head and len(head) < 65536:
+                chunk = client.recv(4096)
+                if not chunk:
+                    return
+                head += chunk
+            method, target = head.split(b" ", 2)[:2]
+            host, _, port = target.decode().rpartition(":")
+            proxy.tunnels.append(target.decode())
+            if method != b"CONNECT" or host != "127.0.0.1":
+                client.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
+                return
+            with socket.create_connection((host, int(port))) as server:
+                client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                _relay(client, server, stop)
+
+    def accept() -> None:
+        listener.settimeout(0.05)
+        while not stop.is_set():
+            try:
+                client, _ = listener.accept()
+            except TimeoutError:
+                continue
+            thread = threading.Thread(target=tunnel, args=(client,))
+            thread.start()
+            threads.append(thread)
+
+    acceptor = threading.Thread(target=accept)
+    acceptor.start()
+    try:
+        yield proxy
+    finally:
+        stop.set()
+        acceptor.join()
+        for thread in threads:
+            thread.join()
+        listener.close()
+
+
+def _relay(one: socket.socket, other: socket.socket, stop: threading.Event) -> None:
+    with selectors.DefaultSelector() as selector:
+        selector.register(one, selectors.EVENT_READ, other)
+        selector.register(other, selectors.EVENT_READ, one)
+        while not stop.is_set():
+            for key, _ in selector.select(timeout=0.05):
+                source = one if key.fileobj is one else other
+                with contextlib.suppress(OSError):
+                    data = source.recv(65536)
+                    if data:
+                        key.data.sendall(data)
+                        continue
+                return  # one side closed (or failed): the tunnel ends
