@@ -8,12 +8,11 @@ the client's :class:`RetryBudget` lasts (``invoke publish`` gives its whole run 
 the answer stands, and a 429, the registry's or its token service's, is reported as a rate
 limit, never as a credentials problem.
 
-It speaks through the reboot gate's HTTP client (:mod:`nvidia_driver.sources.http`: one
-deadline per request, the environment's proxy). Every answer is read as sent
+It speaks through the HTTP client the reboot gate uses too (:mod:`nvidia_driver.sources.http`:
+one deadline per request, the environment's proxy). Every answer is read as sent
 (``Accept-Encoding: identity``) and within a byte bound, then checked as the reboot gate
 checks it, by :mod:`nvidia_driver.formats.oci` (its docstring says what: digests, media types
-and shapes, references, redirects, token realms). Failures are
-DriverErrors.
+and shapes, references, redirects, token realms). Failures are DriverErrors.
 
 On a 401 the client follows the ``WWW-Authenticate`` challenge: for ``Bearer`` (ghcr.io, Docker
 Hub, registry:2 with token auth) it asks the realm for a token for the challenge's service and
