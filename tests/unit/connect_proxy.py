@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from raw_server import accepting
+
 
 @dataclass(frozen=True)
 class Proxy:
@@ -22,50 +24,27 @@ class Proxy:
 
 @contextmanager
 def connect_proxy() -> Iterator[Proxy]:
-    listener = socket.create_server(("127.0.0.1", 0))
-    proxy = Proxy(f"http://127.0.0.1:{listener.getsockname()[1]}")
-    stop = threading.Event()
-    threads: list[threading.Thread] = []
+    tunnels: list[str] = []
 
-    def tunnel(client: socket.socket) -> None:
-        with client:
-            head = b""
-            while b"\r\n\r\n" not in head and len(head) < 65536:
-                chunk = client.recv(4096)
-                if not chunk:
-                    return
-                head += chunk
-            method, target = head.split(b" ", 2)[:2]
-            host, _, port = target.decode().rpartition(":")
-            proxy.tunnels.append(target.decode())
-            if method != b"CONNECT" or host != "127.0.0.1":
-                client.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
+    def tunnel(client: socket.socket, stop: threading.Event) -> None:
+        head = b""
+        while b"\r\n\r\n" not in head and len(head) < 65536:
+            chunk = client.recv(4096)
+            if not chunk:
                 return
-            with socket.create_connection((host, int(port))) as server:
-                client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
-                _relay(client, server, stop)
+            head += chunk
+        method, target = head.split(b" ", 2)[:2]
+        host, _, port = target.decode().rpartition(":")
+        tunnels.append(target.decode())
+        if method != b"CONNECT" or host != "127.0.0.1":
+            client.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
+            return
+        with socket.create_connection((host, int(port))) as server:
+            client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            _relay(client, server, stop)
 
-    def accept() -> None:
-        listener.settimeout(0.05)
-        while not stop.is_set():
-            try:
-                client, _ = listener.accept()
-            except TimeoutError:
-                continue
-            thread = threading.Thread(target=tunnel, args=(client,))
-            thread.start()
-            threads.append(thread)
-
-    acceptor = threading.Thread(target=accept)
-    acceptor.start()
-    try:
-        yield proxy
-    finally:
-        stop.set()
-        acceptor.join()
-        for thread in threads:
-            thread.join()
-        listener.close()
+    with accepting(tunnel) as port:
+        yield Proxy(f"http://127.0.0.1:{port}", tunnels)
 
 
 def _relay(one: socket.socket, other: socket.socket, stop: threading.Event) -> None:

@@ -3,8 +3,6 @@ reads a failure."""
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import Cluster
 from fake_apiserver import Fault
-from raw_server import raw_server
+from raw_server import accepting, raw_server
 
 from nvidia_driver.errors import DriverError
 from nvidia_driver.gate.gate import Settings
@@ -27,28 +25,8 @@ from nvidia_driver.sources.http import Client, Limits, Response, UnreachableErro
 @pytest.fixture
 def silent_server() -> Iterator[str]:
     """Accepts connections and never answers: a hung API server or registry."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen()
-    accepted: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        listener.settimeout(0.05)
-        while not stop.is_set():
-            try:
-                accepted.append(listener.accept()[0])
-            except TimeoutError:
-                continue
-
-    thread = threading.Thread(target=accept)
-    thread.start()
-    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    stop.set()
-    thread.join()
-    for connection in accepted:
-        connection.close()
-    listener.close()
+    with accepting(lambda _connection, stop: stop.wait()) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 def test_an_exchange_ends_by_its_deadline(silent_server: str) -> None:
