@@ -23,7 +23,7 @@ import ssl
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
@@ -90,11 +90,12 @@ class NotFoundError(DriverError):
 class KubeAPI:
     base_url: str  # scheme://host:port
     token_file: Path | None = None
-    client: Client = field(default_factory=lambda: Client(proxy=False))  # direct: see above
+    client: Client = field(default_factory=Client)
     backoff: Backoff = field(default_factory=lambda: Backoff(attempts=4, first_delay=1.0))
     sleep: Callable[[float], None] = time.sleep
 
     def __post_init__(self) -> None:
+        self.client = replace(self.client, proxy=False)  # whatever client: direct (see above)
         parts = urllib.parse.urlsplit(self.base_url)
         url = shown(self.base_url, ANNOTATION_SHOWN)
         if parts.scheme not in {"http", "https"} or not parts.hostname:
@@ -136,7 +137,7 @@ class KubeAPI:
         return cls(
             url,
             token_file=token if token.is_file() else None,
-            client=Client(limits or Limits(max_bytes=ANSWER_BYTES), context, proxy=False),
+            client=Client(limits or Limits(max_bytes=ANSWER_BYTES), context),
         )
 
     # --- the verbs the gate uses -----------------------------------------------------------
