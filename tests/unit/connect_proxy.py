@@ -11,7 +11,7 @@ import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from raw_server import accepting
 
@@ -19,7 +19,7 @@ from raw_server import accepting
 @dataclass(frozen=True)
 class Proxy:
     url: str  # http://127.0.0.1:<port>, for https_proxy
-    tunnels: list[str] = field(default_factory=list)  # each CONNECT's host:port, in order
+    tunnels: list[str]  # each CONNECT's host:port, in order
 
 
 @contextmanager
