@@ -56,6 +56,7 @@ from nvidia_driver.formats.oci import (
     MAX_CONFIG_BYTES,
     MAX_MANIFEST_BYTES,
     MAX_REDIRECTS,
+    REDIRECTS,
     Credentials,
     Manifest,
     base_url,
@@ -88,7 +89,6 @@ RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})
 BLOB_DEADLINE_SECONDS = 3600.0  # one blob, down or up: a precompiled image's layer is ~1 GB
 CHUNK_BYTES = 1 << 20
 _HOST = re.compile(r"[^/]*[.:][^/]*|localhost")
-_REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _NOT_FOUND = 404
 _BAD_REQUEST = 400  # an answer from here up failed
 _UNAUTHORIZED = 401
@@ -373,7 +373,7 @@ class Registry:
             self._auth[key] = self._authorize(answer, name, actions)
             answer = self._request(method, url, self._with_auth(sent, key), body, blobs)
         for _ in range(MAX_REDIRECTS):
-            if answer.status not in _REDIRECTS or method not in {"GET", "HEAD"}:
+            if answer.status not in REDIRECTS or method not in {"GET", "HEAD"}:
                 return answer
             answer.close()
             url = redirect_target(url, answer.header("Location"), self.host,

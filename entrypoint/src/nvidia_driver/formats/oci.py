@@ -53,6 +53,7 @@ MAX_MANIFEST_BYTES = 4 * MiB  # manifests are a few KiB
 MAX_CONFIG_BYTES = 4 * MiB
 MAX_ANSWER_BYTES = 1 * MiB  # a token, an error
 MAX_REDIRECTS = 3  # a blob's: registry -> storage (-> a signed URL)
+REDIRECTS = frozenset({301, 302, 303, 307, 308})  # the statuses that name a Location
 
 # The OCI distribution reference grammar (distribution/reference, regexp.go), which the GPU
 # Operator parses an image with (ref.New): a host with an optional port, then path components

@@ -31,6 +31,7 @@ from nvidia_driver.formats.oci import (
     DOCKER_HUB_API,
     MAX_MANIFEST_BYTES,
     MAX_REDIRECTS,
+    REDIRECTS,
     REPOSITORY,
     TAG,
     Credentials,
@@ -62,7 +63,6 @@ from nvidia_driver.sources.http import (
 )
 
 LIMITS = Limits(timeout=20.0, deadline=60.0, max_bytes=MAX_MANIFEST_BYTES)
-_REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _HEAD_REFUSED = frozenset({405, 501})  # a registry that answers no HEAD: asked with GET
 PUBLISHED_FOR = 600.0  # seconds a published verdict is kept (a held one is asked every look)
 TOKEN_LIFETIME = 60.0  # seconds, when the token endpoint names none (distribution's token spec)
@@ -206,9 +206,9 @@ class Registry:
         storage host. Followed to https only, with no credentials (they are the registry's),
         and what arrives must be the digest asked for."""
         url = f"{self._url(image)}/blobs/{digest}"
-        response = self._get(image, f"blobs/{digest}", "*/*", basic, also=_REDIRECTS)
+        response = self._get(image, f"blobs/{digest}", "*/*", basic, also=REDIRECTS)
         for _ in range(MAX_REDIRECTS):
-            if response.status not in _REDIRECTS:
+            if response.status not in REDIRECTS:
                 break
             what = f"{image}: the registry redirected the blob {digest}"
             url = redirect_target(url, response.header("Location"), image.api_host, what)
