@@ -16,7 +16,7 @@ from conftest import NAMESPACE
 from fake_dbus import FakeSystemBus
 
 from nvidia_driver.errors import DriverError
-from nvidia_driver.gate.updateengine import read_status
+from nvidia_driver.gate.updateengine import read_staged
 
 PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"
 
@@ -30,24 +30,22 @@ def bus(tmp_path: Path) -> Iterator[FakeSystemBus]:
 def test_update_engine_not_on_the_bus_is_one_line(bus: FakeSystemBus, tmp_path: Path) -> None:
     bus.update_engine = False
     with pytest.raises(DriverError) as caught:
-        read_status(bus.path)
+        read_staged(bus.path)
     assert str(caught.value) == (
         "cannot ask update_engine what it staged: GetNameOwner failed: "
         "org.freedesktop.DBus.Error.NameHasNoOwner; the gate's pod needs the host's "
         "/run/dbus/system_bus_socket mounted and uid 500, core's (deploy/reboot-gate/kured)"
     )
     with pytest.raises(DriverError, match=r"^cannot ask update_engine what it staged: .*No such"):
-        read_status(tmp_path / "absent")
+        read_staged(tmp_path / "absent")
 
 
 def test_update_engine_s_status_says_what_waits_for_a_reboot(bus: FakeSystemBus) -> None:
-    assert read_status(bus.path).staged == ""
+    assert read_staged(bus.path) == ""
+    bus.operation, bus.new_version = "UPDATE_STATUS_DOWNLOADING", "4593.2.5"  # not staged yet
+    assert read_staged(bus.path) == ""
     bus.stage("4593.2.5")
-    status = read_status(bus.path)
-    assert (status.current_operation, status.staged) == (
-        "UPDATE_STATUS_UPDATED_NEED_REBOOT",
-        "4593.2.5",
-    )
+    assert read_staged(bus.path) == "4593.2.5"
 
 
 def test_only_update_engines_own_reply_is_its_answer(bus: FakeSystemBus) -> None:
@@ -55,6 +53,6 @@ def test_only_update_engines_own_reply_is_its_answer(bus: FakeSystemBus) -> None
     owner of com.coreos.update1 (GetNameOwner) is believed."""
     bus.stage("4593.2.5")
     bus.forge = True
-    assert read_status(bus.path).staged == "4593.2.5"
+    assert read_staged(bus.path) == "4593.2.5"
     assert [call.member for call in bus.calls] == ["Hello", "GetNameOwner", "GetStatus"]
     assert bus.calls[1].argument == "com.coreos.update1"

@@ -46,7 +46,7 @@ from nvidia_driver.gate.managers import (
 )
 from nvidia_driver.gate.operator import GPU_PRESENT, driver_spec, metadata
 from nvidia_driver.gate.prepull import PrePull
-from nvidia_driver.gate.updateengine import SYSTEM_BUS, read_status
+from nvidia_driver.gate.updateengine import SYSTEM_BUS, read_staged
 from nvidia_driver.gate.verdict import Checker, Verdict, allowed, failure, held
 from nvidia_driver.log import say, warn
 from nvidia_driver.safetext import ANNOTATION_SHOWN, check, shown
@@ -120,7 +120,7 @@ class Gate:
     api: KubeAPI
     checker: Checker
     prepull: PrePull | None = None
-    status: Callable[[Path], str] = field(default=lambda bus: read_status(bus).staged)
+    status: Callable[[Path], str] = read_staged
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     _said: str = ""  # the last verdict reported as an event and a log line
     _label: str = ""  # kured: the value the gate last gave its pod's label

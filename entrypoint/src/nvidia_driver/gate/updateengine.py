@@ -23,7 +23,6 @@ import os
 import re
 import socket
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from nvidia_driver.errors import DriverError
@@ -50,17 +49,6 @@ NEED_REBOOT = "UPDATE_STATUS_UPDATED_NEED_REBOOT"  # update_attempter.h: staged,
 _BUS = ("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus")
 _AUTH_LINE_LIMIT = 512
 _MESSAGES_LIMIT = 64  # messages read while waiting for one reply (signals come in between)
-
-
-@dataclass(frozen=True)
-class Status:
-    current_operation: str
-    new_version: str
-
-    @property
-    def staged(self) -> str:
-        """The staged release when one waits for a reboot, else ""."""
-        return self.new_version if self.current_operation == NEED_REBOOT else ""
 
 
 def _failure(why: str) -> DriverError:
@@ -135,8 +123,9 @@ class _Connection:
             self._read_more()
 
 
-def read_status(bus: Path = SYSTEM_BUS, timeout: float = 10.0) -> Status:
-    """update_engine's current operation and new version."""
+def read_staged(bus: Path = SYSTEM_BUS, timeout: float = 10.0) -> str:
+    """The release update_engine has staged and waits to reboot into, else "" (its status's
+    new version, when its current operation is :data:`NEED_REBOOT`)."""
     try:
         connection = _Connection(bus, timeout)
     except OSError as exc:
@@ -159,7 +148,7 @@ def read_status(bus: Path = SYSTEM_BUS, timeout: float = 10.0) -> Status:
     body = reply.body
     if len(body) != 5 or not isinstance(body[2], str) or not isinstance(body[3], str):  # noqa: PLR2004 - xdssx
         raise _failure("GetStatus answered no (xdssx) status")
-    return Status(body[2], body[3])
+    return body[3] if body[2] == NEED_REBOOT else ""
 
 
 def staged_from_prefs(prefs: Path = PREFS) -> str:
