@@ -128,7 +128,7 @@ def _zstd_pipe(archive: Path) -> Iterator[IO[bytes]]:
 
 def run_formats_tar(archive: Path, out: Path) -> None:
     with _zstd_pipe(archive) as pipe:
-        runfile._untar(pipe, out)  # noqa: SLF001 - the code measured
+        runfile._untar(pipe, None, out)  # noqa: SLF001 - the code measured
 
 
 def run_tarfile(archive: Path, out: Path) -> None:

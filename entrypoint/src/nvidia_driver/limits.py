@@ -52,7 +52,9 @@ KERNEL_IMAGE = 256 * MiB  # the file, read whole
 KERNEL_DECOMPRESSED = 256 * MiB  # one decompressed stream
 KERNEL_CANDIDATES = 16  # compression magics tried per codec when scanning (a real image: 1-3)
 BANNER_CANDIDATES = 64  # "Linux version " strings looked at per decoding (a real kernel: 1-3)
-LZMA_MEMORY = 256 * MiB  # the kernel's xz and lzma use dictionaries of 32 and 64 MiB
+# Every xz and lzma stream read (vmlinuz, NVIDIA's .tar.xz and an xz .run): the kernel's use
+# dictionaries of 32 and 64 MiB; xz -9 needs 65 MiB to decompress (xz(1), "Memory usage").
+LZMA_MEMORY = 256 * MiB
 
 # Flatcar's releases.json (a few MB in 2026, flatcar-website static/releases-json/) and its
 # lts-info (a few lines), read by the reboot gate and the tooling alike; inflated too, if gzip.

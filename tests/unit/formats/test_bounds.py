@@ -24,7 +24,7 @@ from kerneltree_fixtures import (
     tar_gz,
     write,
 )
-from runfile_builder import compress, write_run
+from runfile_builder import Compression, compress, write_run
 from tools import needs
 from vmlinuz_images import vmlinux
 
@@ -246,7 +246,7 @@ def test_global_pax_headers_are_not_kept(tmp_path: Path) -> None:
     globals_ = (pax_header({f"comment.{n}": "x", "path": "/etc/evil"}, tarfile.XGLTYPE)
                 + header(f"usr/share/doc/{n}") for n in range(2000))  # fmt: skip
     data = gzip_of(*globals_, MAKEFILE, END)
-    with tar.TarStream.open(io.BytesIO(data), 1 << 30, tar.Budget(0, 0, 0), gzip=True) as archive:
+    with tar.TarStream.open(io.BytesIO(data), 1 << 30, tar.Budget(0, 0, 0), "gzip") as archive:
         members = [(member.name, member.pax_headers) for member in archive.members()]
     assert members[0] == ("usr/share/doc/0", {})
     assert members[-1] == (f"{MODULES}/build/Makefile", {})
@@ -255,15 +255,17 @@ def test_global_pax_headers_are_not_kept(tmp_path: Path) -> None:
 # NVIDIA's .run: one tar stream, walked member by member (image/runfile.py).
 
 
-def run_of_zeros(path: Path, members: list[tuple[str, int]]) -> Path:
-    """A .run whose tar holds files of zeros, gzip-compressed (so a few KiB for many MiB)."""
+def run_of_zeros(
+    path: Path, members: list[tuple[str, int]], compression: Compression = "gzip"
+) -> Path:
+    """A .run whose tar holds files of zeros, compressed (so a few KiB for many MiB)."""
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.GNU_FORMAT) as archive:
         for name, size in members:
             info = tarfile.TarInfo(name)
             info.size = size
             archive.addfile(info, io.BytesIO(bytes(size)))
-    return write_run(path, compress(raw.getvalue(), "gzip")).path
+    return write_run(path, compress(raw.getvalue(), compression)).path
 
 
 def test_a_run_member_larger_than_its_bound_is_refused_before_a_byte_is_written(
@@ -305,8 +307,19 @@ def test_the_entries_a_run_writes_are_bounded(
 def test_a_run_s_tar_stream_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(limits, "RUN_INFLATED", 4 << 20)
     bomb = run_of_zeros(tmp_path / "x.run", [("./big", 16 << 20)])
-    with pytest.raises(DriverError, match="it has more than 4 MiB of data once unpacked"):
+    with pytest.raises(DriverError, match="it has more than 4 MiB of data once inflated"):
         runfile.extract(bomb, tmp_path / "out")
+
+
+def test_an_xz_stream_that_needs_more_memory_than_the_limit_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # xz's default preset (6) has an 8 MiB dictionary: about 9 MiB to decompress.
+    monkeypatch.setattr(limits, "LZMA_MEMORY", 1 << 20)
+    built = run_of_zeros(tmp_path / "x.run", [("./small", 1024)], "xz")
+    with pytest.raises(DriverError, match=r"^unpacking the driver package failed: Memory usage"):
+        runfile.extract(built, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 # The developer container: its disk image and what debugfs extracts from its ext4 file system.

@@ -1,11 +1,13 @@
 """A tar stream read once, forward only, by the standard library's tarfile; what it may write.
 
 tarfile parses the stream (mode ``r|``: ustar, pax, GNU long names, sparse members). What it
-does not do is here, once, for both tar extractions (kbuild/container.py, image/runfile.py):
+does not do is here, once, for every tar extraction (kbuild/container.py, image/runfile.py,
+sources/redist.py):
 
 - Bounds on what a stream makes it read and hold. :class:`_Decompressed` hands it at most a
-  given count of bytes, inflating a gzip stream itself (its first member only; whatever follows
-  is the caller's), and a member that would end past them is refused at once. tarfile reads an
+  given count of bytes, decompressing a gzip or xz stream itself (its first member or stream
+  only; whatever follows is the caller's; xz within a memory limit), and a member that would end
+  past them is refused at once. tarfile reads an
   extended header (pax, a GNU long name or link, a sparse map) whole into memory, and a run of
   them by recursion: :class:`_BoundedHeaders` refuses one before it is read once a member's
   pass limits.TAR_METADATA or _EXTENDED_HEADERS. Global pax headers are not kept.
@@ -27,11 +29,11 @@ import os
 import re
 import tarfile
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import IO, Any, Protocol, Self
+from typing import IO, Any, Literal, Protocol, Self
 
 from nvidia_driver import limits
 from nvidia_driver.errors import DriverError
@@ -39,8 +41,8 @@ from nvidia_driver.formats import output
 from nvidia_driver.links import escaping_links
 from nvidia_driver.safetext import shown
 
-_CHUNK = 1 << 20  # a member's bytes copied at a time; inflated at most at a time
-_COMPRESSED_CHUNK = 1 << 16  # read at a time; most such chunks inflate whole within _CHUNK
+_CHUNK = 1 << 20  # a member's bytes copied at a time; decompressed at most at a time
+_COMPRESSED_CHUNK = 1 << 16  # read at a time; most such chunks decompress within _CHUNK
 _GZIP_WBITS = 16 + zlib.MAX_WBITS  # a gzip header and trailer around the deflate data
 # Extended headers before one member: GNU tar and Python write at most three (a global pax
 # header, then a pax header, or a long name and a long link). tarfile reads such a run by
@@ -70,29 +72,55 @@ class UnsafeMemberError(DriverError):
 # --- reading: tarfile, bounded ----------------------------------------------------------------
 
 
+class _Gunzip:
+    """zlib's decompressor for one gzip member, with the interface of lzma's: the input it has
+    not used is kept, and ``needs_input`` says when it wants more."""
+
+    def __init__(self) -> None:
+        self._zlib = zlib.decompressobj(_GZIP_WBITS)
+
+    @property
+    def eof(self) -> bool:
+        return self._zlib.eof
+
+    @property
+    def needs_input(self) -> bool:
+        return not self._zlib.unconsumed_tail
+
+    def decompress(self, data: bytes, max_length: int) -> bytes:
+        return self._zlib.decompress(self._zlib.unconsumed_tail + data, max_length)
+
+
+Compression = Literal["gzip", "xz"]
+_DECOMPRESSORS: dict[Compression, Callable[[], _Gunzip | lzma.LZMADecompressor]] = {
+    "gzip": _Gunzip,  # flatcar-container.tar.gz; a gzip .run
+    # NVIDIA's redist .tar.xz and an xz .run: within limits.LZMA_MEMORY, as xz --memlimit does.
+    "xz": lambda: lzma.LZMADecompressor(lzma.FORMAT_XZ, memlimit=limits.LZMA_MEMORY),
+}
+
+
 class _Decompressed(io.RawIOBase):
     """A tar stream's bytes, at most ``limit`` of them (else OverBoundError, where they would be
-    read): the stream's own, or with ``gzip`` the stream inflated, its first member only."""
+    read): the stream's own, or decompressed (its first gzip member or xz stream only)."""
 
-    def __init__(self, stream: IO[bytes], limit: int, *, gzip: bool) -> None:
+    def __init__(self, stream: IO[bytes], limit: int, compression: Compression | None) -> None:
         super().__init__()
         self._stream = stream
         self._limit = limit
         self._taken = 0
         self._ended = False
-        self._inflater = zlib.decompressobj(_GZIP_WBITS) if gzip else None
-        self._word = "inflated" if gzip else "unpacked"
-        self._compressed = b""  # read, not yet inflated
-        self._chunk = b""  # inflated, handed over from _offset on
+        self._compression = compression
+        self._decompressor = _DECOMPRESSORS[compression]() if compression else None
+        self._chunk = b""  # decompressed, handed over from _offset on
         self._offset = 0
 
     def read(self, size: int = -1, /) -> bytes:
         wanted = size if size >= 0 else _CHUNK
-        if self._inflater is None:
+        if self._decompressor is None:
             # One byte more than the bound allows: what tells a stream at its bound from a bomb.
             data = self._stream.read(min(wanted, self._limit + 1 - self._taken))
         else:
-            data = self._inflated(wanted)
+            data = self._decompressed(wanted)
         self._taken += len(data)
         if self._taken > self._limit:
             raise self._over_bound()
@@ -111,23 +139,27 @@ class _Decompressed(io.RawIOBase):
             raise self._over_bound()
 
     def _over_bound(self) -> OverBoundError:
-        return OverBoundError(f"more than {limits.size(self._limit)} of data once {self._word}")
+        word = "inflated" if self._compression == "gzip" else "unpacked"
+        return OverBoundError(f"more than {limits.size(self._limit)} of data once {word}")
 
-    def _inflated(self, size: int) -> bytes:
-        assert self._inflater is not None
+    def _decompressed(self, size: int) -> bytes:
+        decompressor = self._decompressor
+        assert decompressor is not None
         while self._offset == len(self._chunk):
-            if self._inflater.eof:
+            if decompressor.eof:
                 return b""
-            if not self._compressed:
-                self._compressed = self._stream.read(_COMPRESSED_CHUNK)
-                if not self._compressed:
-                    raise TarError("the gzip stream ends before its end-of-stream marker")
+            data = b""
+            if decompressor.needs_input:
+                data = self._stream.read(_COMPRESSED_CHUNK)
+                if not data:
+                    raise TarError(f"the {self._compression} stream ends before its "
+                                   "end-of-stream marker")  # fmt: skip
             try:
                 # Bounded output: a small chunk may hold a long run of zeros.
-                self._chunk = self._inflater.decompress(self._compressed, _CHUNK)
-            except zlib.error as exc:  # not gzip, or corrupt: said as a corrupt archive is
+                self._chunk = decompressor.decompress(data, _CHUNK)
+            except (zlib.error, lzma.LZMAError) as exc:  # corrupt: said as a corrupt archive is
                 raise TarError(str(exc)) from None
-            self._compressed, self._offset = self._inflater.unconsumed_tail, 0
+            self._offset = 0
         start = self._offset
         self._offset = min(start + size, len(self._chunk))
         return self._chunk[start : self._offset]  # the chunk itself, not a copy, if whole
@@ -344,9 +376,12 @@ class TarStream:
 
     @classmethod
     @contextmanager
-    def open(cls, stream: IO[bytes], limit: int, budget: Budget, *, gzip: bool) -> Iterator[Self]:
-        """The tar stream in stream, at most limit bytes of it (inflated with gzip): bounded."""
-        data = _Decompressed(stream, limit, gzip=gzip)
+    def open(
+        cls, stream: IO[bytes], limit: int, budget: Budget, compression: Compression | None
+    ) -> Iterator[Self]:
+        """The tar stream in stream, at most limit bytes of it (decompressed first if
+        compression says so): bounded."""
+        data = _Decompressed(stream, limit, compression)
         try:  # tarfile reads the first member here
             # tarfile.open hands keywords it does not know to the class (3.11 to 3.14);
             # typeshed's overloads do not say so.

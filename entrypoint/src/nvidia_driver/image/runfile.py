@@ -8,9 +8,7 @@ of the file. The file is ~400 MB, so everything here streams it.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
-import lzma
 import re
 import shutil
 import stat
@@ -20,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Literal, Protocol, cast
+from typing import IO, Literal, Protocol
 
 from nvidia_driver import limits
 from nvidia_driver.commands import Commands
@@ -29,7 +27,7 @@ from nvidia_driver.errors import DriverError
 from nvidia_driver.formats import output, tar
 from nvidia_driver.safetext import shown
 
-Compression = Literal["gzip", "xz", "zstd"]
+Compression = tar.Compression | Literal["zstd"]  # zstd: undone by the zstd command
 
 HEADER_SCAN_BYTES = 64 * 1024
 CHUNK_BYTES = 1 << 20
@@ -280,8 +278,8 @@ def extract(
     if occupied:
         raise DriverError(f"cannot unpack {runfile.name} into {dest}: the directory is not empty")
     try:
-        with _decompressed(runfile, offset, compression, commands or Commands()) as payload:
-            _untar(payload, dest)
+        with _payload(runfile, offset, compression, commands or Commands()) as payload:
+            _untar(*payload, dest)
     except BaseException:
         shutil.rmtree(dest, ignore_errors=True)
         raise
@@ -289,33 +287,30 @@ def extract(
 
 
 @contextmanager
-def _decompressed(
+def _payload(
     runfile: Path, offset: int, compression: Compression, commands: Commands
-) -> Iterator[IO[bytes]]:
+) -> Iterator[tuple[IO[bytes], tar.Compression | None]]:
+    """The payload's stream, and the compression formats/tar.py undoes while it reads."""
     with _open(runfile) as raw:
         raw.seek(offset)
-        if compression == "zstd":
-            # zstd is not in this Python's standard library: the zstd command reads the open
-            # file from the payload offset.
-            with commands.pipe_bytes("zstd", ZSTD_DECOMPRESS, raw) as decompressed:
-                yield decompressed
-        elif compression == "xz":
-            with lzma.LZMAFile(raw) as decompressed:
-                yield decompressed
-        else:
-            with gzip.GzipFile(fileobj=raw, mode="rb") as decompressed:
-                yield cast("IO[bytes]", decompressed)  # a GzipFile is a binary stream
+        if compression != "zstd":
+            yield raw, compression
+            return
+        # zstd is not in this Python's standard library: the zstd command reads the open file
+        # from the payload offset.
+        with commands.pipe_bytes("zstd", ZSTD_DECOMPRESS, raw) as decompressed:
+            yield decompressed, None
 
 
 _NOT_GENUINE = "it is not a genuine NVIDIA .run"
 
 
-def _untar(payload: IO[bytes], dest: Path) -> None:
+def _untar(payload: IO[bytes], compression: tar.Compression | None, dest: Path) -> None:
     writer = output.TreeWriter(dest, _NOT_GENUINE)
     budget = tar.Budget(limits.RUN_ENTRIES, limits.RUN_WRITTEN, limits.RUN_MEMBER)
     try:
         # Read by tarfile in stream mode (formats/tar.py); written only by the TreeWriter.
-        with tar.TarStream.open(payload, limits.RUN_INFLATED, budget, gzip=False) as archive:
+        with tar.TarStream.open(payload, limits.RUN_INFLATED, budget, compression) as archive:
             for member in archive.members():
                 _unpack(archive, member, writer)
         # Verified before it was unpacked: the links may be followed now.

@@ -148,7 +148,7 @@ def _read_container_archive(
     tree, libraries = TreeWriter(tree_root, NOT_FLATCAR), TreeWriter(libraries_root, NOT_FLATCAR)
     budget = tar.Budget(limits.CONTAINER_ENTRIES, limits.CONTAINER_WRITTEN, limits.CONTAINER_MEMBER)
     try:
-        with tar.TarStream.open(stream, limits.CONTAINER_INFLATED, budget, gzip=True) as archive:
+        with tar.TarStream.open(stream, limits.CONTAINER_INFLATED, budget, "gzip") as archive:
             extraction = _ContainerExtraction(archive, tree, libraries, kernel_release)
             for member in archive.members():
                 extraction.member(member)

@@ -14,7 +14,6 @@ through a directory that is a symlink, so nothing lands outside the mapped direc
 
 from __future__ import annotations
 
-import lzma
 import os
 import tarfile
 from collections.abc import Mapping
@@ -286,8 +285,8 @@ def install_archive(path: Path, archive: Archive, root: Path, arch: str) -> list
     try:
         # Read by tarfile in stream mode, bounded (formats/tar.py), as the .run's payload is.
         with (
-            lzma.open(path) as xz,
-            tar.TarStream.open(xz, limits.REDIST_INFLATED, budget, gzip=False) as stream,
+            path.open("rb") as xz,
+            tar.TarStream.open(xz, limits.REDIST_INFLATED, budget, "xz") as stream,
         ):
             for member in stream.members():
                 budget.take(member)
@@ -299,7 +298,7 @@ def install_archive(path: Path, archive: Archive, root: Path, arch: str) -> list
         raise DriverError(
             f"{archive.file_name} is larger than any NVIDIA redist archive ({exc}): refusing it"
         ) from None
-    except (tar.TarError, OSError, lzma.LZMAError) as exc:
+    except (tar.TarError, OSError) as exc:
         raise DriverError(f"reading {archive.file_name} failed: {exc}") from None
     return installed
 
