@@ -48,6 +48,14 @@ def test_a_body_trickled_past_the_deadline_ends_by_it_read_whole_or_streamed() -
     assert time.monotonic() - started < 2 * 1.0 + 1.5
 
 
+def test_a_content_length_of_other_digits_is_no_length() -> None:
+    """Latin-1's superscript two is str.isdigit(), not RFC 9110's digits: the body is read as
+    sent (to its bound), not a traceback from int()."""
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: \xb2\r\nConnection: close\r\n\r\n"
+    with raw_server(head, b"{}") as url:
+        assert Client(Limits(timeout=3.0, deadline=5.0)).send("GET", url).body == b"{}"
+
+
 def test_a_409_is_a_conflict_and_not_retried(cluster: Cluster) -> None:
     """The gate's caller reads the object again and decides again (test_fluo.py)."""
     cluster.add_node("gpu-1")

@@ -20,6 +20,7 @@ from nvidia_driver.sources.download import (
     Downloader,
     DownloadLimits,
     abort_downloads,
+    content_length,
     redirect_refusal,
 )
 
@@ -257,3 +258,23 @@ def test_a_text_file_is_utf8_and_a_gzip_one_is_inflated_within_its_bound(
         downloader().get_text(_serve(server, b'{"\xff": 1}'), 4096, "a feed")
     with pytest.raises(DriverError, match="the gzip body is cut short"):
         downloader().get_text(_serve(server, gzip.compress(b"{}")[:-6]), 4096, "a feed")
+
+
+@pytest.mark.parametrize(
+    ("header", "length"),
+    [
+        ("1024", 1024),
+        (" 7 ", 7),
+        ("0", 0),
+        (None, None),
+        ("", None),
+        ("-1", None),
+        ("+5", None),
+        ("1_0", None),
+        ("\xb2", None),
+        ("\u0661\u0662", None),
+    ],
+)
+def test_a_content_length_is_ascii_digits(header: str | None, length: int | None) -> None:
+    """RFC 9110's 1*DIGIT: int() would take a sign, underscores and other scripts' digits."""
+    assert content_length(header) == length

@@ -319,7 +319,7 @@ class Downloader:
             raise TransientError(f"cannot reach {url}: {shown(str(exc.reason))}") from exc
         except (OSError, http.client.HTTPException) as exc:
             raise TransientError(f"cannot reach {url}: {shown(str(exc))}") from exc
-        length = _content_length(response.headers.get("Content-Length"))
+        length = content_length(response.headers.get("Content-Length"))
         return Opened(url, response, length, budget, limits)
 
 
@@ -428,12 +428,11 @@ def _past_deadline(url: str, limits: DownloadLimits) -> str:
     )
 
 
-def _content_length(header: str | None) -> int | None:
-    try:
-        length = int(header or "")
-    except ValueError:
-        return None
-    return length if length >= 0 else None
+def content_length(header: str | None) -> int | None:
+    """A Content-Length's value, or None when it is not RFC 9110's ASCII digits (int() would
+    take "+5", "1_0" and other scripts' digits)."""
+    value = (header or "").strip()
+    return int(value) if value.isascii() and value.isdigit() else None
 
 
 def _endpoint(url: urllib.parse.SplitResult) -> tuple[str, int | None]:

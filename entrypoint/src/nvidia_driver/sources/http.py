@@ -30,7 +30,7 @@ from nvidia_driver.errors import DriverError
 from nvidia_driver.formats.oci import retry_after
 from nvidia_driver.limits import MiB
 from nvidia_driver.safetext import ANNOTATION_SHOWN, shown
-from nvidia_driver.sources.download import Backoff
+from nvidia_driver.sources.download import Backoff, content_length
 from nvidia_driver.sources.exchange import Budget, ExchangeError, PastDeadlineError, handlers
 
 USER_AGENT = "nvidia-driver-reboot-gate (Flatcar GPU driver container)"
@@ -92,9 +92,9 @@ class Answer:
 
     def read_all(self, limit: int) -> bytes:
         """The whole body, refused past ``limit`` bytes."""
-        length = self.header("Content-Length")
-        if length.isdigit() and int(length) > limit:
-            raise DriverError(f"{self._where} answered {int(length)} bytes, over the limit of "
+        length = content_length(self.header("Content-Length"))
+        if length is not None and length > limit:
+            raise DriverError(f"{self._where} answered {length} bytes, over the limit of "
                               f"{limit}: not what was asked for")  # fmt: skip
         with _failures(self._method, self._where, self._limits):
             body = self._response.read(limit + 1)
