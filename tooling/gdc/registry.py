@@ -338,14 +338,7 @@ class Registry:
         with answer, self._reading(what):
             check_identity(answer.header("Content-Encoding"),
                            f"the registry {self.host} sent {what}")  # fmt: skip
-            chunks, count = [], 0
-            for chunk in iter(lambda: answer.read(CHUNK_BYTES), b""):
-                count += len(chunk)
-                if count > limit:
-                    raise DriverError(f"the registry {self.host} sent more than {limit} bytes "
-                                      f"for {what}: refused")  # fmt: skip
-                chunks.append(chunk)
-        return b"".join(chunks)
+            return answer.read_all(limit)
 
     @contextmanager
     def _reading(self, what: str) -> Iterator[None]:
