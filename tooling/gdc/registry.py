@@ -75,6 +75,7 @@ from nvidia_driver.formats.oci import (
     redirect_target,
     retry_after,
     token_of,
+    token_url,
 )
 from nvidia_driver.safetext import shown
 from nvidia_driver.sources.http import Answer, Client, Limits, UnreachableError
@@ -417,16 +418,12 @@ class Registry:
             return self.credentials.basic
         if scheme != "bearer" or "realm" not in params:
             raise self._denied(f"it asks for {header or 'authentication'!r}")
-        query = {"service": params.get("service", self.host),
-                 "scope": params.get("scope", f"repository:{name}:{actions}")}  # fmt: skip
         check_realm(params["realm"], self.host, credentials=self.credentials is not None,
                     trusted=self.token_hosts, what=f"the registry {self.host}")  # fmt: skip
         headers = {"Accept-Encoding": "identity"}
         if self.credentials:
             headers["Authorization"] = self.credentials.basic
-        separator = "&" if urllib.parse.urlsplit(params["realm"]).query else "?"
-        url = f"{params['realm']}{separator}{urllib.parse.urlencode(query)}"
-        answer = self._request("GET", url, headers)
+        answer = self._request("GET", token_url(params, f"repository:{name}:{actions}"), headers)
         realm, reason = _one_line(params["realm"]), _one_line(answer.reason)
         answered = f"its token service {realm} answered {answer.status} {reason}"
         if answer.status >= _BAD_REQUEST:

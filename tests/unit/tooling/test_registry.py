@@ -25,6 +25,7 @@ from nvidia_driver.formats.oci import (
     check_realm,
     plain_http,
     token_hosts,
+    token_url,
 )
 from nvidia_driver.safetext import unsafe
 
@@ -485,6 +486,24 @@ def test_credentials_go_only_to_a_token_realm_on_the_registry_s_host() -> None:
         assert [auth for _, path, auth in tokens.log if path == "/token"] == [
             "Basic " + base64.b64encode(b"me:s3cret").decode()]  # fmt: skip
 
+
+@pytest.mark.parametrize(
+    ("challenge", "url"),
+    [
+        (
+            {"realm": "https://ghcr.io/token", "service": "ghcr.io", "scope": "repository:a:pull"},
+            "https://ghcr.io/token?service=ghcr.io&scope=repository%3Aa%3Apull",
+        ),
+        (  # no service named: none sent; the realm's own query kept; the client's scope
+            {"realm": "https://auth.example/token?tenant=t", "scope": ""},
+            "https://auth.example/token?tenant=t&scope=repository%3Ame%2Fdriver%3Apull%2Cpush",
+        ),
+    ],
+)
+def test_a_token_is_asked_for_as_distribution_s_client_asks(
+    challenge: dict[str, str], url: str
+) -> None:
+    assert token_url(challenge, "repository:me/driver:pull,push") == url
 
 def test_token_hosts_come_from_the_environment() -> None:
     assert token_hosts({"REGISTRY_TOKEN_HOSTS": "auth.docker.io, auth.example"}) == {

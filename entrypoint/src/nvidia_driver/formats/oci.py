@@ -286,6 +286,18 @@ def parse_challenge(header: str) -> tuple[str, dict[str, str]]:
     return scheme.lower(), dict(_CHALLENGE_PARAM.findall(params))
 
 
+def token_url(challenge: Mapping[str, str], scope: str) -> str:
+    """Where a Bearer challenge's token is asked for, as distribution's client asks
+    (registry/client/auth/session.go, fetchTokenWithBasicAuth): the realm with its own query
+    kept, the challenge's service when it names one, and its scope (else ``scope``)."""
+    realm = urllib.parse.urlsplit(challenge["realm"])
+    query = urllib.parse.parse_qsl(realm.query, keep_blank_values=True)
+    if challenge.get("service"):
+        query.append(("service", challenge["service"]))
+    query.append(("scope", challenge.get("scope") or scope))
+    return urllib.parse.urlunsplit(realm._replace(query=urllib.parse.urlencode(query)))
+
+
 def token_hosts(env: Mapping[str, str]) -> frozenset[str]:
     """The token services' hosts the user trusts with credentials besides the registry's own
     (``REGISTRY_TOKEN_HOSTS``, comma-separated; Docker Hub's is built in: OWN_TOKEN_HOSTS)."""

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import time
-import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -47,6 +46,7 @@ from nvidia_driver.formats.oci import (
     redirect_target,
     retry_after,
     token_of,
+    token_url,
     verified,
 )
 from nvidia_driver.safetext import ANNOTATION_SHOWN, shown
@@ -317,9 +317,7 @@ class Registry:
             )
         check_realm(realm, image.api_host, credentials=bool(basic), trusted=self.token_hosts,
                     what=f"{image}: the registry")  # fmt: skip
-        query = {"service": fields.get("service", "")}
-        query["scope"] = fields.get("scope") or f"repository:{image.name}:pull"
-        url = f"{realm}?{urllib.parse.urlencode(query)}"
+        url = token_url(fields, f"repository:{image.name}:pull")
         response = self._send(image, "GET", url, "application/json", basic)
         if response.status not in OK:
             why = "refused the pull secret's credentials" if basic else "gives no anonymous token"
