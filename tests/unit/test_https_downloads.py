@@ -72,3 +72,26 @@ def test_a_server_behind_a_proxy_is_reached_through_its_tunnel_and_still_verifie
         assert proxy.tunnels == [target, target]
         assert Client(proxy=False).send("GET", server.url).body == BODY  # the API server's way
         assert proxy.tunnels == [target, target]
+
+
+@pytest.mark.parametrize(
+    ("no_proxy", "tunnelled"),
+    [("127.0.0.0/8", False), ("10.0.0.0/8, ::1/128,127.0.0.1/32", False), ("10.0.0.0/8", True)],
+)
+def test_no_proxy_s_cidr_ranges_are_reached_directly(
+    server: TLSServer, monkeypatch: pytest.MonkeyPatch, no_proxy: str, tunnelled: bool
+) -> None:
+    """Clusters list their networks in no_proxy as CIDR ranges, which Go's proxy rules read
+    (containerd's, the kubelet's) and urllib's do not: an address inside one is reached
+    directly by the downloads and the registry clients alike, one outside through the proxy."""
+    monkeypatch.setenv("SSL_CERT_FILE", str(server.certificate))
+    for variable in ("NO_PROXY", "HTTPS_PROXY"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("no_proxy", no_proxy)
+    target = server.url.removeprefix("https://").removesuffix("/file")
+    with connect_proxy() as proxy:
+        monkeypatch.setenv("https_proxy", proxy.url)
+
+        assert _entrypoint(server.url) == BODY
+        assert Client().send("GET", server.url).body == BODY
+        assert proxy.tunnels == ([target, target] if tunnelled else [])

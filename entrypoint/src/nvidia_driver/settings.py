@@ -225,8 +225,8 @@ HTTPS_PROXY = _setting(
 )  # fmt: skip
 NO_PROXY = _setting(
     "NO_PROXY", None, USER, (),
-    "hosts and addresses reached without the proxy, comma-separated (no_proxy too; no CIDR "
-    "ranges)", "Python's urllib",
+    "hosts, domains, addresses and CIDR ranges reached without the proxy, comma-separated "
+    "(no_proxy too)", "Python's urllib; CIDR ranges: sources/exchange.py",
 )  # fmt: skip
 TMPDIR = _setting(
     "TMPDIR", "/tmp", USER, (),  # noqa: S108 - the default shown, not a file opened

@@ -505,6 +505,7 @@ def test_a_token_is_asked_for_as_distribution_s_client_asks(
 ) -> None:
     assert token_url(challenge, "repository:me/driver:pull,push") == url
 
+
 def test_token_hosts_come_from_the_environment() -> None:
     assert token_hosts({"REGISTRY_TOKEN_HOSTS": "auth.docker.io, auth.example"}) == {
         "auth.docker.io", "auth.example"}  # fmt: skip

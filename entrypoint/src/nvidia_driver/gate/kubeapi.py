@@ -11,8 +11,8 @@ What the gate relies on, and the fake API server of the tests enforces:
 * 429 and 5xx answers, and exchanges that fail, are retried a bounded number of times.
 
 The token is read from its file at every request: the kubelet rotates projected tokens. The
-API server is asked directly, never through the environment's proxy: clusters list their
-service network in ``no_proxy`` as a CIDR range, which Python does not read.
+API server is asked directly, never through the environment's proxy: it is never behind the
+node's forward proxy, whether or not ``no_proxy`` lists the service network.
 """
 
 from __future__ import annotations

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import http.client
 import io
+import ipaddress
 import math
 import socket
 import ssl
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -308,9 +310,44 @@ class _BudgetedHandler(urllib.request.HTTPHandler, urllib.request.HTTPSHandler):
         return connection
 
 
+class _ProxyHandler(urllib.request.ProxyHandler):
+    """The environment's proxies, as urllib reads them, and no_proxy's CIDR ranges too, as Go's
+    proxy rules read them (golang.org/x/net/http/httpproxy: an IP address host inside a range
+    goes direct; names are not resolved). Clusters list their networks there for containerd
+    and the kubelet; a registry or mirror addressed by IP in one is reached as they reach it."""
+
+    proxies: dict[str, str]  # urllib's getproxies(): "no" holds no_proxy
+
+    def proxy_open(
+        self,
+        req: urllib.request.Request,
+        proxy: str,
+        type: str,  # noqa: A002 - urllib's name
+    ) -> Any:
+        if _in_range(req.host, self.proxies.get("no", "")):
+            return None  # direct: the next handler opens it
+        return super().proxy_open(req, proxy, type)
+
+
+def _in_range(host: str, no_proxy: str) -> bool:
+    try:
+        address = ipaddress.ip_address(urllib.parse.urlsplit(f"//{host}").hostname or "")
+    except ValueError:
+        return False  # a name, or no host
+    for entry in no_proxy.split(","):
+        try:
+            if address in ipaddress.ip_network(entry.strip(), strict=False):
+                return True
+        except ValueError:
+            continue  # a name, "*", or nothing: urllib's own rules read those
+    return False
+
+
 def handlers(
-    budget: Budget, context: ssl.SSLContext | None = None
+    budget: Budget, context: ssl.SSLContext | None = None, *, proxy: bool = True
 ) -> tuple[urllib.request.BaseHandler, ...]:
     """urllib handlers (for ``build_opener``) whose connections all keep ``budget``; https
-    servers verified with ``context`` (the default one if None)."""
-    return (_BudgetedHandler(budget, context),)
+    servers verified with ``context`` (the default one if None); through the environment's
+    proxy (:class:`_ProxyHandler`), or directly when ``proxy`` is False."""
+    proxies = _ProxyHandler() if proxy else urllib.request.ProxyHandler({})
+    return (proxies, _BudgetedHandler(budget, context))

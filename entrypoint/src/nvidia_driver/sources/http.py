@@ -2,9 +2,8 @@
 
 Each exchange keeps the project's one deadline mechanism (:mod:`.exchange`), and goes through
 the proxy the environment names (``https_proxy``, ``no_proxy``), as the downloads do, unless
-the client is told to go direct (the in-cluster API server: Python reads no CIDR ranges in
-``no_proxy``, where clusters list their service network). A body
-read whole (:meth:`Client.send`) is bounded in bytes; a large one is read as it arrives
+the client is told to go direct (the in-cluster API server, never behind the node's proxy).
+A body read whole (:meth:`Client.send`) is bounded in bytes; a large one is read as it arrives
 (:meth:`Client.open`). Redirects are not followed here: neither the API server nor a
 registry's manifest endpoint sends one to follow; the registry clients follow a blob's
 themselves. The answer is returned whatever its status; failures to exchange at all raise
@@ -143,9 +142,8 @@ class Client:
             raise DriverError(f"cannot send to {where}: only http and https URLs work")
         budget = Budget(self.clock() + self.limits.deadline, self.limits.timeout, clock=self.clock)
         # No redirect followed, no status raised: the caller reads every answer.
-        direct = () if self.proxy else (urllib.request.ProxyHandler({}),)
         opener = urllib.request.build_opener(
-            _EveryAnswer(), *direct, *handlers(budget, self.context)
+            _EveryAnswer(), *handlers(budget, self.context, proxy=self.proxy)
         )
         request = urllib.request.Request(  # noqa: S310 - the scheme is checked above
             url, body, {"User-Agent": self.user_agent, **(headers or {})}, method=method
