@@ -46,9 +46,14 @@ from nvidia_driver.naming import (
     FLATCAR_VERSION_RE,
     KERNEL_RELEASE_RE,
     LTS_STREAM_KEY_RE,
-    kernel_release_from_feed,
 )
-from nvidia_driver.sources.flatcar import Channel, FlatcarVersion, Release
+from nvidia_driver.sources.flatcar import (
+    Channel,
+    FlatcarVersion,
+    Release,
+    entry_problem,
+    release_of,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -67,7 +72,6 @@ LTS_STREAM_MAX_AGE = timedelta(days=240)
 MAX_MAJOR_JUMP = 1000
 _KERNEL_MAX_LENGTH = 64
 _LTS_INFO_LINE = re.compile(r"([0-9]+):([0-9]{4}):(supported|unsupported)")
-_DATE_FORMAT = "%Y-%m-%d %H:%M:%S %z"  # what releases_as_json.py writes with strftime
 _CHANNELS = (Channel.ALPHA, Channel.BETA, Channel.STABLE)
 _KNOWN_CHANNELS = frozenset({*Channel, "edge"})  # old feeds carry the retired "edge" channel
 _SHOWN = 3  # examples a note names before "and N more"
@@ -203,27 +207,7 @@ def _entry_problem(entry: object) -> str:
         return problem if not conflicts else (
             f"gives {conflicts[0]} twice with different values in the releases feed: which one "
             "is meant is ambiguous")  # fmt: skip
-    if not isinstance(entry.get("channel"), str) or not entry["channel"]:
-        return "has no channel"
-    arches = entry.get("architectures")
-    if not isinstance(arches, list) or not all(isinstance(arch, str) for arch in arches):
-        return "its architectures is not a list of names"
-    try:
-        datetime.strptime(str(entry.get("release_date")), _DATE_FORMAT)  # noqa: DTZ007 - %z
-    except ValueError:
-        date = str(entry.get("release_date"))[:40]
-        return f"its release_date {date!r} is not 'YYYY-MM-DD HH:MM:SS +ZZZZ'"
-    return ""
-
-
-def _release(version: FlatcarVersion, entry: Mapping[str, Any]) -> Release:
-    return Release(
-        version,
-        entry["channel"],
-        kernel_release_from_feed(entry["major_software"]["kernel"][0]),
-        tuple(entry["architectures"]),
-        datetime.strptime(entry["release_date"], _DATE_FORMAT),  # noqa: DTZ007 - it has %z
-    )
+    return entry_problem(entry)
 
 
 def _guess_channel(version: FlatcarVersion, entry: object) -> str:
@@ -350,7 +334,7 @@ def _add_entry(feed: Feed, version: FlatcarVersion, entry: Any, *, conflict: boo
     if problem:
         feed.unusable[version] = _Unusable(version, _guess_channel(version, entry), problem)
     else:
-        feed.releases[version] = _release(version, entry)
+        feed.releases[version] = release_of(version, entry, entry["major_software"]["kernel"][0])
 
 
 def read_feed(text: str) -> Feed:

@@ -241,8 +241,8 @@ def test_release_without_kernel_is_named() -> None:
     ("change", "reason"),
     [
         (lambda entry: entry.pop("channel"), "has no channel"),
-        (lambda entry: entry.update(architectures="amd64"), "architectures is not a list"),
-        (lambda entry: entry.update(release_date="13 Aug 2026"), "release_date '13 Aug 2026'"),
+        (lambda entry: entry.update(architectures="amd64"), "its architectures is not a list"),
+        (lambda entry: entry.update(release_date="13 Aug 2026"), "its release_date '13 Aug 2026'"),
         (lambda entry: entry.pop("major_software"), "has no major_software.kernel"),
     ],
 )

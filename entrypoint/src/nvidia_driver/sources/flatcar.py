@@ -241,33 +241,47 @@ class Release:
 _FEED_FIX = f"check {FLATCAR_RELEASES_URL} points at a Flatcar releases.json"
 
 
+RELEASE_DATE_FORMAT = "%Y-%m-%d %H:%M:%S %z"  # what releases_as_json.py writes with strftime
+
+
 def _feed_error(what: str, why: str) -> DriverError:
     return DriverError(f"releases feed: {what}: {why}; {_FEED_FIX}")
+
+
+def entry_problem(entry: Mapping[str, Any]) -> str:
+    """What keeps a feed entry's channel, architectures or date from being read, else "". Its
+    kernel each reader checks its own way (the gate takes the first, the tooling wants one)."""
+    if not isinstance(entry.get("channel"), str) or not entry["channel"]:
+        return "has no channel"
+    arches = entry.get("architectures")
+    if not isinstance(arches, list) or not all(isinstance(arch, str) for arch in arches):
+        return "its architectures is not a list of names"
+    date = str(entry.get("release_date"))
+    try:
+        datetime.strptime(date, RELEASE_DATE_FORMAT)  # noqa: DTZ007 - the format has %z
+    except ValueError:
+        return f"its release_date {date[:40]!r} is not 'YYYY-MM-DD HH:MM:SS +ZZZZ'"
+    return ""
+
+
+def release_of(version: FlatcarVersion, entry: Mapping[str, Any], kernel: str) -> Release:
+    """The release an entry without a problem (:func:`entry_problem`) describes."""
+    released = datetime.strptime(entry["release_date"], RELEASE_DATE_FORMAT)  # noqa: DTZ007
+    arches = tuple(entry["architectures"])
+    return Release(version, entry["channel"], kernel_release_from_feed(kernel), arches, released)
 
 
 def _parse_entry(key: str, entry: object) -> Release:
     if not isinstance(entry, Mapping):
         raise _feed_error(f"release {key}", "entry is not an object")
-    channel = entry.get("channel")
-    arches = entry.get("architectures")
-    date = entry.get("release_date")
     software = entry.get("major_software")
     kernels = software.get("kernel") if isinstance(software, Mapping) else None
     if not isinstance(kernels, list) or not kernels or not isinstance(kernels[0], str):
         raise _feed_error(f"release {key}", "has no major_software.kernel")
-    if not isinstance(channel, str) or not channel:
-        raise _feed_error(f"release {key}", "has no channel")
-    if not isinstance(arches, list) or not all(isinstance(arch, str) for arch in arches):
-        raise _feed_error(f"release {key}", "architectures is not a list of names")
-    try:
-        # The format releases_as_json.py writes with strftime.
-        released = datetime.strptime(str(date), "%Y-%m-%d %H:%M:%S %z")
-    except ValueError:
-        raise _feed_error(
-            f"release {key}", f"release_date {date!r} is not 'YYYY-MM-DD HH:MM:SS +ZZZZ'"
-        ) from None
-    kernel = kernel_release_from_feed(kernels[0])
-    return Release(FlatcarVersion.parse(key), channel, kernel, tuple(arches), released)
+    problem = entry_problem(entry)
+    if problem:
+        raise _feed_error(f"release {key}", problem)
+    return release_of(FlatcarVersion.parse(key), entry, kernels[0])
 
 
 def parse_releases(feed: str | Mapping[str, Any]) -> tuple[Release, ...]:
