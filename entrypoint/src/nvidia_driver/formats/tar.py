@@ -7,10 +7,10 @@ sources/redist.py):
 - Bounds on what a stream makes it read and hold. :class:`_Decompressed` hands it at most a
   given count of bytes, decompressing a gzip or xz stream itself (its first member or stream
   only; whatever follows is the caller's; xz within a memory limit), and a member that would end
-  past them is refused at once. tarfile reads an
-  extended header (pax, a GNU long name or link, a sparse map) whole into memory, and a run of
-  them by recursion: :class:`_BoundedHeaders` refuses one before it is read once a member's
-  pass limits.TAR_METADATA or _EXTENDED_HEADERS. Global pax headers are not kept.
+  past them is refused at once. tarfile reads an extended header (pax, a GNU long name or link,
+  a sparse map) whole into memory, and a run of them by recursion: :class:`_BoundedHeaders`
+  refuses one before it is read once a member's pass limits.TAR_METADATA or _EXTENDED_HEADERS.
+  Global pax headers are not kept.
 - Checks of each member: a pax size or mtime that is not a number (tarfile reads those as 0),
   a negative size, a time os.utime cannot set (:meth:`TarStream.members`); a name or link that
   leaves the extraction root (:func:`member_path`, :func:`symlink_target`,
