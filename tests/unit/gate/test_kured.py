@@ -8,6 +8,7 @@ The gate's pod label, held or open, is tested on the real kube-apiserver
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from conftest import NAMESPACE
 from fake_dbus import FakeSystemBus
 
 from nvidia_driver.errors import DriverError
-from nvidia_driver.gate.updateengine import read_staged
+from nvidia_driver.gate.updateengine import read_staged, staged_from_prefs
 
 PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"
 
@@ -56,3 +57,21 @@ def test_only_update_engines_own_reply_is_its_answer(bus: FakeSystemBus) -> None
     assert read_staged(bus.path) == "4593.2.5"
     assert [call.member for call in bus.calls] == ["Hello", "GetNameOwner", "GetStatus"]
     assert bus.calls[1].argument == "com.coreos.update1"
+
+
+def test_update_engines_saved_answer_names_the_release_it_staged(tmp_path: Path) -> None:
+    """update_engine saves Omaha's answer at the update check and writes previous-version (the
+    release it runs) once the update is applied (flatcar/update_engine omaha_request_action.cc
+    TransferComplete, update_attempter.cc ProcessingDone): the answer is always the older file
+    while an update waits. An answer naming the running release is an earlier update's."""
+    (tmp_path / "full-response").write_text(
+        '<response><app><updatecheck status="ok"><manifest version="4593.2.5"></manifest>'
+        "</updatecheck></app></response>"
+    )
+    (tmp_path / "previous-version").write_text("4593.2.4")
+    os.utime(tmp_path / "full-response", (1000, 1000))
+    os.utime(tmp_path / "previous-version", (1300, 1300))  # the download, then applied
+    assert staged_from_prefs(tmp_path) == "4593.2.5"
+    (tmp_path / "previous-version").write_text("4593.2.5")
+    with pytest.raises(DriverError, match="names the release the node runs"):
+        staged_from_prefs(tmp_path)

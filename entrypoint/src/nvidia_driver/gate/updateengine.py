@@ -153,21 +153,25 @@ def read_staged(bus: Path = SYSTEM_BUS, timeout: float = 10.0) -> str:
 
 def staged_from_prefs(prefs: Path = PREFS) -> str:
     """The staged release, from the answer update_engine saved when it staged it (the version of
-    its manifest), for when its status says :data:`VERSION_ZERO`. The answer counts only if it
-    is not older than ``previous-version``, which update_engine writes once the update is
-    applied, as Flatcar's postinst checks (flatcar/update_engine ``flatcar-postinst``)."""
+    its manifest), for when its status says :data:`VERSION_ZERO`. update_engine saves the
+    answer at the update check and writes ``previous-version``, the release it runs, once the
+    update is applied (flatcar/update_engine ``omaha_request_action.cc`` ``TransferComplete``,
+    ``update_attempter.cc`` ``ProcessingDone``): so the answer is the older file while an update
+    waits, and one that names the running release is an earlier update's."""
     response, previous = prefs / _FULL_RESPONSE, prefs / _PREVIOUS_VERSION
     try:
         with response.open("rb") as file:
             text = file.read(_RESPONSE_LIMIT + 1)
-        answered, applied = response.stat().st_mtime, previous.stat().st_mtime
+        with previous.open("rb") as file:
+            running = file.read(64).decode(errors="replace").strip()
     except OSError as exc:
         raise DriverError(
             f"its saved answer {response} cannot be read: {shown(str(exc.strerror or exc), 80)}"
         ) from None
-    if answered < applied:
-        raise DriverError(f"its saved answer {response} is older than the update it applied")
     found = _MANIFEST_VERSION.search(text[:_RESPONSE_LIMIT].decode(errors="replace"))
     if len(text) > _RESPONSE_LIMIT or found is None:
         raise DriverError(f"its saved answer {response} names no release (no manifest version)")
+    if found.group(1) == running:
+        raise DriverError(f"its saved answer {response} names the release the node runs, "
+                          f"{shown(running, 40)}: an earlier update's")  # fmt: skip
     return found.group(1)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 from typing import Any
 
 import pytest
@@ -259,9 +258,9 @@ def test_a_staged_release_of_0_0_0_is_read_from_update_engines_saved_answer(
     )
     prefs.mkdir()
     (prefs / "full-response").write_text(OMAHA_RESPONSE)
-    (prefs / "previous-version").write_text("4593.2.4")  # written after: an older answer
-    assert "is older than the update" in gpu_cluster.judge(staged="0.0.0").line
-    os.utime(prefs / "previous-version", (0, 0))
+    (prefs / "previous-version").write_text(B)  # the release it runs: an earlier update's answer
+    assert "names the release the node runs" in gpu_cluster.judge(staged="0.0.0").line
+    (prefs / "previous-version").write_text("4593.2.4")  # written once the update is applied
     gpu_cluster.write_feed()
     assert gpu_cluster.judge(staged="0.0.0") == allowed(
         f"flatcar {B}: {gpu_cluster.repository}/driver:610.57.04-flatcar{B} published"
