@@ -84,7 +84,15 @@ class PrePull:
             with contextlib.suppress(ConflictError):
                 self.api.create(self._pods, self._pod(name, image, secrets))
             return f"pulling {image} onto the node"
-        return _state(pod, image)
+        waiting, status = _state(pod, image), pod.get("status")
+        if waiting and isinstance(status, Mapping) and status.get("phase") == "Failed":
+            # The kubelet's admission failed it before any container (OutOfpods, OutOfmemory:
+            # kubelet rejectPod): it never pulls, a new pod may get in.
+            with contextlib.suppress(NotFoundError):
+                self.api.delete(f"{self._pods}/{name}")
+            why = shown(f"{status.get('reason', '')}: {status.get('message', '')}", 200)
+            return f"the node refused the pod that pulls {image} ({why}); it is made again"
+        return waiting
 
     def _pod(self, name: str, image: str, secrets: Sequence[str]) -> dict[str, Any]:
         return {
