@@ -92,3 +92,26 @@ def test_the_version_says_which_image_the_cluster_runs(
 ) -> None:
     spec = DriverSpec("p", "ghcr.io/o", "driver", version, precompiled, (), per_pool=False)
     assert (spec.kind, spec.driver) == (kind, driver)
+
+
+@pytest.mark.parametrize(
+    ("labels", "allowed"),
+    [
+        ({"nvidia.com/gpu.deploy.driver": "pre-installed"}, True),  # k8s-driver-manager's
+        ({"nvidia.com/gpu.deploy.driver": "false"}, True),
+        ({"nvidia.com/gpu.deploy.driver": "true"}, False),
+        ({}, False),  # not labelled yet: the Operator sets "true"
+    ],
+)
+def test_an_nvidiadriver_node_the_operator_runs_no_driver_pod_on_reboots_freely(
+    cluster: Cluster, labels: dict[str, str], allowed: bool
+) -> None:
+    """The driver DaemonSets select nvidia.com/gpu.deploy.driver=true (gpu-operator
+    manifests/state-driver/0500_daemonset.yaml); a node with a host driver (pre-installed) or
+    opted out pulls no driver image, and its NVIDIADriver pool changes no other node."""
+    cluster.add_node("gpu-1", labels=labels)
+    cluster.nvidia_driver("flatcar", "610.57.04")
+    verdict = cluster.judge()
+    assert verdict.allowed is allowed, verdict.line
+    if allowed:
+        assert "runs no driver pod on the node" in verdict.line

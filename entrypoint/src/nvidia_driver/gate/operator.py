@@ -43,6 +43,10 @@ NODES = "/api/v1/nodes"
 # The labels the Operator reads (controllers/state_manager.go, internal/consts/consts.go).
 GPU_PRESENT = "nvidia.com/gpu.present"
 DRIVER_OWNER = "nvidia.com/gpu-operator.driver.owner"
+# The driver DaemonSets select DEPLOY_DRIVER=true (manifests/state-driver/0500_daemonset.yaml):
+# k8s-driver-manager sets "pre-installed" on a node with a host driver (disableContainerizedDriver),
+# a user "false"; the Operator sets an absent or empty one "true" (state_manager.go).
+DEPLOY_DRIVER = "nvidia.com/gpu.deploy.driver"
 NFD_OS_ID = "feature.node.kubernetes.io/system-os_release.ID"
 NFD_VERSION_ID = "feature.node.kubernetes.io/system-os_release.VERSION_ID"
 NFD_KERNEL = "feature.node.kubernetes.io/kernel-version.full"
@@ -252,6 +256,9 @@ def _spec(source: str, fields: Mapping[str, Any], *, per_pool: bool) -> DriverSp
 
 def _nvidia_driver_spec(node: Mapping[str, Any], drivers: list[dict[str, Any]]) -> DriverSpec | str:
     labels = metadata(node, "labels")
+    deploy = labels.get(DEPLOY_DRIVER, "")
+    if deploy not in {"", "true"}:  # no driver pod here, and its pool moves no other node
+        return f"{DEPLOY_DRIVER}={shown(deploy, 40)}: the Operator runs no driver pod on the node"
     owner = labels.get(DRIVER_OWNER, "")
     if owner:
         resources = [r for r in drivers if r.get("metadata", {}).get("name") == owner]
