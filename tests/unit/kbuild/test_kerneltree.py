@@ -223,6 +223,28 @@ def test_a_full_disk_is_told_apart_from_a_bad_input(
     assert leftovers(tmp_path / "cache") == []
 
 
+def test_a_disk_filling_up_file_by_file_is_one_short_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """copytree goes on past each file it cannot write and raises them all at the end, as
+    text (shutil.Error, no errno): still one short line, and the advice to make room."""
+    paths = Paths(tmp_path / "root")
+    flatcar_root(paths.host_filesystem)
+
+    def disk_full(source: object, target: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(target))
+
+    monkeypatch.setattr(shutil, "copyfile", disk_full)
+    with pytest.raises(DriverError) as failed:
+        hosttree.host_tree(paths, KERNEL, tmp_path / "cache/tree")
+    message = str(failed.value)
+    assert "\n" not in message
+    assert len(message) < 600, message
+    assert "No space left on device" in message
+    assert message.endswith(f"make room in {tmp_path / 'cache'} (or make it writable) and retry")
+    assert leftovers(tmp_path / "cache") == []
+
+
 def test_host_tree_is_none_without_a_tree(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

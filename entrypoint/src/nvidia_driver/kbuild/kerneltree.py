@@ -10,6 +10,8 @@ the disk is full or read-only or the input is bad.
 from __future__ import annotations
 
 import errno
+import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +20,7 @@ from pathlib import Path, PurePosixPath
 
 from nvidia_driver.errors import DriverError
 from nvidia_driver.links import resolve_within
+from nvidia_driver.safetext import shown
 
 # Where a tree came from (KernelTree.origin).
 HOST = "host"
@@ -63,16 +66,33 @@ def scratch_beside(destination: Path) -> Iterator[Path]:
 _STORAGE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
 
 
+def _first_failure(exc: OSError) -> tuple[str, int | None]:
+    """The failure to report, and its errno.
+
+    shutil.copytree goes on past every file it cannot copy and raises them all at the end as
+    one shutil.Error of (source, target, text) (CPython Lib/shutil.py): on a full disk, every
+    file of a kernel tree. The first one is reported, its errno read back from its text.
+    """
+    failures = exc.args[0] if isinstance(exc, shutil.Error) and exc.args else None
+    if not isinstance(failures, list) or not failures:
+        return str(exc), exc.errno
+    text = str(failures[0][-1])
+    code = next((code for code in _STORAGE_ERRORS if os.strerror(code) in text), None)
+    more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+    return f"{shown(text, 400)}{more}", code
+
+
 @contextmanager
 def one_line(what: str, directory: Path, otherwise: str) -> Iterator[None]:
     """Report an OSError as one line, telling a full or read-only disk from a bad input."""
     try:
         yield
     except OSError as exc:
+        reason, code = _first_failure(exc)
         advice = otherwise
-        if exc.errno in _STORAGE_ERRORS:
+        if code in _STORAGE_ERRORS:
             advice = f"make room in {directory} (or make it writable) and retry"
-        raise DriverError(f"cannot {what}: {exc}; {advice}") from exc
+        raise DriverError(f"cannot {what}: {reason}; {advice}") from exc
 
 
 def kernels_in(root: Path) -> set[str]:
