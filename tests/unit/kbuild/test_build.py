@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import errno
+import shutil
 from pathlib import Path
 
 import pytest
-from simhost import SimulatedHost
+from simhost import BANNER, DRIVER, KERNEL, SimulatedHost
 from synthetic_patch import synthetic_patch
 from tools import needs
 
 from nvidia_driver.commands import Commands
+from nvidia_driver.errors import DriverError
 from nvidia_driver.kbuild import build
 from nvidia_driver.kbuild.build import module_sources_digest, strip_debug_info
-from nvidia_driver.kbuild.compiler import CHROOT_PATH, Toolchain
+from nvidia_driver.kbuild.compiler import CHROOT_PATH, Toolchain, choose_compiler, kernel_config
+from nvidia_driver.kbuild.kerneltree import HOST, KernelTree
 
 
 def test_strip_runs_in_the_developer_container_like_the_compiler(
@@ -100,3 +104,51 @@ def test_the_module_sources_digest_follows_the_build_code(
     before = module_sources_digest(sources, [])
     monkeypatch.setattr(build, "build_code_digest", lambda: "sha256:other")
     assert module_sources_digest(sources, []) != before
+
+
+def _request(host: SimulatedHost, tmp_path: Path) -> build.BuildRequest:
+    tree = tmp_path / "tree/build"
+    tree.mkdir(parents=True)
+    (tree / "Makefile").write_text("# kernel\n")
+    (tree / "Module.symvers").write_text("0x0\tprintk\tvmlinux\tEXPORT_SYMBOL\t\n")
+    (tree / ".config").write_text("CONFIG_GCC_VERSION=140201\n")
+    commands = Commands(host.env())
+    return build.BuildRequest(
+        driver_version=DRIVER,
+        module_type="open",
+        kernel_release=KERNEL,
+        banner=BANNER,
+        tree=KernelTree(tree, tree, KERNEL, None, HOST),
+        compiler=choose_compiler(kernel_config(tree), commands),
+        module_sources=build.module_sources(
+            host.path(f"/usr/src/nvidia-{DRIVER}"), "open", 580, KERNEL
+        ),
+        output=tmp_path / "cache/packages/open/package",
+        log_dir=tmp_path / "cache/logs",
+        scratch=tmp_path / "work/builds",
+    )
+
+
+@pytest.mark.parametrize("full", ["work/builds", "cache/packages/open"])
+def test_a_full_disk_mid_build_is_one_line_and_leaves_nothing(
+    host: SimulatedHost, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, full: str
+) -> None:
+    """The work directory (the sources' copy) or the cache (the package) filling up mid-build:
+    one line that names the disk to make room on, not a traceback; no compile directory and no
+    half package left."""
+    copyfile = shutil.copyfile
+
+    def disk_full(source: Path, target: Path, **kwargs: bool) -> Path:
+        if Path(target).is_relative_to(tmp_path / full):
+            raise OSError(errno.ENOSPC, "No space left on device", str(target))
+        return copyfile(source, target, **kwargs)
+
+    request = _request(host, tmp_path)
+    monkeypatch.setattr(shutil, "copyfile", disk_full)
+    with pytest.raises(DriverError) as failed:
+        build.build_package(request, Commands(host.env()))
+    message = str(failed.value)
+    assert "\n" not in message
+    assert message.endswith(f"make room in {tmp_path / full} (or make it writable) and retry")
+    assert list((tmp_path / "work/builds").iterdir()) == []
+    assert not request.output.parent.exists() or list(request.output.parent.iterdir()) == []

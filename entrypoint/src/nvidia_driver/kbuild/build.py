@@ -19,7 +19,7 @@ from pathlib import Path
 from nvidia_driver.commands import Commands, lines
 from nvidia_driver.errors import DriverError
 from nvidia_driver.kbuild.compiler import Compiler, Toolchain
-from nvidia_driver.kbuild.kerneltree import KernelTree, missing_symbol_versions
+from nvidia_driver.kbuild.kerneltree import KernelTree, missing_symbol_versions, one_line
 from nvidia_driver.kbuild.modules import OPEN, SOURCE_DIRS
 from nvidia_driver.kbuild.packages import (
     LinkedModule,
@@ -313,27 +313,33 @@ def build_package(request: BuildRequest, commands: Commands) -> Package:
     if target.cross:
         say(f"The kernel is for {target.arch}: {target.describe()}")
     say(f"Compiling NVIDIA driver kernel modules with {compiler.version}...")
-    request.output.parent.mkdir(parents=True, exist_ok=True)
     # The compile must see its sources: inside the developer container when chrooted.
     if toolchain.root is not None:
         scratch = toolchain.root / "var" / "tmp"
     else:
         scratch = request.scratch or request.output.parent
-    scratch.mkdir(parents=True, exist_ok=True)
-    workdir = Path(tempfile.mkdtemp(prefix=".build.", dir=scratch))
+    # A disk filling up mid-build (the sources' copy, the objects, the package) is one line
+    # that says where to make room; what was written is removed either way.
+    what = f"build the modules in {scratch}"
+    with one_line(what, scratch, "retry"):
+        scratch.mkdir(parents=True, exist_ok=True)
+        workdir = Path(tempfile.mkdtemp(prefix=".build.", dir=scratch))
     try:
-        shutil.copytree(sources.directory, workdir, dirs_exist_ok=True, symlinks=True)
-        apply_patches(sources.patches, workdir, commands)
-        if sources.ofa_kernel is not None:
-            shutil.copytree(sources.ofa_kernel, workdir / OFA_COPY / "default", symlinks=True)
-        run_make(workdir, request, commands)
-        script = module_linker_script(request.tree.build_dir)
-        if script is not None:
-            shutil.copyfile(script, workdir / "module.lds")
-        packaged = _package_files(workdir, request.module_type, sources.directory)
-        # Not NVIDIA's closed core objects (.o_binary): they carry no debug info.
-        objects = [path for name, path in packaged.files.items() if name.endswith((".ko", ".o"))]
-        stripped = strip_debug_info(objects, commands, toolchain, target.prefix)
+        with one_line(what, scratch, "retry"):
+            shutil.copytree(sources.directory, workdir, dirs_exist_ok=True, symlinks=True)
+            apply_patches(sources.patches, workdir, commands)
+            if sources.ofa_kernel is not None:
+                shutil.copytree(sources.ofa_kernel, workdir / OFA_COPY / "default", symlinks=True)
+            run_make(workdir, request, commands)
+            script = module_linker_script(request.tree.build_dir)
+            if script is not None:
+                shutil.copyfile(script, workdir / "module.lds")
+            packaged = _package_files(workdir, request.module_type, sources.directory)
+            # Not NVIDIA's closed core objects (.o_binary): they carry no debug info.
+            objects = [
+                path for name, path in packaged.files.items() if name.endswith((".ko", ".o"))
+            ]
+            stripped = strip_debug_info(objects, commands, toolchain, target.prefix)
         metadata = PackageMetadata(
             banner=request.banner,
             kernel_release=request.kernel_release,
@@ -349,6 +355,7 @@ def build_package(request: BuildRequest, commands: Commands) -> Package:
             debug_info_stripped=stripped,
         )
         say(f"Building NVIDIA driver package {package_name(request.kernel_release)}...")
-        return write_package(request.output, metadata, packaged.files, sources.directory.parent)
+        with one_line(f"write the package {request.output}", request.output.parent, "retry"):
+            return write_package(request.output, metadata, packaged.files, sources.directory.parent)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
