@@ -8,6 +8,7 @@ build_library/set_lsb_release), which the verified bytes are checked against.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from collections.abc import Iterator
@@ -33,7 +34,7 @@ from tools import needs, require
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
 from nvidia_driver.kbuild.release import FlatcarReleases
-from nvidia_driver.sources.download import DownloadLimits
+from nvidia_driver.sources.download import DownloadLimits, Opened
 from nvidia_driver.sources.flatcar import ReleaseServer as FlatcarServer
 from nvidia_driver.sources.flatcar import check_release_file
 from nvidia_driver.sources.verify import Trust
@@ -212,3 +213,32 @@ def test_an_older_releases_developer_container_is_refused_and_forgotten(
     assert (tree.build_dir / "Makefile").is_file()
     assert nodes == {device: (stat.S_IFCHR, 1, minor)
                      for device, minor in (("null", 3), ("zero", 5), ("urandom", 9))}  # fmt: skip
+
+
+# --- a full disk ------------------------------------------------------------------------------
+
+
+def test_a_disk_filling_up_while_a_release_artifact_downloads_is_one_line(
+    server: ReleaseServer, signer: Signer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The developer container (480 MB, into the work directory) is the largest download a
+    build makes: a full disk ends it with one line that says where to make room."""
+    publish(server.root, DEVCONTAINER, b"developer container", signer)
+    cache = tmp_path / "cache"
+    release = releases(server, cache, signer, tmp_path)
+
+    def disk_full(self: Opened, destination: Path, *args: object, **kwargs: object) -> str:
+        destination.write_bytes(b"devel")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Opened, "save_to", disk_full)
+    with pytest.raises(DriverError) as failed:
+        release.developer_container(NEW, "amd64", KERNEL)
+
+    message = str(failed.value)
+    assert message.startswith(f"cannot download {server.url('stable')}/amd64-usr/{NEW}/")
+    assert message.endswith(
+        f"No space left on device; make room in {cache / 'downloads'} (or make it writable) "
+        "and retry"
+    )
+    assert not [path for path in (cache / "downloads").rglob("*") if path.is_file()]

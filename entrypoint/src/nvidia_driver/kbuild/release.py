@@ -29,7 +29,7 @@ from nvidia_driver.kbuild.compiler import (
 from nvidia_driver.kbuild.container import extract_container_tree
 from nvidia_driver.kbuild.crossbuild import build_target
 from nvidia_driver.kbuild.devcontainer import developer_container_tree, extract_developer_container
-from nvidia_driver.kbuild.kerneltree import CONTAINER_TARBALL, KernelTree
+from nvidia_driver.kbuild.kerneltree import CONTAINER_TARBALL, KernelTree, one_line
 from nvidia_driver.log import say
 from nvidia_driver.sources.download import Downloader, DownloadLimits
 from nvidia_driver.sources.fetch import Fetcher
@@ -113,6 +113,13 @@ class FlatcarReleases:
     def url(self, version: str, arch: str, artifact: Artifact) -> str:
         return self.server.artifact_url(version, arch, artifact)
 
+    def fetch(self, url: str) -> Path:
+        """The verified download of url; a disk filling up under it is one line (the fetcher
+        lets the OSError of a write through)."""
+        downloads = self.fetcher.cache_dir
+        with one_line(f"download {url} into {downloads}", downloads, "retry"):
+            return self.fetcher.fetch(url)
+
     def banner(self, version: str, arch: str) -> str:
         """The exact /proc/version of the release's kernel, read from its vmlinuz."""
         url = self.url(version, arch, Artifact.KERNEL_IMAGE)
@@ -120,7 +127,7 @@ class FlatcarReleases:
         if cached.is_file():
             return cached.read_text().rstrip("\n")
         say(f"Reading the kernel banner of Flatcar {version} ({arch})...")
-        banner = kernel_banner_from_file(self.fetcher.fetch(url), commands=self.commands)
+        banner = kernel_banner_from_file(self.fetch(url), commands=self.commands)
         write_atomically(cached, banner + "\n")
         return banner
 
@@ -147,7 +154,7 @@ class FlatcarReleases:
         root = self.work / "devcontainers" / _key(url)
         complete = root / "usr/lib/modules" / kernel_release / "build/Makefile"
         if not (complete.is_file() and _of_release(root, version, arch, url)):
-            image = self.fetcher.fetch(url)
+            image = self.fetch(url)
             say(f"Unpacking the developer container of Flatcar {version}...")
             extract_developer_container(image, root, DEVELOPER_CONTAINER_PATHS, self.commands)
             try:
