@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 from simhost import ARM64_BANNER, GB200, GH200, KERNEL, SimulatedHost
 
+from nvidia_driver import cli
 from nvidia_driver.naming import machine_arch
 
 ON_ARM64 = machine_arch() == "arm64"
@@ -84,3 +85,17 @@ def test_a_tree_of_another_arch_than_targetarch_is_refused_in_one_line(
         "amd64 (TARGETARCH): use the amd64 release's tree or set TARGETARCH=arm64"
     )
     assert not host.calls("make")
+
+
+def test_an_arm64_host_that_is_not_flatcar_builds_from_its_own_tree(
+    host: SimulatedHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ALLOW_NON_FLATCAR=true: Ubuntu's VERSION_ID (24.04) names no Flatcar release, so no
+    Flatcar rule (arm64 trees before 4230.1.0) applies and nothing is fetched for it."""
+    host.become_arm64(GH200)
+    host.set_os_release('ID=ubuntu\nVERSION_ID="24.04"\nPRETTY_NAME="Ubuntu 24.04"\n')
+    host.add_host_kernel_tree(arch="arm64")
+    for name, value in host.env(ALLOW_NON_FLATCAR="true").items():
+        monkeypatch.setenv(name, value)
+    assert cli.main(["build", "--module-type", "open"]) == 0
+    assert len(host.calls("make")) == 1

@@ -148,7 +148,8 @@ def chosen_pipeline(ctx: Context, config: DriverConfig, gpus: Sequence[PciDevice
 def node_target(facts: HostFacts, ofa_kernel: Path | None = None) -> Target:
     """This node's kernel, and MOFED's tree when nvidia-peermem is built against it."""
     running = RunningKernel(facts.proc_version, facts.kernel_release)
-    return Target(facts.version_id, running, ofa_kernel)
+    # Another OS's VERSION_ID (ALLOW_NON_FLATCAR: Ubuntu's 24.04) names no Flatcar release.
+    return Target(facts.version_id if facts.is_flatcar else "", running, ofa_kernel)
 
 
 def refuse_unsupported_host(config: DriverConfig, facts: HostFacts) -> None:
