@@ -152,3 +152,22 @@ def test_a_full_disk_mid_build_is_one_line_and_leaves_nothing(
     assert message.endswith(f"make room in {tmp_path / full} (or make it writable) and retry")
     assert list((tmp_path / "work/builds").iterdir()) == []
     assert not request.output.parent.exists() or list(request.output.parent.iterdir()) == []
+
+
+def test_a_compile_that_fills_the_disk_says_where_to_make_room(
+    host: SimulatedHost, tmp_path: Path
+) -> None:
+    """make's first error line may be its own ("*** ... Error 1"), the reason only in the log:
+    the one line still says the disk is full and where the compile ran."""
+    (host.bin_dir / "make").write_text(
+        "#!/bin/sh\necho '  CC [M]  nv.o'\n"
+        'echo "make[3]: *** [scripts/Makefile.build:229: nv.o] Error 1"\n'
+        "echo 'fixdep: error opening file: .nv.o.d: No space left on device'\nexit 2\n"
+    )
+    request = _request(host, tmp_path)
+    with pytest.raises(DriverError) as failed:
+        build.build_package(request, Commands(host.env()))
+    message = str(failed.value)
+    assert message.startswith("building the NVIDIA kernel modules failed: make[3]: *** [")
+    assert message.endswith(f"the disk is full: make room in {tmp_path / 'work/builds'} and retry")
+    assert list((tmp_path / "work/builds").iterdir()) == []

@@ -19,7 +19,12 @@ from pathlib import Path
 from nvidia_driver.commands import Commands, lines
 from nvidia_driver.errors import DriverError
 from nvidia_driver.kbuild.compiler import Compiler, Toolchain
-from nvidia_driver.kbuild.kerneltree import KernelTree, missing_symbol_versions, one_line
+from nvidia_driver.kbuild.kerneltree import (
+    KernelTree,
+    missing_symbol_versions,
+    one_line,
+    tells_of_full_disk,
+)
 from nvidia_driver.kbuild.modules import OPEN, SOURCE_DIRS
 from nvidia_driver.kbuild.packages import (
     LinkedModule,
@@ -202,7 +207,7 @@ def run_make(workdir: Path, request: BuildRequest, commands: Commands) -> Path:
         args.append(f"OFA_DIR={toolchain.inside(workdir / OFA_COPY)}")
     say("Building kernel modules:")
     compiled, shown = 0, -1
-    first_error = ""
+    first_error, disk_full = "", False
     with log_path.open("w") as log, commands.stream(*toolchain.argv("make", *args)) as process:
         for line in lines(process.stdout):
             log.write(line + "\n")
@@ -210,15 +215,18 @@ def run_make(workdir: Path, request: BuildRequest, commands: Commands) -> Path:
                 compiled += 1
             elif not first_error and _ERROR_LINE.search(line):
                 first_error = line.strip()
+            disk_full = disk_full or tells_of_full_disk(line)
             step = min(10 * compiled // total, 9)
             if step > shown:
                 shown = step
                 say(_progress(step * total // 10, total))
         returncode = process.wait()
     if returncode != 0:
+        # The reason of a full disk may be in the log only, after make's own "*** Error" line.
+        full = f"; the disk is full: make room in {workdir.parent} and retry" if disk_full else ""
         raise DriverError(
             f"building the NVIDIA kernel modules failed: {first_error or 'see the log'} "
-            f"(full log: {log_path})"
+            f"(full log: {log_path}){full}"
         )
     say(_progress(total, total))
     return log_path

@@ -10,7 +10,6 @@ verified whole before this runs); the tree is then checked and settled before an
 from __future__ import annotations
 
 import bz2
-import errno
 import os
 import stat
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from nvidia_driver.kbuild.kerneltree import (
     one_line,
     scratch_beside,
     single_kernel,
+    tells_of_full_disk,
     tree_at,
 )
 from nvidia_driver.links import resolve_within
@@ -198,7 +198,7 @@ def _rdump(
             complaints.append(line)
     if result.returncode or complaints:
         first = shown(complaints[0], 300) if complaints else f"exit {result.returncode}"
-        storage = any(os.strerror(code) in first for code in (errno.ENOSPC, errno.EDQUOT))
+        storage = tells_of_full_disk(first)
         advice = f"make room in {slots.parent}, then retry" if storage else UNSUPPORTED
         raise DriverError(f"{label}: debugfs cannot extract {WHAT} from {WHERE}: {first}; {advice}")
     return missing

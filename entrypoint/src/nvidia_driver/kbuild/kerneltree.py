@@ -66,6 +66,12 @@ def scratch_beside(destination: Path) -> Iterator[Path]:
 _STORAGE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
 
 
+def tells_of_full_disk(text: str) -> bool:
+    """Whether a tool's message (gcc's, debugfs's) says a disk is full: tools print the
+    strerror, not the errno."""
+    return any(os.strerror(code) in text for code in (errno.ENOSPC, errno.EDQUOT))
+
+
 def _first_failure(exc: OSError) -> tuple[str, int | None]:
     """The failure to report, and its errno.
 
