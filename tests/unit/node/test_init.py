@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -270,6 +272,33 @@ def test_a_new_digest_reinstalls(host: SimulatedHost) -> None:
     assert host.calls("rmmod") == ["rmmod nvidia"]
     assert host.path("/run/nvidia/nvidia-driver.state").read_text() == "new-digest"
     driver.terminate()
+
+
+def test_a_kill_between_loading_and_storing_the_digest_leaves_no_stale_digest(
+    host: SimulatedHost,
+) -> None:
+    """The state file names the configuration of the loaded modules: once init unloads the
+    old ones it no longer does, and k8s-driver-manager (shouldSkipUninstall) and the fast path
+    of a pod with the old digest must not trust it for the new ones."""
+    for module in ("nvidia", "nvidia_uvm", "nvidia_modeset"):
+        host.set_module(module)
+    host.write("/run/nvidia/nvidia-driver.state", "old-digest")
+    host.add_package("open")
+    hanging = host.bin_dir / "nvidia-persistenced"
+    # Where the grace period runs out: init is killed while the daemon starts.
+    hanging.write_text('#!/bin/bash\necho $$ > "$STUB_STATE/hanging.pid"\nexec sleep 300\n')
+    driver = host.start("init", DRIVER_CONFIG_DIGEST="new-digest")
+    hanging_pid = host.state / "hanging.pid"
+    deadline = time.monotonic() + 30
+    while not (hanging_pid.exists() and hanging_pid.read_text().strip()):
+        assert time.monotonic() < deadline, "the daemon was not started"
+        time.sleep(0.05)
+    driver.process.kill()
+    driver.finish()
+    os.kill(int(hanging_pid.read_text()), signal.SIGKILL)
+    assert host.calls("rmmod") == ["rmmod nvidia_modeset nvidia_uvm nvidia"]
+    assert host.is_loaded("nvidia"), "the new modules stay loaded"
+    assert not host.path("/run/nvidia/nvidia-driver.state").exists()
 
 
 def test_sigterm_with_busy_modules_leaves_them_loaded(host: SimulatedHost) -> None:

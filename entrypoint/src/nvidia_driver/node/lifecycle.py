@@ -325,6 +325,10 @@ class Lifecycle:
             return
         self.daemons.stop_all()
         unload_modules(self.paths, self.commands)
+        # The digest named the modules just unloaded: until finish() names the new ones, a pod
+        # killed meanwhile must not leave k8s-driver-manager (shouldSkipUninstall, v0.12.0) and
+        # the fast path trusting it for whatever is loaded then.
+        self.paths.state_file.unlink(missing_ok=True)
         unmount_rootfs(self.paths, self.commands)
         pipeline = self.pipeline()
         package = pipeline.package(self.target(), build=allow_build)
