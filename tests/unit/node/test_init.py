@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -299,6 +300,29 @@ def test_a_kill_between_loading_and_storing_the_digest_leaves_no_stale_digest(
     assert host.calls("rmmod") == ["rmmod nvidia_modeset nvidia_uvm nvidia"]
     assert host.is_loaded("nvidia"), "the new modules stay loaded"
     assert not host.path("/run/nvidia/nvidia-driver.state").exists()
+
+
+def test_a_stale_fabric_manager_pid_file_is_removed_without_signalling_its_pid(
+    host: SimulatedHost,
+) -> None:
+    """/run/nvidia-fabricmanager is a host path: a pod killed without its shutdown leaves the
+    pid file there, and under hostPID its pid may since be any process of the node."""
+    host.add_package("open")
+    other = subprocess.Popen(["sleep", "300"])  # the node's process that now has that pid
+    try:
+        host.write("/var/run/nvidia-fabricmanager/nv-fabricmanager.pid", f"{other.pid}\n")
+        driver = init_waiting(host)
+        assert other.poll() is None, "a process that is not the fabric manager was signalled"
+        assert "Stopping NVIDIA fabric manager daemon..." not in driver.output
+        assert (
+            "Removing the stale pid file of the NVIDIA fabric manager daemon: pid "
+            f"{other.pid} is not nv-fabricmanager" in driver.output
+        )
+        assert not host.path("/var/run/nvidia-fabricmanager/nv-fabricmanager.pid").exists()
+        assert driver.terminate() == 0
+    finally:
+        other.kill()
+        other.wait()
 
 
 def test_sigterm_with_busy_modules_leaves_them_loaded(host: SimulatedHost) -> None:

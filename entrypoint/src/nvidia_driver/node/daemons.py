@@ -44,12 +44,19 @@ NVLINK5_MODULES = ("mlx5_core", "ib_umad")
 class Daemon:
     name: str
     pid_file: str
+    program: str
 
 
-PERSISTENCED = Daemon("persistence", "/var/run/nvidia-persistenced/nvidia-persistenced.pid")
-FABRICMANAGER = Daemon("fabric manager", "/var/run/nvidia-fabricmanager/nv-fabricmanager.pid")
-NVLSM = Daemon("NVLink subnet manager", "/var/run/nvidia-fabricmanager/nvlsm.pid")
-IMEX = Daemon("IMEX", "/var/run/nvidia-imex/nvidia-imex.pid")
+PERSISTENCED = Daemon(
+    "persistence", "/var/run/nvidia-persistenced/nvidia-persistenced.pid", "nvidia-persistenced"
+)
+FABRICMANAGER = Daemon(
+    "fabric manager", "/var/run/nvidia-fabricmanager/nv-fabricmanager.pid", "nv-fabricmanager"
+)
+NVLSM = Daemon("NVLink subnet manager", "/var/run/nvidia-fabricmanager/nvlsm.pid", "nvlsm")
+IMEX = Daemon("IMEX", "/var/run/nvidia-imex/nvidia-imex.pid", "nvidia-imex")
+# The kernel keeps the first 15 bytes of the name a process executed (TASK_COMM_LEN).
+_COMM_LENGTH = 15
 # Stopped in this order, as NVIDIA's scripts do (IMEX, which needs the fabric, first).
 ALL_DAEMONS = (IMEX, PERSISTENCED, FABRICMANAGER, NVLSM)
 # The config and domain IMEX is started with, and its output.
@@ -80,6 +87,14 @@ def is_running(pid: int) -> bool:
     except OSError:
         return True
     return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def runs_program(pid: int, program: str) -> bool:
+    try:
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return False
+    return comm == program[:_COMM_LENGTH]
 
 
 def config_with(text: str, overrides: dict[str, str], what: str, fix: str) -> str:
@@ -159,12 +174,12 @@ class DaemonManager:
 
     def start_all(self) -> None:
         say("Starting NVIDIA persistence daemon...")
-        self.commands.run("nvidia-persistenced", "--persistence-mode")
+        self.commands.run(PERSISTENCED.program, "--persistence-mode")
         self.start_fabricmanager()
         self.start_imex()
 
     def start_imex(self) -> None:
-        if self.commands.which("nvidia-imex") is None:
+        if self.commands.which(IMEX.program) is None:
             # Two reasons, told apart only at image build: NVIDIA's redist has no IMEX for the
             # driver, or versions.toml records no digest for it, so the build left it out.
             say("Skipping NVIDIA IMEX daemon: this image has no nvidia-imex (NVIDIA's redist "
@@ -192,7 +207,7 @@ class DaemonManager:
         settings = {"DAEMONIZE": "0", "IMEX_NODE_CONFIG_FILE": str(nodes)}
         fix = "run the driver container with a host root whose path is one line"
         write_atomically(config, config_with(text, settings, "the IMEX option", fix))
-        pid = self.commands.spawn("nvidia-imex", "-c", config, log=self.paths(IMEX_LOG))
+        pid = self.commands.spawn(IMEX.program, "-c", config, log=self.paths(IMEX_LOG))
         write_atomically(self.paths(IMEX.pid_file), f"{pid}\n")
 
     def start_fabricmanager(self) -> None:
@@ -236,9 +251,25 @@ class DaemonManager:
             say(f"Detected {len(switches)} NVSwitch device(s)")
             configure_fabricmanager(self.paths, self.config.fabricmanager_overrides)
             say("Starting NVIDIA fabric manager daemon...")
-            self.commands.run("nv-fabricmanager", "-c", self.paths(FABRICMANAGER_CONFIG))
+            self.commands.run(FABRICMANAGER.program, "-c", self.paths(FABRICMANAGER_CONFIG))
             return
         say("No NVSwitch devices found, skipping NVIDIA fabric manager daemon")
+
+    def stop_previous(self) -> None:
+        """Stop the daemons a previous instance left running, before a full install.
+
+        The fabric manager's pid files are on a host path (the Operator mounts
+        /run/nvidia-fabricmanager; Debian's /var/run is /run): a pod killed without its
+        shutdown leaves them, and under hostPID their pid may since be any process of the node.
+        A pid file whose process does not run the daemon's program is only removed.
+        """
+        for daemon in ALL_DAEMONS:
+            pid = read_pid(self.paths, daemon)
+            if pid is not None and not runs_program(pid, daemon.program):
+                say(f"Removing the stale pid file of the NVIDIA {daemon.name} daemon: pid {pid} "
+                    f"is not {daemon.program}")  # fmt: skip
+                self.paths(daemon.pid_file).unlink(missing_ok=True)
+        self.stop_all()
 
     def stop_all(self) -> list[str]:
         """Stop every daemon that has a pid file; return the names of those that would not stop."""

@@ -323,7 +323,7 @@ class Lifecycle:
             self.finish()
             say("Userspace-only install complete")
             return
-        self.daemons.stop_all()
+        self.daemons.stop_previous()
         unload_modules(self.paths, self.commands)
         # The digest named the modules just unloaded: until finish() names the new ones, a pod
         # killed meanwhile must not leave k8s-driver-manager (shouldSkipUninstall, v0.12.0) and
