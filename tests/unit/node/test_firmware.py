@@ -7,7 +7,11 @@ from pathlib import Path
 import pytest
 
 from nvidia_driver.errors import DriverError
-from nvidia_driver.node.modparams import provide_gsp_firmware
+from nvidia_driver.node.modparams import (
+    FIRMWARE_SEARCH_PATH,
+    configure_firmware_search_path,
+    provide_gsp_firmware,
+)
 from nvidia_driver.paths import Paths
 
 V = "580.105.08"
@@ -107,3 +111,17 @@ def test_an_unwritable_destination_says_which_host_path(
         f"copying the GSP firmware into /lib/firmware/nvidia/{V} failed (Permission denied): "
         "the host path /run/nvidia/driver/lib/firmware must be writable"
     )
+
+
+def test_the_search_path_a_previous_pod_set_is_not_warned_about(
+    paths: Paths, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """firmware_class.path outlives the pod: every later install finds its own value there."""
+    search_path = paths.firmware_search_path
+    search_path.parent.mkdir(parents=True)
+    search_path.write_text(f"{FIRMWARE_SEARCH_PATH}\n")  # as the kernel shows it
+    configure_firmware_search_path(paths, [])
+    captured = capsys.readouterr()
+    assert "WARNING" not in captured.out + captured.err
+    assert "Retaining" not in captured.out
+    assert search_path.read_text() == f"{FIRMWARE_SEARCH_PATH}\n"

@@ -101,6 +101,8 @@ def configure_firmware_search_path(paths: Paths, nvidia_params: list[str]) -> No
         current = target.read_text().strip()
     except OSError:
         current = ""
+    if current == FIRMWARE_SEARCH_PATH:  # a module parameter: set by an earlier pod this boot
+        return
     if current:
         warn(f"A search path is already configured in {target}: {shown(current)}")
         say("Retaining the current configuration")
