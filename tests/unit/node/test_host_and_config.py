@@ -15,6 +15,7 @@ from simhost import (
 
 from nvidia_driver.config import DriverConfig
 from nvidia_driver.errors import DriverError
+from nvidia_driver.node.daemons import imex_domain
 from nvidia_driver.node.host import PciDevice, parse_os_release, read_host_facts, resolve_within
 from nvidia_driver.node.moduletype import resolve_module_type
 from nvidia_driver.paths import Paths
@@ -62,6 +63,16 @@ def test_os_release_falls_back_to_the_host_filesystem(host: SimulatedHost) -> No
     link.symlink_to("../usr/lib/os-release")
     facts = read_host_facts(Paths(host.root))
     assert facts.version_id == "4757.1.0"
+
+
+def test_the_imex_domain_behind_an_absolute_link_is_the_hosts(host: SimulatedHost) -> None:
+    """Through /proc/1/root the kernel resolves an absolute link against the container's root,
+    not the node's: the node's own file would be missed, and IMEX skipped."""
+    host.write("/proc/1/root/var/lib/imex/nodes_config.cfg", "10.0.0.1\n10.0.0.2\n")
+    link = host.path("/proc/1/root/etc/nvidia-imex/nodes_config.cfg")
+    link.parent.mkdir(parents=True)
+    link.symlink_to("/var/lib/imex/nodes_config.cfg")
+    assert imex_domain(Paths(host.root)) == ["10.0.0.1", "10.0.0.2"]
 
 
 def test_host_facts(host: SimulatedHost) -> None:

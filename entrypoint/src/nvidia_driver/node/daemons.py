@@ -25,6 +25,7 @@ from nvidia_driver.atomic import write_atomically
 from nvidia_driver.commands import Commands
 from nvidia_driver.config import DriverConfig
 from nvidia_driver.errors import DriverError
+from nvidia_driver.links import resolve_within
 from nvidia_driver.log import say
 from nvidia_driver.node.host import is_loaded, nvlink5_ports, nvswitch_devices
 from nvidia_driver.paths import (
@@ -139,8 +140,10 @@ def configure_fabricmanager(paths: Paths, overrides: dict[str, str]) -> None:
 
 def imex_domain(paths: Paths) -> list[str]:
     """The addresses the node's nodes_config.cfg lists for its IMEX domain."""
+    # The node's links, as the node resolves them (an absolute one would leave /proc/1/root).
+    nodes = resolve_within(paths.host_filesystem, paths.host_imex_nodes)
     try:
-        text = paths.host_imex_nodes.read_text(errors="replace")
+        text = nodes.read_text(errors="replace")
     except OSError:
         return []
     return [line.strip() for line in text.splitlines() if line.strip()[:1] not in ("", "#")]
