@@ -216,3 +216,18 @@ def test_reload_peermem_with_host_mofed_waits_for_mlx5(host: SimulatedHost) -> N
         Paths(host.root), Commands(host.env()), config, sleep=poll, wait=lambda: None
     )
     assert code == 0
+
+
+def test_options_without_a_subcommand_say_to_put_init_first(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A ClusterPolicy's driver.args replace the Operator's ["init"] (gpu-operator
+    controllers/object_controls.go): ["--accept-license"] runs nvidia-driver --accept-license,
+    which was refused as an option init "does not accept" while naming it as accepted."""
+    assert cli.main(["--accept-license"]) == 1
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line == (
+        "ERROR: nvidia-driver was given --accept-license before any subcommand: a "
+        "ClusterPolicy's driver.args replace the Operator's [\"init\"], so give them after it, "
+        'as ["init", "--accept-license"]'
+    )

@@ -237,8 +237,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ERROR: nvidia-driver {args.command} does not accept {' '.join(unknown)}; see "
               f"nvidia-driver {args.command} --help", file=sys.stderr, flush=True)  # fmt: skip
         return 1
+    if unknown and args.command is None:
+        # gpu-operator controllers/object_controls.go: driverContainer.Args = config.Driver.Args
+        given = ", ".join(f'"{arg}"' for arg in unknown)
+        print(f"ERROR: nvidia-driver was given {' '.join(unknown)} before any subcommand: a "
+              "ClusterPolicy's driver.args replace the Operator's [\"init\"], so give them "
+              f'after it, as ["init", {given}]', file=sys.stderr, flush=True)  # fmt: skip
+        return 1
     if unknown:
-        command = args.command or "init"
+        command = args.command
         accepted = f"it accepts {INIT_OPTIONS}" if command == "init" else "it takes no options"
         print(f"ERROR: nvidia-driver {command} does not accept {' '.join(unknown)}: "
               f"{accepted}, as NVIDIA's driver container does; remove it from the "
