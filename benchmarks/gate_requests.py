@@ -112,7 +112,7 @@ def main() -> int:
     backoff = Backoff(attempts=1)
     with Report("gate_requests", record=args.record), OCIRegistry() as registry:
         registry.username, registry.password = "robot", "s3cret"
-        secret = {registry.host: Credentials("robot", "s3cret")}
+        secret = [(registry.host, Credentials("robot", "s3cret"))]
         image = after.ImageRef.parse(f"{registry.host}/o/driver:{TAG}")
         old_image = before.ImageRef.parse(str(image))
         old_secret = {registry.host: before.Credentials("robot", "s3cret")}

@@ -14,7 +14,12 @@ from oci_registry import OCIRegistry
 from tls_server import tls_server
 
 from nvidia_driver.errors import DriverError
-from nvidia_driver.formats.oci import Credentials, credentials_from_docker_config
+from nvidia_driver.formats.oci import (
+    Credentials,
+    credentials_from_docker_config,
+    kubelet_credentials,
+    kubelet_keyring,
+)
 from nvidia_driver.gate.registry import LIMITS, ImageRef, Presence, Registry
 from nvidia_driver.sources.download import Backoff
 from nvidia_driver.sources.http import Client
@@ -65,13 +70,20 @@ def test_a_private_registry_takes_the_pull_secrets_credentials(registry: OCIRegi
     registry.add_image("o/driver", [TAG])
     image = ImageRef.parse(f"{registry.host}/o/driver:{TAG}")
     client = _client()
-    credentials = {registry.host: Credentials("robot", "s3cret")}
+    credentials = [(registry.host, Credentials("robot", "s3cret"))]
     assert client.presence(image, "amd64", credentials) is Presence.PUBLISHED
     assert client.presence(image, "arm64", credentials) is Presence.NO_ARCH
     assert registry.tokens_issued == ["repository:o/driver:pull"]  # the token is kept
-    wrong = {registry.host: Credentials("robot", "wrong")}
+    wrong = [(registry.host, Credentials("robot", "wrong"))]
     with pytest.raises(DriverError, match=r"the registry refused the pull secret's credentials"):
         _client().presence(image, "amd64", wrong)
+    # Every key that matches is tried, the most specific first, as the kubelet pulls.
+    both = [(registry.host, Credentials("robot", "s3cret")), (f"{registry.host}/o", wrong[0][1])]
+    assert _client().presence(image, "amd64", both) is Presence.PUBLISHED
+    # A key for another path or port is not sent.
+    others = [(f"{registry.host}/other", credentials[0][1]), ("127.0.0.1:1", credentials[0][1])]
+    with pytest.raises(DriverError, match=r"gives no anonymous token"):
+        _client().presence(image, "amd64", others)
 
 
 @pytest.mark.parametrize(
@@ -135,6 +147,56 @@ def test_docker_config_json_in_every_form_kubectl_and_docker_write() -> None:
         }
 
 
+def _keyring(*keys: str) -> list[tuple[str, Credentials]]:
+    """A pull secret whose keys are these, each with credentials named after its key."""
+    return kubelet_keyring({"auths": {key: {"username": key, "password": "p"} for key in keys}})
+
+
+@pytest.mark.parametrize(
+    ("keys", "repository", "tried"),
+    [
+        # A key scoped to a path serves only that path, and before its host's key.
+        (
+            ("ghcr.io", "https://ghcr.io/team-a"),
+            "ghcr.io/team-a/driver",
+            ["https://ghcr.io/team-a", "ghcr.io"],
+        ),
+        (("ghcr.io/team-a", "ghcr.io"), "ghcr.io/team-b/driver", ["ghcr.io"]),
+        (("ghcr.io/team-a",), "ghcr.io/team-b/driver", []),
+        # A host glob matches one dot-separated part per *.
+        (("*.example.com",), "reg.example.com/o/driver", ["*.example.com"]),
+        (("*.example.com",), "a.reg.example.com/o/driver", []),
+        (("*.example.com",), "example.com/o/driver", []),
+        (("*.*.example.com",), "a.reg.example.com/o/driver", ["*.*.example.com"]),
+        # The port must match; a scheme and a /v1/ or /v2/ path are no part of the key.
+        (("reg.example.com:5000",), "reg.example.com/o/driver", []),
+        (("reg.example.com",), "reg.example.com:5000/o/driver", []),
+        (
+            ("http://reg.example.com:5000/v2/",),
+            "reg.example.com:5000/o/driver",
+            ["http://reg.example.com:5000/v2/"],
+        ),
+        # Docker Hub: its own key, or index.docker.io's when no key matches.
+        (
+            ("https://index.docker.io/v1/",),
+            "docker.io/library/driver",
+            ["https://index.docker.io/v1/"],
+        ),
+        (("https://index.docker.io/v1/", "docker.io"), "docker.io/nvidia/driver", ["docker.io"]),
+        (("https://index.docker.io/v1/",), "ghcr.io/o/driver", []),
+    ],
+)
+def test_pull_secret_keys_are_matched_to_an_image_as_the_kubelet_matches_them(
+    keys: tuple[str, ...], repository: str, tried: list[str]
+) -> None:
+    """kubernetes pkg/credentialprovider/keyring.go (BasicDockerKeyring.Add, Lookup,
+    URLsMatch): the kubelet pulls the driver image after the reboot with the credentials it
+    picks, so the gate asks the registry with the same ones, in the same order."""
+    assert kubelet_credentials(_keyring(*keys), repository) == [
+        Credentials(key, "p") for key in tried
+    ]
+
+
 def _trusting(certificate: Path) -> Registry:
     """A client that trusts the storage host's throw-away certificate."""
     context = ssl.create_default_context(cafile=str(certificate))
@@ -154,7 +216,7 @@ def test_a_blob_redirected_to_an_https_storage_host_is_followed_without_credenti
     with tls_server(tmp_path, config) as storage:
         registry.blob_storage = storage.url
         client = _trusting(storage.certificate)
-        credentials = {registry.host: Credentials("robot", "s3cret")}
+        credentials = [(registry.host, Credentials("robot", "s3cret"))]
         assert client.presence(image, "amd64", credentials) is Presence.PUBLISHED
         assert client.presence(image, "arm64", credentials) is Presence.NO_ARCH
         assert storage.headers

@@ -36,7 +36,7 @@ def test_a_token_is_kept_for_its_lifetime_and_renewed_without_a_401(
     registry.username, registry.password = "robot", "s3cret"
     clock = Clock()
     client = Registry(backoff=Backoff(attempts=1), sleep=lambda _: None, clock=clock)
-    credentials = {registry.host: Credentials("robot", "s3cret")}
+    credentials = [(registry.host, Credentials("robot", "s3cret"))]
     image = ImageRef.parse(f"{registry.host}/o/driver:{TAG}")
     manifest = ("HEAD", f"/v2/o/driver/manifests/{TAG}")
     assert client.presence(image, "amd64", credentials) is Presence.MISSING

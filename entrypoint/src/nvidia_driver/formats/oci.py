@@ -13,12 +13,13 @@ from __future__ import annotations
 import base64
 import binascii
 import email.utils
+import fnmatch
 import hashlib
 import json
 import re
 import time
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -323,18 +324,77 @@ def check_realm(
 
 
 def credentials_from_docker_config(document: Mapping[str, Any]) -> dict[str, Credentials]:
-    """host -> credentials from a docker config (``{"auths": {...}}``, or a .dockercfg's map).
+    """host -> credentials from a docker config (``{"auths": {...}}``, or a .dockercfg's map),
+    as the docker CLI picks them: by host, whatever path a key names.
 
     A host's own key (``ghcr.io``) wins over its URL forms (``https://ghcr.io``).
     """
-    auths = document.get("auths", document)
     found: dict[str, Credentials] = {}
+    entries = _docker_config_entries(document)
+    for key, credentials in sorted(entries, key=lambda entry: "://" not in entry[0]):
+        found[_registry_key(key)] = credentials  # a host's own key last: it wins
+    return found
+
+
+def kubelet_keyring(document: Mapping[str, Any]) -> list[tuple[str, Credentials]]:
+    """A pull secret's (key, credentials) in the kubelet's form of the key, ``host[:port]
+    [/path]``: scheme and a ``/v1/`` or ``/v2/`` path dropped (kubernetes
+    pkg/credentialprovider/keyring.go, BasicDockerKeyring.Add); a key it cannot parse is left
+    out, as the kubelet leaves it out."""
+    keyring: list[tuple[str, Credentials]] = []
+    for key, credentials in _docker_config_entries(document):
+        try:
+            parts = urllib.parse.urlsplit(key if key.startswith(("https://", "http://"))
+                                          else f"https://{key}")  # fmt: skip
+        except ValueError:
+            continue
+        path = parts.path[3:] if parts.path.startswith(("/v1/", "/v2/")) else parts.path
+        keyring.append((parts.netloc + ("" if path == "/" else path), credentials))
+    return keyring
+
+
+def kubelet_credentials(
+    keyring: Sequence[tuple[str, Credentials]], repository: str
+) -> list[Credentials]:
+    """The credentials the kubelet tries, in this order, to pull ``repository``
+    (``host[:port]/name``) with a pull secret's keyring (keyring.go, Lookup): those of every
+    key that matches, the most specific (reverse-sorted) first; for Docker Hub, when none
+    matches, ``index.docker.io``'s. None: the kubelet pulls anonymously."""
+    ordered = sorted(keyring, key=lambda entry: entry[0], reverse=True)
+    found = [credentials for key, credentials in ordered if _key_matches(key, repository)]
+    if not found and repository.startswith(f"{DOCKER_HUB}/"):
+        found = [credentials for key, credentials in ordered if key == "index.docker.io"]
+    return list(dict.fromkeys(found))  # the same credentials are tried once
+
+
+def _key_matches(key: str, repository: str) -> bool:
+    """keyring.go's URLsMatch: the same port, as many dot-separated host parts, each matching
+    the key's glob (``*.example.com``), and the key's path a prefix of the repository's."""
+    (key_host, key_port, key_path), (host, port, path) = map(_host_port_path, (key, repository))
+    return (key_port == port and len(key_host) == len(host) and path.startswith(key_path)
+            and all(map(fnmatch.fnmatchcase, host, key_host)))  # fmt: skip
+
+
+def _host_port_path(location: str) -> tuple[list[str], str, str]:
+    """``reg.example.com:5000/o/driver`` -> (``["reg", "example", "com"]``, ``5000``,
+    ``/o/driver``), as Go's net.SplitHostPort splits the host (keyring.go, splitURL)."""
+    netloc, slash, path = location.partition("/")
+    host, colon, port = netloc.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif not colon or ":" in host:  # no port, or an IPv6 address without one
+        host, port = netloc, ""
+    return host.split("."), port, slash + path
+
+
+def _docker_config_entries(document: Mapping[str, Any]) -> list[tuple[str, Credentials]]:
+    """(key as written, credentials) of every usable entry of a docker config."""
+    auths = document.get("auths", document)
     if not isinstance(auths, Mapping):
-        return found
-    keys = [key for key in auths if isinstance(key, str)]
-    for key in sorted(keys, key=lambda key: "://" not in key):  # a host's own key last: it wins
-        entry = auths[key]
-        if not isinstance(entry, Mapping):
+        return []
+    entries: list[tuple[str, Credentials]] = []
+    for key, entry in auths.items():
+        if not isinstance(key, str) or not isinstance(entry, Mapping):
             continue
         username, password = entry.get("username"), entry.get("password")
         encoded = entry.get("auth")
@@ -344,8 +404,8 @@ def credentials_from_docker_config(document: Mapping[str, Any]) -> dict[str, Cre
             except (binascii.Error, UnicodeDecodeError):
                 continue
         if isinstance(username, str) and isinstance(password, str) and username:
-            found[_registry_key(key)] = Credentials(username, password)
-    return found
+            entries.append((key, Credentials(username, password)))
+    return entries
 
 
 def _registry_key(key: str) -> str:

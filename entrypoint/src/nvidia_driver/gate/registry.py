@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from http import HTTPStatus
@@ -39,6 +39,7 @@ from nvidia_driver.formats.oci import (
     config_digest,
     error_detail,
     index_platforms,
+    kubelet_credentials,
     parse_challenge,
     plain_http,
     read_config,
@@ -138,22 +139,32 @@ class Registry:
     _quiet: dict[str, tuple[float, int, int]] = field(default_factory=dict)  # until, n, status
 
     def presence(
-        self, image: ImageRef, arch: str, credentials: Mapping[str, Credentials] | None = None
+        self, image: ImageRef, arch: str, keyring: Sequence[tuple[str, Credentials]] = ()
     ) -> Presence:
         """Whether ``image`` is published for ``linux/<arch>``; a DriverError if it cannot tell.
-        ``credentials``: host -> the pull secrets' credentials."""
+        ``keyring``: the pull secrets' (:func:`kubelet_keyring`). Asked with each credentials
+        the kubelet would try, in its order (anonymously when none match), as the kubelet pulls
+        with the first that serves the image; else the first one's answer."""
         seen = self._published.get((str(image), arch))
         if seen is not None and self.clock() - seen < PUBLISHED_FOR:
             return Presence.PUBLISHED
-        self._not_quiet(image)
-        basic = (credentials or {}).get(image.host)
-        arches = self._arches_of(image, "" if basic is None else basic.basic)
-        if arches is None:
-            return Presence.MISSING
-        if arch not in arches:
-            return Presence.NO_ARCH
-        self._published[str(image), arch] = self.clock()
-        return Presence.PUBLISHED
+        tried = kubelet_credentials(keyring, f"{image.host}/{image.name}")
+        answers: list[Presence | DriverError] = []
+        for basic in [credentials.basic for credentials in tried] or [""]:
+            try:
+                self._not_quiet(image)
+                arches = self._arches_of(image, basic)
+            except DriverError as exc:
+                answers.append(exc)
+                continue
+            if arches is not None and arch in arches:
+                self._published[str(image), arch] = self.clock()
+                return Presence.PUBLISHED
+            answers.append(Presence.MISSING if arches is None else Presence.NO_ARCH)
+        first = answers[0]
+        if isinstance(first, DriverError):
+            raise first
+        return first
 
     def _arches_of(self, image: ImageRef, basic: str) -> frozenset[str] | None:
         """The linux arches the manifest serves; None when it is not published. A HEAD names

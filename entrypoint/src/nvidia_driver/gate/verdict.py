@@ -29,7 +29,7 @@ from typing import Any
 from nvidia_driver import limits
 from nvidia_driver.errors import DriverError
 from nvidia_driver.formats import jsontext
-from nvidia_driver.formats.oci import Credentials, credentials_from_docker_config
+from nvidia_driver.formats.oci import Credentials, kubelet_keyring
 from nvidia_driver.gate.buildcheck import BuildImage, Outcome
 from nvidia_driver.gate.kubeapi import KubeAPI, object_name
 from nvidia_driver.gate.operator import DriverSpec as Spec
@@ -192,9 +192,9 @@ class Checker:
             return outcome
         return self.build.compilers(version, arch)
 
-    def _credentials(self, spec: Spec) -> dict[str, Credentials]:
-        """The registries' credentials in the Operator's pull secrets (docker config JSON)."""
-        found: dict[str, Credentials] = {}
+    def _credentials(self, spec: Spec) -> list[tuple[str, Credentials]]:
+        """The keyring of the Operator's pull secrets (docker config JSON), in their order."""
+        found: list[tuple[str, Credentials]] = []
         for name in spec.pull_secrets:
             object_name(name, "pull secret", f"correct imagePullSecrets in {spec.source}")
             path = f"/api/v1/namespaces/{self.operator_namespace}/secrets/{name}"
@@ -206,7 +206,7 @@ class Checker:
                 raise DriverError(f"pull secret {shown(name, 60)} holds no base64") from None
             document = jsontext.parse(decoded, f"pull secret {shown(name, 60)}")
             if isinstance(document, dict):
-                found.update(credentials_from_docker_config(document))
+                found.extend(kubelet_keyring(document))
         return found
 
 
