@@ -63,6 +63,17 @@ def test_both_variants_run_the_gate_from_the_build_image_on_gpu_nodes() -> None:
         assert "privileged" not in container["securityContext"]
 
 
+def test_both_variants_tolerate_every_taint_of_a_gpu_node() -> None:
+    """A GPU node tainted otherwise (dedicated=gpu:NoSchedule, a cloud's GPU taint) still runs
+    the driver pod when the Operator's daemonsets.tolerations lists the taint; a gate pod that
+    did not tolerate it left the node with no gate: FLUO's --others skips a node the Operator
+    installs a driver on (no verdict, ever) and kured rebooted it unchecked. The nodeSelector
+    keeps the gate on GPU nodes; the pre-pull pod tolerates every taint as well."""
+    for variant in ("fluo", "kured"):
+        tolerations = _daemonset(variant)["spec"]["template"]["spec"]["tolerations"]
+        assert tolerations == [{"operator": "Exists"}]
+
+
 def test_the_fluo_variant_sets_the_annotation_fluo_is_told_to_wait_for() -> None:
     assert _env("fluo")[REBOOT_GATE_ANNOTATION] == APPROVAL
     assert f"--before-reboot-annotations={APPROVAL}" in DOCS.read_text()
