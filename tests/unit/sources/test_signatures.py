@@ -174,6 +174,20 @@ def test_a_signature_made_before_its_subkey_expired_still_counts(
     retired.signer.stop_agent()
 
 
+def test_a_subkey_dated_after_the_nodes_clock_names_the_clock(
+    server: ReleaseServer, flatcar: Flatcar, tmp_path: Path
+) -> None:
+    # A node whose clock is behind the day Flatcar made its new subkey: gpg's own words are
+    # "key ... was created 1 day in the future (time warp or clock problem)", ERRSIG code 39.
+    ahead = days_ago(-2)
+    subkey = flatcar.signer.add_subkey("1y", options=("--faked-system-time", ahead))
+    publish(server, ARTIFACT, flatcar.signer, subkey, "--faked-system-time", days_ago(-3))
+    keyring = flatcar.signer.export(tmp_path / "flatcar.asc", armor=True)
+
+    with pytest.raises(DriverError, match=r"after the node's clock .*: check the node's clock"):
+        fetcher(tmp_path / "cache", keyring, flatcar.primary, None).fetch(server.url(ARTIFACT))
+
+
 def test_signature_info_reads_the_creation_time_and_issuer(
     flatcar: Flatcar, tmp_path: Path
 ) -> None:

@@ -30,11 +30,15 @@ _REFUSALS = (
     ("REVKEYSIG", "signed by a revoked key"),
     ("NO_PUBKEY", "signed by a key that is not in the keyring"),
 )
-# ERRSIG's return code (its sixth field), as gpg's doc/DETAILS lists them.
+# ERRSIG's return code (its sixth field), as gpg's doc/DETAILS lists them; 39 is libgpg-error's
+# GPG_ERR_TIME_CONFLICT, which gnupg's g10/sig-check.c returns for a key made after the
+# signature or after the clock ("created ... in the future (time warp or clock problem)").
 _ERRSIG_REASONS = {
     "4": "the signature uses an unsupported algorithm",
     "5": "the signature uses a weak or unknown digest algorithm (SHA1 signatures are refused)",
     "9": "signed by a key that is not in the keyring",
+    "39": "the signing key is dated after the signature or after the node's clock (gpg: time "
+    "conflict): check the node's clock",
 }
 _ERRSIG_REASON_FIELD = 6
 _VALIDSIG_CREATED_FIELD = 3
