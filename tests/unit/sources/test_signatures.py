@@ -174,6 +174,19 @@ def test_a_signature_made_before_its_subkey_expired_still_counts(
     retired.signer.stop_agent()
 
 
+def test_a_signature_made_after_its_subkey_expired_is_refused_whatever_the_nodes_clock(
+    server: ReleaseServer, flatcar: Flatcar, tmp_path: Path
+) -> None:
+    # Signed 3 days from now by a subkey that expires tomorrow: a node whose clock is behind
+    # (gpgv then reports GOODSIG, no EXPKEYSIG) must judge it as one whose clock is right.
+    publish(server, ARTIFACT, flatcar.signer, flatcar.first, "--faked-system-time", days_ago(-3))
+    flatcar.signer.set_subkey_expiry(flatcar.first, "1d")
+    keyring = flatcar.signer.export(tmp_path / "flatcar.asc", armor=True)
+
+    with pytest.raises(DriverError, match=r"signed on .* by subkey .*, which had expired on "):
+        fetcher(tmp_path / "cache", keyring, flatcar.primary, None).fetch(server.url(ARTIFACT))
+
+
 def test_a_subkey_dated_after_the_nodes_clock_names_the_clock(
     server: ReleaseServer, flatcar: Flatcar, tmp_path: Path
 ) -> None:

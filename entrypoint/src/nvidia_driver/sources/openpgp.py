@@ -58,7 +58,6 @@ class Verdict:
     problem: str | None  # why it does not count; None when it may
     signer: str | None = None  # VALIDSIG: the signing (sub)key's fingerprint
     created: int | None = None  # VALIDSIG: when the signature was made
-    signer_expired: bool = False  # EXPKEYSIG: the signing key has expired by now
 
 
 @dataclass(frozen=True)
@@ -113,7 +112,6 @@ def verdict(returncode: int, output: str, primary: str | None = None) -> Verdict
         None,
         signer=_field(valid[0], 1).upper() or None,
         created=_timestamp(_field(valid[0], _VALIDSIG_CREATED_FIELD)),
-        signer_expired="EXPKEYSIG" in found,
     )
 
 

@@ -108,7 +108,9 @@ class SignatureCheck:
         """Raise unless gpgv's output is a valid signature by a trusted, then valid, key."""
         result = verdict(returncode, output, self.trust.primary)
         problem = result.problem
-        if problem is None and result.signer_expired:
+        # Judged by the signature's date, not by gpgv's EXPKEYSIG: that compares the expiry
+        # with the node's clock, so a node whose clock is behind would let it through.
+        if problem is None:
             problem = self._made_after_expiry(result.signer, result.created, scratch)
         if problem is not None:
             raise DriverError(
