@@ -18,6 +18,7 @@ from tools import require
 
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
+from nvidia_driver.settings import FLATCAR_SIGNING_KEY_URL
 from nvidia_driver.sources.download import Backoff, Downloader, DownloadLimits
 from nvidia_driver.sources.fetch import Fetcher
 from nvidia_driver.sources.openpgp import _packet_header, signature_info
@@ -453,6 +454,9 @@ def test_an_unreachable_key_url_leaves_the_refusal_and_one_warning(
     warnings = [line for line in capsys.readouterr().out.splitlines() if "not refreshed" in line]
     assert len(warnings) == 1
     assert "does not exist (HTTP 404)" in warnings[0]
+    # Not the artifacts' "no such Flatcar release": the version is right, the key's URL is not.
+    assert "Flatcar version" not in warnings[0]
+    assert warnings[0].endswith(f"check {FLATCAR_SIGNING_KEY_URL}")
 
 
 def packets(data: bytes) -> list[tuple[int, bytes]]:

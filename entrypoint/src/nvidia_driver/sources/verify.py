@@ -19,7 +19,7 @@ by retired subkeys); one made *after* its subkey expired does not.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from nvidia_driver.atomic import write_atomically
@@ -156,7 +156,9 @@ class SignatureCheck:
         self, info: SignatureInfo, key_url: str, primary: str, scratch: Path
     ) -> tuple[bytes, PublicKey]:
         """The published key merged into ours, and its subkey that made the signature."""
-        published = self.downloader.get_small(key_url, KEY_FILE_LIMIT, "an OpenPGP key")
+        # A missing key file means a wrong URL, not the release's missing artifact.
+        downloader = replace(self.downloader, missing=f"check {FLATCAR_SIGNING_KEY_URL}")
+        published = downloader.get_small(key_url, KEY_FILE_LIMIT, "an OpenPGP key")
         merged = merge_published_key(
             self.commands, published, self._sources(), primary, scratch / "refresh"
         )
