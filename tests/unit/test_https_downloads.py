@@ -55,6 +55,26 @@ def test_a_server_with_a_certificate_nobody_trusts_is_refused(
         Client().send("GET", server.url)
 
 
+def test_a_certificate_that_fails_verification_is_not_retried_and_names_the_clock(
+    server: TLSServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A retry gets the same certificate: a node whose clock is off ("certificate is not yet
+    valid") or behind a TLS-inspecting proxy is told so at once, not after 5 attempts that
+    blame its network and DNS."""
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "none.pem"))
+    monkeypatch.setenv("SSL_CERT_DIR", str(tmp_path))
+    pauses: list[float] = []
+
+    with pytest.raises(DriverError) as raised:
+        Downloader(backoff=Backoff(attempts=3), sleep=pauses.append).get_small(
+            server.url, 1 << 20, "a DIGESTS file"
+        )
+
+    assert pauses == []
+    assert "CERTIFICATE_VERIFY_FAILED" in str(raised.value)
+    assert "check the node's clock" in str(raised.value)
+
+
 def test_a_server_behind_a_proxy_is_reached_through_its_tunnel_and_still_verified(
     server: TLSServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:

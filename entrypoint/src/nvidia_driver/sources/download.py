@@ -23,6 +23,7 @@ import http.client
 import os
 import re
 import socket
+import ssl
 import stat
 import time
 import urllib.error
@@ -316,6 +317,11 @@ class Downloader:
         except urllib.error.URLError as exc:
             if isinstance(exc.reason, FileNotFoundError):  # file:// URLs
                 raise not_found(url, "no such file", self.missing) from None
+            if isinstance(exc.reason, ssl.SSLCertVerificationError):  # a retry gets the same
+                raise DriverError(
+                    f"cannot reach {url}: {shown(str(exc.reason))}; check the node's clock, and "
+                    "behind a TLS-inspecting proxy give its CA in SSL_CERT_FILE"
+                ) from None
             raise TransientError(f"cannot reach {url}: {shown(str(exc.reason))}") from exc
         except (OSError, http.client.HTTPException) as exc:
             raise TransientError(f"cannot reach {url}: {shown(str(exc))}") from exc
