@@ -291,6 +291,14 @@ class Proposer:
 
     def _propose(self, candidate: Candidate) -> Proposal | None:
         proposal = self._record(candidate)
+        # A newer release NVIDIA lists before its redist archives are all out: merged, it would
+        # replace a driver that builds with one that does not.
+        missing = proposal.record.missing_required() if proposal and candidate.release else []
+        if missing:
+            self.say(f"{candidate.version}: not proposed yet: redistrib_{candidate.version}.json "
+                     f"lists no {', '.join(missing)}, without which invoke build refuses the "
+                     f"driver; {candidate.tracked} stays, the next run tries again")  # fmt: skip
+            return None
         if proposal is None:
             self.say(f"{candidate.version}: NVIDIA's files give nothing versions.toml lacks")
         elif self.repository is None:

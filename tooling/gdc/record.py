@@ -116,6 +116,14 @@ class Record:
         listed = f"{name}: {archive.component} {', '.join(archive.platforms)}"
         return f"{listed}; none for {', '.join(missing)}" if missing else listed
 
+    def missing_required(self) -> list[str]:
+        """``<component> for <platform>`` of each archive every image needs (redist.py marks it
+        required) that the manifest does not list: invoke build refuses the driver without it."""
+        required = {component.key for component in redist.COMPONENTS if component.required}
+        return [f"{archive.component} for {redist_platform(arch)}" for archive in self.archives
+                if archive.component in required
+                for arch, digest in archive.sha256.items() if digest is None]  # fmt: skip
+
     def summary(self) -> str:
         listed = [a.component for a in self.archives if a.platforms]
         todo = [a.component for a in self.archives if None in a.sha256.values()]

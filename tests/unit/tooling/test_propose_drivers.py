@@ -107,6 +107,25 @@ def test_the_dry_run_proposes_the_newer_point_release_of_a_tracked_branch(
     }
 
 
+def test_a_newer_release_whose_manifest_lacks_a_required_archive_is_not_proposed_yet(
+    nvidia: ReleaseServer, behind: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """NVIDIA lists the release, but its redistrib json has no fabric manager for linux-sbsa
+    yet: the entry would say TODO there, and invoke build refuses such a driver (plan.
+    REQUIRED_REDIST), so merged it would leave the branch with no arm64 image, and (the arches
+    merged together) no image at all for the next Flatcar release."""
+    manifest = nvidia_tree.manifest_of(LTS)
+    del manifest["fabricmanager"]["linux-sbsa"]
+    nvidia_tree.write_manifest(nvidia.root, LTS.version, manifest)
+    proposer = propose.Proposer(behind, nvidia_tree.upstream(nvidia), os.environ, "2026-12-05")
+    assert [p.record.version for p in proposer.run()] == []
+    assert (
+        f"{LTS.version}: not proposed yet: redistrib_{LTS.version}.json lists no fabricmanager "
+        f"for linux-sbsa, without which invoke build refuses the driver; {OLDER} stays, the "
+        "next run tries again\n"
+    ) in capsys.readouterr().out
+
+
 def test_an_entry_with_todo_values_is_proposed_again_once_nvidia_s_files_give_them(
     nvidia: ReleaseServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
