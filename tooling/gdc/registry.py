@@ -59,6 +59,7 @@ from nvidia_driver.formats.oci import (
     REDIRECTS,
     Credentials,
     Manifest,
+    api_host,
     base_url,
     check_identity,
     check_realm,
@@ -205,9 +206,10 @@ class Registry:
         retry_budget: float = math.inf,
         token_hosts: frozenset[str] = frozenset(),
     ) -> None:
-        self.host = host
+        self.host = host  # as the user named it: credentials and messages
+        self.api_host = api_host(host)  # where requests, and so credentials, go
         self.token_hosts = token_hosts
-        self.base_url = base_url(host)
+        self.base_url = base_url(self.api_host)
         self.credentials = credentials
         self.client = client or _client(DEADLINE_SECONDS)  # each request within one deadline
         # Blobs: a longer deadline, the same client when one is given (tests).
@@ -361,7 +363,7 @@ class Registry:
         url = url or f"{self.base_url}/v2/{name}/{path}"
         sent = {"Accept": ACCEPT, "Accept-Encoding": "identity", **(headers or {})}
         key = f"{name}:{actions}"
-        ours = on_registry(url, self.host)
+        ours = on_registry(url, self.api_host)
         answer = self._request(method, url, self._with_auth(sent, key, ours), body, blobs)
         if answer.status == _UNAUTHORIZED and ours:
             self._auth[key] = self._authorize(answer, name, actions)
@@ -370,11 +372,11 @@ class Registry:
             if answer.status not in REDIRECTS or method not in {"GET", "HEAD"}:
                 return answer
             answer.close()
-            url = redirect_target(url, answer.header("Location"), self.host,
+            url = redirect_target(url, answer.header("Location"), self.api_host,
                                   f"the registry {self.host} redirected {method} "
                                   f"{name}/{path}")  # fmt: skip
             answer = self._request(method, url, self._with_auth(
-                sent, key, on_registry(url, self.host)), body, blobs)  # fmt: skip
+                sent, key, on_registry(url, self.api_host)), body, blobs)  # fmt: skip
         answer.close()
         raise DriverError(f"the registry {self.host} redirected {method} {name}/{path} more "
                           f"than {MAX_REDIRECTS} times: check the registry")  # fmt: skip
@@ -418,7 +420,7 @@ class Registry:
             return self.credentials.basic
         if scheme != "bearer" or "realm" not in params:
             raise self._denied(f"it asks for {header or 'authentication'!r}")
-        check_realm(params["realm"], self.host, credentials=self.credentials is not None,
+        check_realm(params["realm"], self.api_host, credentials=self.credentials is not None,
                     trusted=self.token_hosts, what=f"the registry {self.host}")  # fmt: skip
         headers = {"Accept-Encoding": "identity"}
         if self.credentials:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import gzip
 import hashlib
+import io
 import json
 import socket
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ from nvidia_driver.formats.oci import (
     token_url,
 )
 from nvidia_driver.safetext import unsafe
+from nvidia_driver.sources.http import Answer, Limits
 
 NAME = "gdc/driver"
 CONFIG_DIGEST = "sha256:" + "2" * 64
@@ -523,3 +525,51 @@ def test_docker_hub_s_token_service_is_its_own_and_no_other_host_is() -> None:
     with pytest.raises(DriverError, match="not https"):
         check_realm("http://auth.docker.io/token", DOCKER_HUB_API, credentials=True,
                     trusted=frozenset(), what="docker.io")  # fmt: skip
+
+
+class _Response(io.BytesIO):
+    """An HTTP response as http.client gives one, for nvidia_driver.sources.http.Answer."""
+
+    def __init__(self, status: int, headers: dict[str, str], body: bytes = b"") -> None:
+        super().__init__(body)
+        self.status, self.reason, self.headers = status, "", headers
+
+    def getheaders(self) -> list[tuple[str, str]]:
+        return list(self.headers.items())
+
+
+class _DockerHub:
+    """Docker Hub's API and token service as a client sees them: a 401 naming
+    auth.docker.io, a token for the credentials, then the answer."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str]] = []  # (url, Authorization)
+
+    def open(self, method: str, url: str, headers: dict[str, str], body: object = None) -> Answer:  # noqa: ARG002
+        self.sent.append((url, headers.get("Authorization", "")))
+        if url.startswith("https://auth.docker.io/token?"):
+            return self._answer(url, 200, {}, b'{"token": "hub-token"}')
+        if headers.get("Authorization") != "Bearer hub-token":
+            challenge = ('Bearer realm="https://auth.docker.io/token",service="registry.docker.io"'
+                         ',scope="repository:me/driver:pull"')  # fmt: skip
+            return self._answer(url, 401, {"WWW-Authenticate": challenge})
+        return self._answer(url, 404, {})
+
+    @staticmethod
+    def _answer(url: str, status: int, headers: dict[str, str], body: bytes = b"") -> Answer:
+        return Answer(_Response(status, headers, body), "GET", url, Limits())  # type: ignore[arg-type]
+
+
+def test_docker_hub_is_read_and_written_at_its_api_host() -> None:
+    """docker.io's registry API is registry-1.docker.io (containerd remotes/docker/resolver.go
+    DefaultHost; the reboot gate's RegistryRef.api_host): invoke publish --registry docker.io/me
+    asks there, with the token of Docker Hub's own token service."""
+    hub = _DockerHub()
+    client = Registry("docker.io", credentials=Credentials("me", PASSWORD), client=hub)  # type: ignore[arg-type]
+    assert client.digest("me/driver", "t") is None
+    assert [url.partition("?")[0] for url, _ in hub.sent] == [
+        f"https://{DOCKER_HUB_API}/v2/me/driver/manifests/t",
+        "https://auth.docker.io/token",
+        f"https://{DOCKER_HUB_API}/v2/me/driver/manifests/t",
+    ]
+    assert hub.sent[-1][1] == "Bearer hub-token"

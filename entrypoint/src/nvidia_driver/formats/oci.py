@@ -261,6 +261,12 @@ def plain_http(host: str) -> bool:
     return (urllib.parse.urlsplit(f"//{host}").hostname or "") in _PLAIN_HTTP
 
 
+def api_host(host: str) -> str:
+    """Where a registry host's API is: docker.io's is registry-1.docker.io (containerd
+    ``remotes/docker/resolver.go`` ``DefaultHost``), every other host's is itself."""
+    return DOCKER_HUB_API if host == DOCKER_HUB else host
+
+
 def base_url(host: str) -> str:
     return f"{'http' if plain_http(host) else 'https'}://{host}"
 

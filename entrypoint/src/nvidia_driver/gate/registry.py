@@ -27,13 +27,13 @@ from nvidia_driver.formats.oci import (
     ACCEPT,
     DIGEST,
     DOCKER_HUB,
-    DOCKER_HUB_API,
     MAX_MANIFEST_BYTES,
     MAX_REDIRECTS,
     REDIRECTS,
     REPOSITORY,
     TAG,
     Credentials,
+    api_host,
     check_identity,
     check_realm,
     config_digest,
@@ -108,7 +108,7 @@ class ImageRef:
 
     @property
     def api_host(self) -> str:
-        return DOCKER_HUB_API if self.host == DOCKER_HUB else self.host
+        return api_host(self.host)
 
 
 def _split_reference(text: str) -> tuple[str, str]:
