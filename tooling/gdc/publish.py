@@ -218,8 +218,8 @@ class Publisher:
         reference = f"{self.repository}:{build.staging_tag(arch)}"
         if staged is None and (build.id, arch) in self.planned:
             return Base(reference, "")  # a dry run: the build image would be built first
-        if staged is None:
-            raise BuildError(f"its build image {reference} is not in the registry")
+        if staged is None:  # not published by this run (--variant precompiled): the registry's
+            staged = self._staged(build, arch)
         return Base(reference, staged.digest)
 
     # --- stage --------------------------------------------------------------------------------

@@ -353,6 +353,26 @@ def test_only_a_failed_build_image_build_blocks_its_precompiled_images(
     assert outcomes[2].detail.startswith("amd64: its build image failed on amd64 (docker build")
 
 
+def test_precompiled_images_alone_start_from_the_build_image_in_the_registry(
+    registry: OCIRegistry,
+) -> None:
+    """--variant precompiled (its help: only precompiled images): the build images are not
+    published by this run, so their staged images are read from the registry, not called
+    missing."""
+    builder = _published(registry)
+    builder.built.clear()
+    builder.entrypoint = "v2"  # every image is stale: the build image, not this run's, too
+    outcomes, _ = _publish(registry, builder, _matrix(registry), variant=Variant.PRECOMPILED)
+    stale = [f"{arch}: the {arch} image under 610.57.04-flatcar-{arch} is not what this run "
+             "would merge (the entrypoint changed): not merged; stage it again"
+             for arch in ("amd64", "arm64")]  # fmt: skip
+    assert [o.detail for o in outcomes] == [stale[0], "; ".join(stale)]
+    builder.entrypoint = "v1"
+    outcomes, _ = _publish(registry, builder, _matrix(registry), variant=Variant.PRECOMPILED)
+    assert {o.status for o in outcomes} == {Status.SKIPPED}
+    assert builder.built == []
+
+
 def test_stage_and_merge_in_separate_runs_as_the_arch_jobs_do(registry: OCIRegistry) -> None:
     builder = FakeBuilder(registry)
     covered = _matrix(registry)
