@@ -19,6 +19,7 @@ from nvidia_driver.image.driverroot import (
     verify_root,
 )
 from nvidia_driver.image.selection import GROUPS
+from nvidia_driver.naming import TRIPLETS
 
 LIBDIR = PurePosixPath("/usr/lib/x86_64-linux-gnu")
 
@@ -75,10 +76,20 @@ def test_branches_decide_what_is_required() -> None:
     gpucomp = rules().named("libnvidia-gpucomp")
     assert tileiras is not None
     assert gpucomp is not None
-    assert not tileiras.required_for(580)
-    assert tileiras.required_for(590)
-    assert not gpucomp.required_for(535)
-    assert gpucomp.required_for(550)
+    assert not tileiras.required_for(580, "amd64")
+    assert tileiras.required_for(590, "amd64")
+    assert not gpucomp.required_for(535, "amd64")
+    assert gpucomp.required_for(550, "amd64")
+
+
+def test_the_pkcs11_libraries_are_required_on_amd64_only() -> None:
+    # NVIDIA's aarch64 .run has no libnvidia-pkcs11*: packagers list them for x86_64 only
+    # (negativo17/nvidia-driver nvidia-driver.spec, 550.54.14 to 610.43.02; openSUSE's
+    # nvidia-video-G06 550.120).
+    pkcs11 = rules().named("libnvidia-pkcs11-openssl3")
+    assert pkcs11 is not None
+    assert pkcs11.required_for(580, "amd64")
+    assert not pkcs11.required_for(580, "arm64")
 
 
 @pytest.mark.parametrize(
@@ -108,16 +119,16 @@ def test_a_library_the_toolkit_needs_is_never_excluded() -> None:
 # --- verify_root --------------------------------------------------------------------------------
 
 
-def _root(tmp_path: Path, version: str, *, without: str = "") -> Path:
-    """A driver root with every required name of version's branch, but ``without``."""
+def _root(tmp_path: Path, version: str, *, without: str = "", arch: str = "amd64") -> Path:
+    """A driver root with every required name of version's branch on arch, but ``without``."""
     root = tmp_path / "root"
-    libdir = root / LIBDIR.relative_to("/")
+    libdir = root / PurePosixPath("/usr/lib", TRIPLETS[arch]).relative_to("/")
     libdir.mkdir(parents=True)
     (root / "usr/bin").mkdir(parents=True)
     (root / "etc").mkdir()
     branch = int(version.split(".", 1)[0])
     for entry in rules().names:
-        if not entry.required_for(branch) or entry.name == without:
+        if not entry.required_for(branch, arch) or entry.name == without:
             continue
         if entry.is_library:
             directory = libdir / "vdpau" if entry.name == "libvdpau_nvidia" else libdir
@@ -135,7 +146,7 @@ def _ldconfig(tmp_path: Path) -> Commands:
     bin_dir.mkdir(parents=True)
     script = bin_dir / "ldconfig"
     script.write_text(
-        '#!/bin/sh\necho "cache"\nfor f in "$2"/usr/lib/x86_64-linux-gnu/*.so.1; do\n'
+        '#!/bin/sh\necho "cache"\nfor f in "$2"/usr/lib/*-linux-gnu/*.so.1; do\n'
         '  printf "\\t%s (libc6,x86-64) => %s\\n" "$(basename "$f")" "$f"\ndone\n'
     )
     script.chmod(0o755)
@@ -143,7 +154,8 @@ def _ldconfig(tmp_path: Path) -> Commands:
 
 
 def test_a_complete_root_passes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    checked = verify_root(_root(tmp_path, "590.48.01"), LIBDIR, "590.48.01", _ldconfig(tmp_path))
+    root = _root(tmp_path, "590.48.01")
+    checked = verify_root(root, "amd64", "590.48.01", _ldconfig(tmp_path))
     assert "libnvidia-tileiras" in {entry.name for entry in checked}
     assert "names the container toolkit injects are installed" in capsys.readouterr().out
 
@@ -152,20 +164,27 @@ def test_a_complete_root_passes(tmp_path: Path, capsys: pytest.CaptureFixture[st
 def test_a_root_without_a_required_name_is_refused(tmp_path: Path, missing: str) -> None:
     root = _root(tmp_path, "580.178.04", without=missing)
     with pytest.raises(DriverError, match=rf"the driver root lacks {missing} \("):
-        verify_root(root, LIBDIR, "580.178.04", _ldconfig(tmp_path))
+        verify_root(root, "amd64", "580.178.04", _ldconfig(tmp_path))
 
 
 def test_a_library_without_its_soname_link_is_refused(tmp_path: Path) -> None:
     root = _root(tmp_path, "580.178.04")
     (root / LIBDIR.relative_to("/") / "libnvidia-ngx.so.1").unlink()
     with pytest.raises(DriverError, match=r"libnvidia-ngx \(no SONAME link in the linker cache\)"):
-        verify_root(root, LIBDIR, "580.178.04", _ldconfig(tmp_path))
+        verify_root(root, "amd64", "580.178.04", _ldconfig(tmp_path))
 
 
 def test_an_older_branch_does_not_need_newer_libraries(tmp_path: Path) -> None:
     root = _root(tmp_path, "535.261.03")
     assert not (root / LIBDIR.relative_to("/") / "libnvidia-gpucomp.so.535.261.03").exists()
-    verify_root(root, LIBDIR, "535.261.03", _ldconfig(tmp_path))
-    assert driverroot.missing_names(root, LIBDIR, 590, _ldconfig(tmp_path / "x")) == [
+    verify_root(root, "amd64", "535.261.03", _ldconfig(tmp_path))
+    assert driverroot.missing_names(root, "amd64", 590, _ldconfig(tmp_path / "x")) == [
         f"libnvidia-gpucomp ({LIBDIR})", f"libnvidia-tileiras ({LIBDIR})"
     ]  # fmt: skip
+
+
+def test_an_arm64_root_needs_no_amd64_only_library(tmp_path: Path) -> None:
+    root = _root(tmp_path, "595.91.07", arch="arm64")
+    arm64_libdir = root / "usr/lib/aarch64-linux-gnu"
+    assert not list(arm64_libdir.glob("libnvidia-pkcs11*"))
+    verify_root(root, "arm64", "595.91.07", _ldconfig(tmp_path))

@@ -22,6 +22,7 @@ from typing import Any
 from nvidia_driver.commands import Commands
 from nvidia_driver.errors import DriverError
 from nvidia_driver.log import say
+from nvidia_driver.naming import TRIPLETS
 
 DATA_FILE = "driver-root.toml"
 REQUIRED, OPTIONAL, EXCLUDED = "required", "optional", "excluded"
@@ -40,6 +41,7 @@ class ToolkitName:
     reason: str = ""
     since: int | None = None
     until: int | None = None
+    arches: tuple[str, ...] = ()  # the image architectures whose .run ships it; () for all
 
     @property
     def is_library(self) -> bool:
@@ -51,8 +53,9 @@ class ToolkitName:
             self.until is None or branch <= self.until
         )
 
-    def required_for(self, branch: int) -> bool:
-        return self.status == REQUIRED and self.shipped_by(branch)
+    def required_for(self, branch: int, arch: str) -> bool:
+        on_arch = not self.arches or arch in self.arches
+        return self.status == REQUIRED and self.shipped_by(branch) and on_arch
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,7 @@ def _toolkit_name(name: str, toolkit_list: str, fields: Mapping[str, Any]) -> To
     else:
         status, reason = REQUIRED, ""
     since, until = fields.get("since"), fields.get("until")
+    arches = fields.get("arches", [])
     return ToolkitName(
         name=name,
         toolkit_list=toolkit_list,
@@ -81,6 +85,7 @@ def _toolkit_name(name: str, toolkit_list: str, fields: Mapping[str, Any]) -> To
         reason=reason,
         since=since if isinstance(since, int) else None,
         until=until if isinstance(until, int) else None,
+        arches=tuple(str(arch) for arch in arches) if isinstance(arches, list) else (),
     )
 
 
@@ -167,13 +172,14 @@ def _library_files(libdir: Path) -> dict[str, list[Path]]:
     return found
 
 
-def missing_names(root: Path, libdir: PurePosixPath, branch: int, commands: Commands) -> list[str]:
-    """The required names of this branch that ``root`` lacks, with what is missing."""
+def missing_names(root: Path, arch: str, branch: int, commands: Commands) -> list[str]:
+    """The required names of this branch and arch that ``root`` lacks, with what is missing."""
+    libdir = PurePosixPath("/usr/lib", TRIPLETS[arch])
     libraries = _library_files(root / libdir.relative_to("/"))
     cached = _linker_cache(root, commands)
     missing = []
     for entry in rules().names:
-        if not entry.required_for(branch):
+        if not entry.required_for(branch, arch):
             continue
         if not entry.is_library:
             binary = root / "usr/bin" / entry.name
@@ -191,18 +197,16 @@ def missing_names(root: Path, libdir: PurePosixPath, branch: int, commands: Comm
     return missing
 
 
-def verify_root(
-    root: Path, libdir: PurePosixPath, version: str, commands: Commands
-) -> list[ToolkitName]:
+def verify_root(root: Path, arch: str, version: str, commands: Commands) -> list[ToolkitName]:
     """Refuse a driver root without a required name; return the names checked."""
     branch = int(version.split(".", 1)[0])
-    missing = missing_names(root, libdir, branch, commands)
+    missing = missing_names(root, arch, branch, commands)
     if missing:
         raise DriverError(
             f"the driver root lacks {', '.join(missing)}, which NVIDIA's container toolkit "
             f"injects for driver {version}: the .run or a redist archive no longer ships it, or "
             "an install group lost it; see driver-root.toml"
         )
-    checked = [entry for entry in rules().names if entry.required_for(branch)]
+    checked = [entry for entry in rules().names if entry.required_for(branch, arch)]
     say(f"Driver root complete: {len(checked)} names the container toolkit injects are installed")
     return checked

@@ -39,7 +39,7 @@ from nvidia_driver.formats import jsontext
 from nvidia_driver.image.driverroot import ldconfig_root, verify_root
 from nvidia_driver.image.userspace import install_runfile
 from nvidia_driver.log import say
-from nvidia_driver.naming import ARCHES, TRIPLETS, driver_url, known_arch, redist_manifest_url
+from nvidia_driver.naming import ARCHES, driver_url, known_arch, redist_manifest_url
 from nvidia_driver.settings import NVIDIA_DRIVER_REDIRECT_HOSTS
 from nvidia_driver.sources import redist
 from nvidia_driver.sources.download import Downloader, DownloadLimits, Opened
@@ -188,8 +188,7 @@ def _check_installed(root: Path, component: str) -> None:
 
 
 def verify(*, version: str, arch: str, root: Path) -> None:
-    libdir = PurePosixPath("/usr/lib", TRIPLETS[known_arch(arch)])
-    verify_root(root, libdir, version, Commands())
+    verify_root(root, known_arch(arch), version, Commands())
 
 
 # --- command line ------------------------------------------------------------------------------
