@@ -390,6 +390,19 @@ def test_arm64_libraries_go_to_the_aarch64_triplet(
     assert not (root / LIBDIR).exists()
 
 
+def test_the_aarch64_cuda_extension_library_is_installed_with_libcuda() -> None:
+    # The aarch64 .run ships libnvcuextend from 610 (negativo17/nvidia-driver nvidia-driver.spec
+    # 610.43.02, %ifarch aarch64, beside libcuda); libcuda dlopens it at cuInit.
+    text = manifest_text() + (
+        f"libnvcuextend.so.{V} 0755 CUDA_LIB NATIVE / MODULE:gpgpu\n"
+        f"libnvcuextend.so.1 0000 CUDA_SYMLINK NATIVE / libnvcuextend.so.{V} MODULE:gpgpu\n"
+    )
+    planned = plan(parse_manifest(text), Layout("aarch64-linux-gnu", V))
+    groups = {str(item.destination): item.group for item in planned}
+    assert groups[f"/usr/lib/aarch64-linux-gnu/libnvcuextend.so.{V}"] == "CUDA"
+    assert groups["/usr/lib/aarch64-linux-gnu/libnvcuextend.so.1"] == "CUDA"
+
+
 def test_man_pages_are_optional(package: Path, root: Path, commands: Commands) -> None:
     install_tree(package, root, arch="amd64", commands=commands, man_pages=False)
     assert not (root / "usr/share/man").exists()

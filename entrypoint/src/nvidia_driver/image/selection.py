@@ -36,6 +36,7 @@ CUDA_LIBRARIES = frozenset({
     "libnvidia-nvvm70", "libnvidia-gpucomp", "libnvidia-pkcs11", "libnvidia-pkcs11-openssl3",
     "libnvidia-allocator", "libnvidia-tileiras",
     "libnvidia-fatbinaryloader",  # libcuda's dependency up to 450
+    "libnvcuextend",  # dlopened by libcuda at cuInit; aarch64 .run from 610 (negativo17 spec)
 })  # fmt: skip
 OPENCL_LIBRARIES = frozenset({"libnvidia-opencl", "libnvidia-compiler"})  # compiler: up to 470
 VIDEO_LIBRARIES = frozenset(
