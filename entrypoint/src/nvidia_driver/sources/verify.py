@@ -6,8 +6,9 @@ updated, a signature comes by a subkey the shipped key lacks (or one whose expir
 since extended): that triggers **one** download of Flatcar's published key
 (``FLATCAR_SIGNING_KEY_URL``), accepted only if every key in it has the pinned primary, merged
 with the shipped key by gpg (which drops subkeys not properly bound to the primary), and used
-only if it has a valid subkey for the signature. The merged key is cached in the download
-cache and tried first from then on. One line is logged either way.
+only if it has a valid subkey for the signature. The merged key is kept beside the downloads
+(the work directory, cleared after each runtime build) and tried first until then. One line is
+logged either way.
 
 ``FLATCAR_KEYRING`` replaces all of this with a keyring of your own: any key in it may sign,
 and nothing is refreshed.
