@@ -87,6 +87,7 @@ class Covered:
 
     release: Release
     streams: tuple[str, ...]
+    superseded: tuple[str, ...] = ()  # what its streams ran before it (:func:`previous`)
 
     @property
     def version(self) -> str:
@@ -486,6 +487,26 @@ def _unusable(version: str, stream: str, reason: str) -> Exclusion:
                      "it", blocking=True)  # fmt: skip
 
 
+def previous(feed: Feed, current: Current) -> FlatcarVersion | None:
+    """The release of current's channel (LTS: its stream) that current superseded, or None.
+
+    Nodes run it until they have updated, and the GPU Operator may give every node its OS tag
+    (gdc.matrix). It is the newest release older than current by version, not by date nor by
+    feed order: a JSON object's order means nothing, and several releases of a channel can share
+    a date; versions within a channel grow with each release. Only one back: a node whose stream
+    published twice before it updated is not served (it updates straight to the current one).
+    """
+    major = current.version.major if current.channel == Channel.LTS else None
+    older = [v for v in feed.versions(current.channel, major) if v < current.version]
+    return older[-1] if older else None
+
+
+def os_versions(covered: Iterable[Covered]) -> tuple[str, ...]:
+    """The covered releases and those their streams superseded, oldest first."""
+    versions = {v for c in covered for v in (c.version, *c.superseded)}
+    return tuple(sorted(versions, key=FlatcarVersion.parse))
+
+
 def covered_releases(
     feed_text: str, versions: Versions, lts_info: LtsInfo | None = None
 ) -> tuple[tuple[Covered, ...], tuple[Exclusion, ...], tuple[str, ...]]:
@@ -493,9 +514,13 @@ def covered_releases(
     feed = read_feed(feed_text)
     current, excluded = current_streams(feed, lts_info, versions.channels)
     named: dict[Release, list[str]] = {}
+    superseded: dict[Release, list[str]] = {}
     for stream, entry in current.items():
         if isinstance(entry, Release):
             named.setdefault(entry, []).append(stream)
+            before = previous(feed, entry)
+            if before is not None:
+                superseded.setdefault(entry, []).append(str(before))
         else:
             excluded.append(_unusable(str(entry.version), stream, entry.reason))
     for version in versions.pinned:
@@ -524,5 +549,6 @@ def covered_releases(
                            f"({wanted}) nor a pinned release{why}; check --releases-url points "
                            "at Flatcar's combined releases.json")  # fmt: skip
     ordered = sorted(named.items(), key=lambda item: item[0].version)
-    covered = tuple(Covered(release, tuple(names)) for release, names in ordered)
+    covered = tuple(Covered(release, tuple(names), tuple(superseded.get(release, ())))
+                    for release, names in ordered)  # fmt: skip
     return covered, tuple(excluded), tuple(feed.notes)

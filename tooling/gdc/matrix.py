@@ -10,12 +10,14 @@ every supported LTS stream, from Flatcar's lts-info) plus the releases pinned th
   release with that kernel: several live releases often share one (6.12.102 was stable
   4593.2.5, beta 4757.1.0 and alpha 4790.0.0 at once) but their banners differ, and the GPU
   Operator sends all nodes of one kernel to one image. It is tagged ``<driver>-flatcar<V>`` for
-  each of those releases and ``<branch>-<kernel>-flatcar<A>`` for **every** covered release A:
-  with ``usePrecompiled`` the Operator gives each per-kernel DaemonSet the OS tag of the first GPU
+  each of those releases and ``<branch>-<kernel>-flatcar<A>`` for **every** covered release A
+  and every release a stream's current one superseded (:func:`gdc.coverage.previous`): with
+  ``usePrecompiled`` the Operator gives each per-kernel DaemonSet the OS tag of the first GPU
   node it lists (gpu-operator ``controllers/object_controls.go`` ``resolveDriverTag``,
   ``state_manager.go`` ``getGPUNodeOSInfo``), so a node on release B asks for
-  ``<branch>-<kernel B>-flatcar<A>``. Serving it B's image is safe: the image checks the node's
-  banner and builds at runtime when nothing matches.
+  ``<branch>-<kernel B>-flatcar<A>``, and during a rolling update that first node may still run
+  the release B superseded. Serving it B's image is safe: the image checks the node's banner
+  and builds at runtime when nothing matches.
 
 Excluded, with the reason: streams without a usable current release, releases not built for an
 arch, arm64 releases whose module build tree carries x86-64 host tools (before 4230.1.0, LTS
@@ -59,7 +61,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gdc import releases
-from gdc.coverage import ALL, PINNED, Covered, Exclusion, LtsInfo, covered_releases
+from gdc.coverage import ALL, PINNED, Covered, Exclusion, LtsInfo, covered_releases, os_versions
 from gdc.tags import (
     DEFAULT_IMAGE,
     ImageTags,
@@ -230,7 +232,7 @@ def build_matrix(
 ) -> Matrix:
     covered, excluded_releases, notes = covered_releases(feed_text, versions, lts_info)
     repository = join_repository(registry, image)
-    os_versions = [release.version for release in covered]
+    tagged = os_versions(covered)
     builds: list[Image] = []
     precompiled: list[Image] = []
     excluded = list(excluded_releases)
@@ -248,7 +250,7 @@ def build_matrix(
                             tuple(Platform(arch) for arch in versions.arches), aliases=aliases,
                             prefix=prefix))  # fmt: skip
         for kernel, of_kernel in _by_kernel(servable).items():
-            made, left_out = precompiled_image(driver, kernel, of_kernel, os_versions,
+            made, left_out = precompiled_image(driver, kernel, of_kernel, tagged,
                                                versions.arches, repository, prefix)  # fmt: skip
             excluded += left_out
             if made is not None:

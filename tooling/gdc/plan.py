@@ -63,7 +63,7 @@ class Request:
     aliases: tuple[str, ...]  # Flatcar versions the build image gets an alias tag for
     arches: tuple[str, ...]
     # Precompiled: the releases it carries packages for (flatcar's first; all of one kernel),
-    # and those its <branch>-<kernel>-flatcar<A> tags name (gdc.matrix explains why all).
+    # and those its <branch>-<kernel>-flatcar<A> tags name (gdc.matrix explains which and why).
     releases: tuple[str, ...] = ()
     os_versions: tuple[str, ...] = ()
     settings: BuildSettings = field(default_factory=BuildSettings)
@@ -277,6 +277,6 @@ def resolve(
         same_kernel = [c.version for c in covered
                        if c.release.kernel_release == flatcar.kernel_release]  # fmt: skip
         carried = tuple(dict.fromkeys([str(flatcar.version), *same_kernel]))
-        os_versions = tuple(dict.fromkeys([*aliases, *carried]))
+        os_versions = tuple(dict.fromkeys([*coverage.os_versions(covered), *carried]))
     return Request(variant, driver, flatcar, aliases, arches, carried, os_versions,
                    options.settings, options.driver_sha256, options.redist_sha256)  # fmt: skip

@@ -6,8 +6,9 @@ in ``uname -r`` form. So:
 
 * a precompiled image (one per kernel, see :mod:`gdc.matrix`) is tagged ``<driver>-flatcar<V>``
   for each release V it carries (the Operator's default path, with ``driver.version=<driver>``)
-  and ``<branch>-<kernel>-flatcar<A>`` for every covered release A (``usePrecompiled``, with
-  ``driver.version=<branch>``: A is the first GPU node's release, not the pulling node's);
+  and ``<branch>-<kernel>-flatcar<A>`` for every covered release A and every release a stream's
+  current one superseded (``usePrecompiled``, with ``driver.version=<branch>``: A is the first
+  GPU node's release, not the pulling node's);
 * the build image is tagged ``<driver>-flatcar``, plus ``<driver>-flatcar-flatcar<V>`` for each
   supported release, so that ``driver.version=<driver>-flatcar`` resolves on every node.
 

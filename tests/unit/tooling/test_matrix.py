@@ -165,7 +165,9 @@ def test_images_cross_drivers_kernels_and_arches() -> None:
     assert precompiled.variant is Variant.PRECOMPILED
     assert precompiled.tags.tags == (
         "610.57.04-flatcar4593.2.5",
+        "610-6.12.102-flatcar-flatcar4081.3.9",
         "610-6.12.102-flatcar-flatcar4081.3.10",
+        "610-6.12.102-flatcar-flatcar4593.2.4",
         "610-6.12.102-flatcar-flatcar4593.2.5",
     )
 
@@ -261,7 +263,8 @@ def test_the_json_is_one_line_with_the_same_keys_in_every_entry() -> None:
         "driver": "610.57.04", "branch": "610", "arch": "amd64", "flatcar": ["4593.2.5"],
         "streams": ["stable"], "kernel": "6.12.102-flatcar",
         "aliases": [], "repository": "driver",
-        "tags": ["t-610.57.04-flatcar4593.2.5", "t-610-6.12.102-flatcar-flatcar4593.2.5"],
+        "tags": ["t-610.57.04-flatcar4593.2.5", "t-610-6.12.102-flatcar-flatcar4593.2.4",
+                 "t-610-6.12.102-flatcar-flatcar4593.2.5"],
     }  # fmt: skip
     assert document["releases"] == [
         {"flatcar": "4593.2.5", "channel": "stable", "streams": ["stable"],
@@ -330,3 +333,16 @@ def test_a_malformed_kernel_of_one_stream_excludes_that_stream_and_no_other() ->
     [exclusion] = [x for x in built.excluded if x.flatcar == "4790.0.0"]
     assert exclusion.reason.startswith("Flatcar 4790.0.0 (alpha) has a kernel 'junk' in the "
                                        "releases feed (major_software.kernel)")  # fmt: skip
+
+
+def test_a_new_kernel_s_image_is_tagged_for_the_release_each_stream_superseded() -> None:
+    # Stable 4593.2.5 brings kernel 6.12.102; nodes still on 4593.2.4 (6.12.95) may be the
+    # first GPU node the Operator lists, so an updated node asks for 6.12.102 with 4593.2.4's
+    # OS tag.
+    versions = _versions(channels=("stable", "lts"), arches=("amd64",))
+    built = _build(feed_from_tsv(), versions)
+    [image] = [i for i in built.images if i.kernel == "6.12.102-flatcar"]
+    assert "610-6.12.102-flatcar-flatcar4593.2.4" in image.tags.tags
+    assert "610-6.12.102-flatcar-flatcar4081.3.9" in image.tags.tags
+    assert [c.version for c in image.releases] == ["4593.2.5"]  # what it carries is unchanged
+    assert "610.57.04-flatcar4593.2.4" not in image.tags.tags

@@ -139,9 +139,11 @@ def test_one_build_image_per_driver_and_one_precompiled_image_per_kernel(
     kernel_image = covered.images[2]
     assert kernel_image.tags.tags == (
         "610.57.04-flatcar4593.2.5", "610.57.04-flatcar4757.1.0", "610.57.04-flatcar4790.0.0",
-        # The cross-release aliases: whatever the first GPU node runs, a node on 6.12.102
-        # finds this image.
-        "610-6.12.102-flatcar-flatcar4081.3.10", "610-6.12.102-flatcar-flatcar4593.2.5",
+        # The cross-release aliases: whatever the first GPU node runs (a covered release, or
+        # the one a stream's current release superseded), a node on 6.12.102 finds this image.
+        "610-6.12.102-flatcar-flatcar4081.3.9", "610-6.12.102-flatcar-flatcar4081.3.10",
+        "610-6.12.102-flatcar-flatcar4593.2.4", "610-6.12.102-flatcar-flatcar4593.2.5",
+        "610-6.12.102-flatcar-flatcar4722.1.0", "610-6.12.102-flatcar-flatcar4757.0.0",
         "610-6.12.102-flatcar-flatcar4757.1.0", "610-6.12.102-flatcar-flatcar4790.0.0",
     )  # fmt: skip
     assert kernel_image.staging_tag("arm64") == "610.57.04-6.12.102-flatcar-arm64"

@@ -135,11 +135,13 @@ def test_tags_prints_what_a_build_would_get(c: MockContext, feed_url: str, capsy
         f"127.0.0.1:5000/gdc/driver:{NEWEST}-flatcar-flatcar4757.1.0",
         f"127.0.0.1:5000/gdc/driver:{NEWEST}-flatcar-flatcar4790.0.0",
         # One image per kernel: every live release of 6.12.102, and an alias for every OS tag
-        # the Operator may ask with (the first GPU node's release).
+        # the Operator may ask with (the first GPU node's release, maybe the one its stream's
+        # current release superseded).
         f"127.0.0.1:5000/gdc/driver:{NEWEST}-flatcar4593.2.5",
         f"127.0.0.1:5000/gdc/driver:{NEWEST}-flatcar4757.1.0",
         f"127.0.0.1:5000/gdc/driver:{NEWEST}-flatcar4790.0.0",
         f"127.0.0.1:5000/gdc/driver:610-{KERNEL}-flatcar4081.3.10",
+        f"127.0.0.1:5000/gdc/driver:610-{KERNEL}-flatcar4593.2.4",
         f"127.0.0.1:5000/gdc/driver:610-{KERNEL}-flatcar4593.2.5",
         f"127.0.0.1:5000/gdc/driver:610-{KERNEL}-flatcar4757.1.0",
         f"127.0.0.1:5000/gdc/driver:610-{KERNEL}-flatcar4790.0.0",
