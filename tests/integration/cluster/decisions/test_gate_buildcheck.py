@@ -63,7 +63,10 @@ def _image(
 ) -> BuildImage:
     tools = tmp_path / "image-bin"
     tools.mkdir(exist_ok=True)
-    (tools / "gpgv").symlink_to(shutil.which("gpgv") or "gpgv")
+    # The build image carries both (images/build/Dockerfile): gpgv checks a signature, gpg lists
+    # the signing key's expiry, which every check reads since 2c177ee.
+    for tool in ("gpgv", "gpg"):
+        (tools / tool).symlink_to(shutil.which(tool) or tool)
     for name in gcc:
         (tools / name).write_text("#!/bin/sh\necho 14.4.0\n")
         (tools / name).chmod(0o755)
