@@ -19,6 +19,7 @@ from gdc.versions import Driver, Versions, VersionsError, driver_branch
 from nvidia_driver.digests import ANY, digest_list
 from nvidia_driver.errors import DriverError
 from nvidia_driver.naming import ARCH_OF, ARCHES, FLATCAR_VERSION_RE
+from nvidia_driver.sources import redist
 from nvidia_driver.sources.flatcar import Release
 
 ALL_ARCHES = "all"
@@ -48,11 +49,6 @@ class BuildSettings:
     git_commit: str = "unknown"
     source_url: str = "unknown"
     created: str = ""  # org.opencontainers.image.created: the commit's time (RFC 3339)
-
-
-# The redist archives every image needs (nvidia_driver/sources/redist.py marks them required):
-# the fabric manager (NVSwitch systems) and NSCQ (DCGM's NVSwitch telemetry, a toolkit library).
-REQUIRED_REDIST = ("fabricmanager", "libnvidia_nscq")
 
 
 @dataclass(frozen=True)
@@ -119,7 +115,7 @@ class Request:
         sums: dict[str, str] = {}
         for arch in self.arches:
             recorded = self.driver.redist_checksums(arch)
-            for component in REQUIRED_REDIST:
+            for component in redist.REQUIRED_KEYS:
                 key = f"{component}.{arch}"
                 if key not in given and recorded.get(key) is None:
                     raise VersionsError(

@@ -119,9 +119,8 @@ class Record:
     def missing_required(self) -> list[str]:
         """``<component> for <platform>`` of each archive every image needs (redist.py marks it
         required) that the manifest does not list: invoke build refuses the driver without it."""
-        required = {component.key for component in redist.COMPONENTS if component.required}
         return [f"{archive.component} for {redist_platform(arch)}" for archive in self.archives
-                if archive.component in required
+                if archive.component in redist.REQUIRED_KEYS
                 for arch, digest in archive.sha256.items() if digest is None]  # fmt: skip
 
     def summary(self) -> str:

@@ -111,9 +111,9 @@ def test_a_newer_release_whose_manifest_lacks_a_required_archive_is_not_proposed
     nvidia: ReleaseServer, behind: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """NVIDIA lists the release, but its redistrib json has no fabric manager for linux-sbsa
-    yet: the entry would say TODO there, and invoke build refuses such a driver (plan.
-    REQUIRED_REDIST), so merged it would leave the branch with no arm64 image, and (the arches
-    merged together) no image at all for the next Flatcar release."""
+    yet: the entry would say TODO there, and invoke build refuses such a driver
+    (redist.REQUIRED_KEYS, read by gdc.plan), so merged it would leave the branch with no arm64
+    image, and (the arches merged together) no image at all for the next Flatcar release."""
     manifest = nvidia_tree.manifest_of(LTS)
     del manifest["fabricmanager"]["linux-sbsa"]
     nvidia_tree.write_manifest(nvidia.root, LTS.version, manifest)

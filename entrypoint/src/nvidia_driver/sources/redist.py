@@ -122,6 +122,10 @@ NVSDM = Component(
     missing="NVLink5 switch management through NVSDM is unavailable",
 )  # fmt: skip
 COMPONENTS = (FABRICMANAGER, NSCQ, NVLSM, IMEX, NVSDM)
+# The archives every image needs, the fabric manager (NVSwitch systems) and NSCQ (DCGM's
+# NVSwitch telemetry, a toolkit library): a driver without their record is refused before any
+# build (gdc.plan), and not proposed (gdc.propose).
+REQUIRED_KEYS = tuple(component.key for component in COMPONENTS if component.required)
 
 
 @dataclass(frozen=True)
