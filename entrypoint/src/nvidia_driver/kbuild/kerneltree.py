@@ -13,7 +13,7 @@ import errno
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -66,10 +66,15 @@ def scratch_beside(destination: Path) -> Iterator[Path]:
 _STORAGE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
 
 
+def _errno_named(text: str, codes: Iterable[int]) -> int | None:
+    """The first of codes whose strerror the text names: tools (gcc, debugfs, shutil's
+    collected failures) print the strerror, not the errno."""
+    return next((code for code in codes if os.strerror(code) in text), None)
+
+
 def tells_of_full_disk(text: str) -> bool:
-    """Whether a tool's message (gcc's, debugfs's) says a disk is full: tools print the
-    strerror, not the errno."""
-    return any(os.strerror(code) in text for code in (errno.ENOSPC, errno.EDQUOT))
+    """Whether a tool's message says a disk is full."""
+    return _errno_named(text, (errno.ENOSPC, errno.EDQUOT)) is not None
 
 
 def _first_failure(exc: OSError) -> tuple[str, int | None]:
@@ -83,7 +88,7 @@ def _first_failure(exc: OSError) -> tuple[str, int | None]:
     if not isinstance(failures, list) or not failures:
         return str(exc), exc.errno
     text = str(failures[0][-1])
-    code = next((code for code in _STORAGE_ERRORS if os.strerror(code) in text), None)
+    code = _errno_named(text, _STORAGE_ERRORS)
     more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
     return f"{shown(text, 400)}{more}", code
 
