@@ -51,7 +51,13 @@ from typing import Any
 
 import pytest
 from fixtures.daemonset import image_packages
-from fixtures.docker_env import DockerDaemon, docker_env, free_port, local_registry
+from fixtures.docker_env import (
+    DockerDaemon,
+    docker_env,
+    free_port,
+    local_registry,
+    remove_repository,
+)
 from fixtures.driver_server import DriverDownloads
 from fixtures.gpg import SigningKey
 from fixtures.http_server import FaultyHTTPServer, Route
@@ -240,6 +246,9 @@ def publisher(  # noqa: PLR0917 - pytest passes fixtures by name
             yield publisher
         finally:
             publisher.stop_registry()
+            # Its builds are tagged for this registry alone (several GB): untagged, as the
+            # session's own registry's are (fixtures/images.py).
+            remove_repository(f"127.0.0.1:{port}/gdc/driver")
 
 
 def _copy_tree(destination: Path) -> Path:
