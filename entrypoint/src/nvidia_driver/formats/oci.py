@@ -247,7 +247,7 @@ def retry_after(value: str) -> float | None:
         return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # a year past datetime's: OverflowError
         return None
     return max(0.0, when.timestamp() - time.time())
 
