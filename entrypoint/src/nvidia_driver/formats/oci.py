@@ -279,8 +279,13 @@ def on_registry(url: str, host: str) -> bool:
 def redirect_target(url: str, location: str, host: str, what: str) -> str:
     """Where a redirect from url to location leads, if it may be followed: https, or the
     registry itself (a loopback one speaks plain http). ``what`` names the request."""
-    target = urllib.parse.urljoin(url, location)
-    if urllib.parse.urlsplit(target).scheme != "https" and not on_registry(target, host):
+    try:
+        target = urllib.parse.urljoin(url, location)
+        scheme = urllib.parse.urlsplit(target).scheme
+    except ValueError:  # urllib.parse: a bracketed host that is no IPv6 address
+        raise DriverError(f"{what} to {shown(location)}, which is not a URL; check the "
+                          "registry") from None  # fmt: skip
+    if scheme != "https" and not on_registry(target, host):
         raise DriverError(f"{what} to {shown(target)}: only https redirects are followed, and "
                           "this one is not https; check the registry")  # fmt: skip
     return target
@@ -315,10 +320,15 @@ def check_realm(
     realm: str, host: str, *, credentials: bool, trusted: frozenset[str], what: str
 ) -> str:
     """realm, if it may be asked for a token (with credentials, when there are some)."""
-    parts = urllib.parse.urlsplit(realm)
-    loopback = plain_http(host) and plain_http(parts.netloc)
+    try:
+        parts = urllib.parse.urlsplit(realm)
+    except ValueError:  # urllib.parse: a bracketed host that is no IPv6 address
+        parts = None
+    loopback = parts is not None and plain_http(host) and plain_http(parts.netloc)
     own = urllib.parse.urlsplit(f"//{host}").hostname
-    if parts.scheme != "https" and not (parts.scheme == "http" and loopback):
+    if parts is None:
+        why = "it is not a URL"
+    elif parts.scheme != "https" and not (parts.scheme == "http" and loopback):
         why = "it is not https"
     elif credentials and parts.hostname not in {own, *OWN_TOKEN_HOSTS.get(host, ()), *trusted}:
         why = "credentials go only to the registry's own host or one REGISTRY_TOKEN_HOSTS names"
