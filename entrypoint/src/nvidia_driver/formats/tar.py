@@ -431,7 +431,8 @@ class TarStream:
         elif member.islnk():
             if source is None or writer.made(source) != output.FILE:
                 return False
-            writer.hardlink(rel, writer.path(source))
+            if source != rel:  # GNU tar stores a file archived twice as a link to itself
+                writer.hardlink(rel, writer.path(source))
         elif member.isreg():
             writer.file(rel, member.mode if mode is None else mode, member.mtime,
                         lambda fd: self.copy(member, fd))  # fmt: skip
