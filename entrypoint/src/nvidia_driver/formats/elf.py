@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,9 @@ class _Segment(NamedTuple):
 
 
 def _read_at(file: IO[bytes], offset: int, size: int) -> bytes:
+    # Before reading: read(size) allocates size bytes first, whatever a header claims.
+    if offset + size > os.fstat(file.fileno()).st_size:
+        raise ValueError("truncated ELF file")
     file.seek(offset)
     data = file.read(size)
     if len(data) != size:
