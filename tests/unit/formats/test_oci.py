@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from nvidia_driver.errors import DriverError
-from nvidia_driver.formats.oci import check_realm, redirect_target, retry_after
+from nvidia_driver.formats.oci import (
+    Credentials,
+    check_realm,
+    kubelet_keyring,
+    redirect_target,
+    retry_after,
+)
 
 
 def test_a_retry_after_date_past_datetimes_years_is_no_date() -> None:
@@ -25,3 +31,10 @@ def test_a_token_realm_that_is_no_url_is_refused_in_one_line() -> None:
     with pytest.raises(DriverError, match=r"the token realm https://\[auth/token: it is not a URL"):
         check_realm("https://[auth/token", "r.example", credentials=False, trusted=frozenset(),
                     what="the registry")  # fmt: skip
+
+
+def test_a_pull_secret_entry_whose_auth_is_not_ascii_is_left_out() -> None:
+    # base64.b64decode raises a plain ValueError for non-ASCII text, not binascii.Error: the
+    # entry is left out, as one whose auth is not base64 is.
+    auths = {"ghcr.io": {"auth": "dTpw\u00e9"}, "quay.io": {"username": "q", "password": "w"}}
+    assert kubelet_keyring({"auths": auths}) == [("quay.io", Credentials("q", "w"))]

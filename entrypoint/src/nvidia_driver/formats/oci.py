@@ -11,7 +11,6 @@ with what the caller names: the image.
 from __future__ import annotations
 
 import base64
-import binascii
 import email.utils
 import fnmatch
 import hashlib
@@ -417,7 +416,7 @@ def _docker_config_entries(document: Mapping[str, Any]) -> list[tuple[str, Crede
         if isinstance(encoded, str) and encoded:
             try:
                 username, _, password = base64.b64decode(encoded).decode().partition(":")
-            except (binascii.Error, UnicodeDecodeError):
+            except ValueError:  # binascii.Error, UnicodeDecodeError, or text not ASCII
                 continue
         if isinstance(username, str) and isinstance(password, str) and username:
             entries.append((key, Credentials(username, password)))
