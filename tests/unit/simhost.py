@@ -71,6 +71,7 @@ H100 = 0x2330
 L40S = 0x26B9
 V100 = 0x1DB1
 GB200 = 0x2941
+B200 = 0x2901  # HGX B200 (open-gpu-kernel-modules README, compatible GPUs: 2901 10DE 1999)
 GH200 = 0x2342  # NVIDIA/gpu-admin-tools gpu/devid_names.py: 0x2342 'GH200'
 NVSWITCH = 0x22A3
 

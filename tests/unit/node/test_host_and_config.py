@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 from simhost import (
+    B200,
     FLATCAR_OS_RELEASE_QUOTED,
     FLATCAR_OS_RELEASE_UNQUOTED,
     GB200,
@@ -127,6 +128,17 @@ def test_forced_types_that_cannot_work_are_refused() -> None:
         resolve_module_type("open", 580, [gpu(V100)])
     with pytest.raises(DriverError, match="KERNEL_MODULE_TYPE=proprietary, but"):
         resolve_module_type("proprietary", 580, [gpu(GB200)])
+
+
+@pytest.mark.parametrize("device", [B200, 0x2BB5], ids=["b200", "rtx-pro-6000-blackwell"])
+def test_blackwell_gpus_refuse_the_proprietary_modules(device: int) -> None:
+    """The proprietary nvidia.ko loads on Blackwell but cannot drive it ("requires use of the
+    NVIDIA open kernel modules", RmInitAdapter failed): refused before anything is built."""
+    with pytest.raises(DriverError, match=r"KERNEL_MODULE_TYPE=proprietary, but .* require open"):
+        resolve_module_type("proprietary", 580, [gpu(device)])
+    choice = resolve_module_type("auto", 550, [gpu(device)])
+    assert choice.module_type == "open"
+    assert "(Blackwell or newer) require open modules" in choice.reason
 
 
 def config(**env: str) -> DriverConfig:

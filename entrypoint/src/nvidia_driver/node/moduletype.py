@@ -1,8 +1,8 @@
 """Choosing between the open and the proprietary kernel modules.
 
 The rules follow nvidia-installer's own (``--print-recommended-kernel-module-type``), which is
-not available in the image: self-hosted Grace parts require open, parts without GSP (before
-Turing) cannot run open, and when both work the branch decides.
+not available in the image: self-hosted Grace parts and Blackwell or newer parts require open,
+parts without GSP (before Turing) cannot run open, and when both work the branch decides.
 """
 
 from __future__ import annotations
@@ -20,10 +20,18 @@ FIRST_BRANCH_PREFERRING_OPEN = 560
 _OPEN_REQUIRED = ((0x2340, 0x237F), (0x2940, 0x297F), (0x31C0, 0x31FF), (0x31A1, 0x31A1))
 # nvidia-installer's heuristic for GPUs without GSP (Maxwell, Pascal, Volta): below Turing's ids.
 _NO_GSP = (0x1340, 0x1DFF)
+# The proprietary modules load on Blackwell but cannot drive it ("requires use of the NVIDIA open
+# kernel modules", RmInitAdapter failed). nvidia-installer 590.48.01 nvGpus.h marks the parts
+# they drive GPU_FLAGS_PROPRIETARY_POSSIBLE: none from Blackwell's 0x2900 on (its last is Ada's
+# 0x28F8); NVIDIA's "Transitions Fully Towards Open-Source GPU Kernel Modules" (2024-07).
+_FIRST_OPEN_ONLY = 0x2900
 
 
-def requires_open(device: PciDevice) -> bool:
-    return any(low <= device.device <= high for low, high in _OPEN_REQUIRED)
+def requires_open(device: PciDevice) -> str:
+    """Why the device requires the open modules; "" if it does not."""
+    if any(low <= device.device <= high for low, high in _OPEN_REQUIRED):
+        return "self-hosted Grace"
+    return "Blackwell or newer" if device.device >= _FIRST_OPEN_ONLY else ""
 
 
 def lacks_gsp(device: PciDevice) -> bool:
@@ -63,9 +71,8 @@ def resolve_module_type(requested: str, branch: int, gpus: Sequence[PciDevice]) 
             )
         return ModuleTypeChoice(PROPRIETARY, "requested by KERNEL_MODULE_TYPE")
     if need_open:
-        return ModuleTypeChoice(
-            OPEN, f"auto: {_names(need_open)} (self-hosted Grace) require open modules"
-        )
+        kinds = ", ".join(sorted({requires_open(gpu) for gpu in need_open}))
+        return ModuleTypeChoice(OPEN, f"auto: {_names(need_open)} ({kinds}) require open modules")
     if no_open:
         return ModuleTypeChoice(
             PROPRIETARY, f"auto: {_names(no_open)} predate Turing (no GSP), open is ruled out"
