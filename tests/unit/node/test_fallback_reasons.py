@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 from simhost import BANNER, DRIVER, SimulatedHost
 
+from nvidia_driver.cli import main
+from nvidia_driver.commands import Commands
+from nvidia_driver.config import DriverConfig
+from nvidia_driver.kbuild.pipeline import Pipeline
 from nvidia_driver.naming import banner_release
+from nvidia_driver.node.host import read_host_facts
+from nvidia_driver.node.lifecycle import node_target
+from nvidia_driver.paths import Paths
 
 # The same kernel release built again: its banner differs in the build's time only.
 REBUILT = BANNER.replace("18:02:03", "19:44:10")
@@ -59,3 +66,27 @@ def test_mofed_is_named_as_the_reason(host: SimulatedHost) -> None:
 
 def test_the_rebuilt_banner_names_the_same_release() -> None:
     assert banner_release(REBUILT) == banner_release(BANNER) != banner_release(OTHER_KERNEL)
+
+
+def test_a_damaged_image_package_is_no_match_and_named_as_the_reason(
+    host: SimulatedHost, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file of the image's package changed on the node's disk: init builds instead of
+    installing it and failing its checksum at every restart; status says the same (in-process:
+    SimulatedHost.run would run the installed copy)."""
+    module = host.add_package("open") / "nvidia.ko"
+    module.write_text("open nvidia.ko, a bit flipped\n")
+    env = host.env()
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    paths = Paths(host.root)
+    pipeline = Pipeline(paths, Commands(env), DriverConfig.from_env(env), "open")
+    assert pipeline.package(node_target(read_host_facts(paths)), build=False) is None
+
+    capsys.readouterr()
+    assert main(["status"]) == 0
+    rows = dict(line.split(":", 1) for line in capsys.readouterr().out.splitlines())
+    assert rows["Precompiled package"].strip() == (
+        f"none: its package for this kernel is damaged: {module} is missing or does not match "
+        "its SHA-256 (init would build one)"
+    )

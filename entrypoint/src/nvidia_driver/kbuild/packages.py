@@ -210,10 +210,10 @@ def matching_package(
 
 
 def no_match_reason(directories: Sequence[Path], banner: str, driver_version: str,
-             module_type: str) -> str:  # fmt: skip
+             module_type: str, driver_sources: Path) -> str:  # fmt: skip
     """Why no package in directories serves this kernel, driver and module type, in a phrase:
     what a node's log and ``nvidia-driver status`` say before a runtime build."""
-    packages = list(iter_packages(directories))
+    packages = list(iter_packages(directories, driver_sources))
     if not packages:
         return "the image carries no precompiled packages"
     drivers = [p for p in packages if p.metadata.driver_version == driver_version]
@@ -224,8 +224,13 @@ def no_match_reason(directories: Sequence[Path], banner: str, driver_version: st
     if not typed:
         found = ", ".join(sorted({shown(p.metadata.module_type, 40) for p in drivers}))
         return f"the image has {found} packages only, not {module_type}"
-    if any(p.matches(banner) for p in typed):
-        return "its package for this kernel does not fit the image's driver sources"
+    matched = next((p for p in typed if p.matches(banner)), None)
+    if matched is not None:  # unused: other driver sources, or damaged (Pipeline.precompiled)
+        damaged = matched.damaged_file() if matched.unmatched_reference() is None else None
+        why = "does not fit the image's driver sources" if damaged is None else (
+            f"is damaged: {shown(str(matched.file(damaged)), 2 * PATH_SHOWN)} is missing or "
+            "does not match its SHA-256")  # fmt: skip
+        return f"its package for this kernel {why}"
     release = _release(banner)
     if any(_release(p.metadata.banner) == release for p in typed):
         return (f"its package for kernel {release} was built for another build of it: the "

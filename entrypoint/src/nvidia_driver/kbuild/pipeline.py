@@ -137,20 +137,22 @@ class Pipeline:
         """The image's own package for this node's kernel.
 
         The image's own packages were built from its sources: the banner is enough. None is
-        built against this node's MOFED.
+        built against this node's MOFED. A damaged one (a file changed on the node's disk) is
+        none: its install would fail the checksum at every restart, where a build serves.
         """
         if target.running is None or target.ofa_kernel is not None:
             return None
         version = self.config.driver_version
-        return matching_package([self.paths.precompiled], banner, version, self.module_type,
-                                self.driver_sources)  # fmt: skip
+        package = matching_package([self.paths.precompiled], banner, version, self.module_type,
+                                   self.driver_sources)  # fmt: skip
+        return None if package is None or package.damaged_file() else package
 
     def why_not_precompiled(self, target: Target, banner: str) -> str:
         """Why the image's own packages do not serve this node, in one phrase."""
         if target.ofa_kernel is not None:
             return "the node runs MOFED: nvidia-peermem is built against its ofa_kernel"
         return no_match_reason([self.paths.precompiled], banner, self.config.driver_version,
-                               self.module_type)  # fmt: skip
+                               self.module_type, self.driver_sources)  # fmt: skip
 
     def cached(self, banner: str, sources: ModuleSources) -> Package | None:
         """The cache's package for this kernel, built from exactly these module sources."""
