@@ -141,6 +141,16 @@ def test_blackwell_gpus_refuse_the_proprietary_modules(device: int) -> None:
     assert "(Blackwell or newer) require open modules" in choice.reason
 
 
+@pytest.mark.parametrize("requested", ["auto", "proprietary"])
+@pytest.mark.parametrize("branch", [595, 610])
+def test_gpus_without_gsp_are_refused_by_branches_after_580(requested: str, branch: int) -> None:
+    """Maxwell, Pascal and Volta are the 580 branch's legacy GPUs: a 595 or 610 driver (the
+    GPU Operator's default is 595.91.07) does not drive them, so nothing is built for them."""
+    with pytest.raises(DriverError, match=rf"^driver branch {branch} does not support .*10de:1db1"):
+        resolve_module_type(requested, branch, [gpu(V100), gpu(V100)])
+    assert resolve_module_type(requested, 580, [gpu(V100)]).module_type == "proprietary"
+
+
 def config(**env: str) -> DriverConfig:
     return DriverConfig.from_env({"DRIVER_VERSION": "580.105.08", "TARGETARCH": "amd64", **env})
 

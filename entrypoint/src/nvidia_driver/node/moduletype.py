@@ -25,6 +25,10 @@ _NO_GSP = (0x1340, 0x1DFF)
 # they drive GPU_FLAGS_PROPRIETARY_POSSIBLE: none from Blackwell's 0x2900 on (its last is Ada's
 # 0x28F8); NVIDIA's "Transitions Fully Towards Open-Source GPU Kernel Modules" (2024-07).
 _FIRST_OPEN_ONLY = 0x2900
+# NVIDIA's Unix deprecation schedule: "The release 580 series will be the last to support GPUs
+# based on the Maxwell, Pascal, and Volta architectures"; nvidia-installer 590.48.01 nvGpus.h
+# lists all of 0x1340-0x1DF6 as legacy GPUs of "580.xx".
+LAST_BRANCH_FOR_NO_GSP = 580
 
 
 def requires_open(device: PciDevice) -> str:
@@ -51,6 +55,12 @@ def _names(devices: Sequence[PciDevice]) -> str:
 def resolve_module_type(requested: str, branch: int, gpus: Sequence[PciDevice]) -> ModuleTypeChoice:
     need_open = [gpu for gpu in gpus if requires_open(gpu)]
     no_open = [gpu for gpu in gpus if lacks_gsp(gpu)]
+    if gpus and len(no_open) == len(gpus) and branch > LAST_BRANCH_FOR_NO_GSP:
+        raise DriverError(
+            f"driver branch {branch} does not support {_names(no_open)}: GPUs without GSP "
+            f"(Maxwell, Pascal, Volta) are legacy GPUs of branch {LAST_BRANCH_FOR_NO_GSP}; "
+            f"run a {LAST_BRANCH_FOR_NO_GSP} driver on this node"
+        )
     if need_open and no_open:
         raise DriverError(
             f"no kernel module type fits this node: {_names(need_open)} require open modules and "
