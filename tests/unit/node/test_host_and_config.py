@@ -93,6 +93,15 @@ def test_host_facts(host: SimulatedHost) -> None:
     assert facts.module_refcounts["nvidia"] == 3
 
 
+def test_lockdown_is_read_from_the_hosts_securityfs(host: SimulatedHost) -> None:
+    """The runtime mounts the container a fresh sysfs without securityfs on it (tigera/operator
+    PR 4992: the lockdown file is absent in a container): the host's, through /proc/1/root."""
+    host.write("/proc/1/root/sys/kernel/security/lockdown", "none [integrity] confidentiality\n")
+    facts = read_host_facts(Paths(host.root))
+    assert facts.lockdown == "integrity"
+    assert facts.lockdown_active
+
+
 def test_unreadable_kernel_version_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(DriverError, match="cannot read the kernel version"):
         read_host_facts(Paths(tmp_path))

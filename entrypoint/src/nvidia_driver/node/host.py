@@ -116,8 +116,14 @@ def read_os_release(paths: Paths) -> dict[str, str]:
 
 
 def read_lockdown(paths: Paths) -> str:
-    """The active lockdown mode: none, integrity or confidentiality ("" if unknown)."""
-    words = (_read(paths.lockdown) or "").split()
+    """The active lockdown mode: none, integrity or confidentiality ("" if unknown).
+
+    The runtime mounts the container a fresh sysfs, without the securityfs systemd mounts on
+    the host's /sys/kernel/security (tigera/operator PR 4992): with hostPID, the host's is read
+    through /proc/1/root when the container has none.
+    """
+    host = paths.host_filesystem / paths.lockdown.relative_to(paths.root)
+    words = (_read(paths.lockdown) or _read(host) or "").split()
     return next((word[1:-1] for word in words if word.startswith("[") and word.endswith("]")), "")
 
 
