@@ -102,6 +102,13 @@ def test_lockdown_is_read_from_the_hosts_securityfs(host: SimulatedHost) -> None
     assert facts.lockdown_active
 
 
+def test_selinux_is_read_from_the_hosts_selinuxfs(host: SimulatedHost) -> None:
+    """Nor has the container the host's selinuxfs (NVIDIA/gpu-driver-container 2957a8b reads
+    /proc/1/root/sys/fs/selinux/enforce): an enforcing host's driver root gets relabelled."""
+    host.write("/proc/1/root/sys/fs/selinux/enforce", "1")
+    assert read_host_facts(Paths(host.root)).selinux_enforcing
+
+
 def test_unreadable_kernel_version_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(DriverError, match="cannot read the kernel version"):
         read_host_facts(Paths(tmp_path))

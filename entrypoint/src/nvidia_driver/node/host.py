@@ -115,15 +115,19 @@ def read_os_release(paths: Paths) -> dict[str, str]:
     return {}
 
 
-def read_lockdown(paths: Paths) -> str:
-    """The active lockdown mode: none, integrity or confidentiality ("" if unknown).
+def _read_host_sys(paths: Paths, path: Path) -> str | None:
+    """A file of a filesystem the host mounts under /sys (securityfs, selinuxfs).
 
-    The runtime mounts the container a fresh sysfs, without the securityfs systemd mounts on
-    the host's /sys/kernel/security (tigera/operator PR 4992): with hostPID, the host's is read
-    through /proc/1/root when the container has none.
+    The runtime mounts the container a fresh sysfs without them (tigera/operator PR 4992;
+    NVIDIA/gpu-driver-container 2957a8b): with hostPID, the host's is read through /proc/1/root
+    when the container has none.
     """
-    host = paths.host_filesystem / paths.lockdown.relative_to(paths.root)
-    words = (_read(paths.lockdown) or _read(host) or "").split()
+    return _read(path) or _read(paths.host_filesystem / path.relative_to(paths.root))
+
+
+def read_lockdown(paths: Paths) -> str:
+    """The active lockdown mode: none, integrity or confidentiality ("" if unknown)."""
+    words = (_read_host_sys(paths, paths.lockdown) or "").split()
     return next((word[1:-1] for word in words if word.startswith("[") and word.endswith("]")), "")
 
 
@@ -243,5 +247,5 @@ def read_host_facts(paths: Paths) -> HostFacts:
         nvlink5_ports=nvlink5_ports(paths),
         lockdown=read_lockdown(paths),
         module_refcounts=module_refcounts(paths),
-        selinux_enforcing=(_read(paths.selinux_enforce) or "").strip() == "1",
+        selinux_enforcing=(_read_host_sys(paths, paths.selinux_enforce) or "").strip() == "1",
     )
