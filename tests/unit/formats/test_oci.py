@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 
 from nvidia_driver.errors import DriverError
@@ -33,8 +35,46 @@ def test_a_token_realm_that_is_no_url_is_refused_in_one_line() -> None:
                     what="the registry")  # fmt: skip
 
 
-def test_a_pull_secret_entry_whose_auth_is_not_ascii_is_left_out() -> None:
-    # base64.b64decode raises a plain ValueError for non-ASCII text, not binascii.Error: the
-    # entry is left out, as one whose auth is not base64 is.
-    auths = {"ghcr.io": {"auth": "dTpw\u00e9"}, "quay.io": {"username": "q", "password": "w"}}
-    assert kubelet_keyring({"auths": auths}) == [("quay.io", Credentials("q", "w"))]
+def _auths(**entries: object) -> dict[str, object]:
+    return {"auths": {"quay.io": {"username": "q", "password": "w"}, **entries}}
+
+
+@pytest.mark.parametrize(
+    ("document", "why"),
+    [
+        # config.go, decodeDockerConfigFieldAuth: base64 (padded or not), then user:password.
+        (_auths(ghcr={"auth": "!!"}), "an auth that is not base64"),
+        (_auths(ghcr={"auth": "dTpw\u00e9"}), "an auth that is not base64"),  # not ASCII
+        (_auths(ghcr={"auth": "dTpw=="}), "an auth that is not base64"),  # padded wrongly
+        (_auths(ghcr={"auth": "dXNlcg=="}), r"an auth that is not base64\(username:password\)"),
+        # encoding/json: a field or an entry of another type fails the whole unmarshal.
+        (_auths(ghcr={"password": 5}), "its password is not a JSON string"),
+        (_auths(ghcr={"Auth": 5}), "its auth is not a JSON string"),  # fields match any case
+        (_auths(ghcr="robot:s3cret"), "an entry is not a JSON object"),
+        ({"auths": ["ghcr.io"]}, "its auths is not a JSON object"),
+        ({"auths": {}, "HttpHeaders": {"X-A": 1}}, "its HttpHeaders is not a map of strings"),
+        (["ghcr.io"], "it is not a JSON object"),
+    ],
+)
+def test_a_pull_secret_the_kubelet_cannot_read_is_refused_whole_naming_no_contents(
+    document: object, why: str
+) -> None:
+    """kubernetes v1.36 pkg/credentialprovider/secrets/secrets.go: json.Unmarshal into
+    DockerConfigJSON fails for the whole secret (DockerConfigEntry.UnmarshalJSON, config.go),
+    and pkg/kubelet/images/image_manager.go then fails every pull of the pod: no credentials
+    of the secret, nor anonymous access, are what the kubelet pulls with."""
+    with pytest.raises(DriverError, match=rf"^pull secret ns/s: {why}: the kubelet refuses") as e:
+        kubelet_keyring(document, "pull secret ns/s")
+    assert "s3cret" not in str(e.value)
+    assert "robot" not in str(e.value)
+
+
+def test_a_pull_secret_is_read_as_the_kubelet_reads_it() -> None:
+    unpadded = base64.b64encode(b"u:p\xff").decode().rstrip("=")  # RawStdEncoding; any bytes
+    auths = {"ghcr.io": {"AUTH": unpadded}, "empty.example": None, "quay.io": {"username": "q"}}
+    keyring = kubelet_keyring({"Auths": auths}, "pull secret ns/s")
+    assert keyring == [("ghcr.io", Credentials("u", "p\udcff")), ("quay.io", Credentials("q", ""))]
+    assert keyring[0][1].basic == "Basic " + base64.b64encode(b"u:p\xff").decode()
+    # A .dockerconfigjson is read by its auths only; a .dockercfg is the map itself.
+    assert kubelet_keyring(auths, "pull secret ns/s") == []
+    assert kubelet_keyring(auths, "pull secret ns/s", dockercfg=True) == keyring

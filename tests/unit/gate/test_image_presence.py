@@ -149,7 +149,8 @@ def test_docker_config_json_in_every_form_kubectl_and_docker_write() -> None:
 
 def _keyring(*keys: str) -> list[tuple[str, Credentials]]:
     """A pull secret whose keys are these, each with credentials named after its key."""
-    return kubelet_keyring({"auths": {key: {"username": key, "password": "p"} for key in keys}})
+    auths = {key: {"username": key, "password": "p"} for key in keys}
+    return kubelet_keyring({"auths": auths}, "pull secret ns/s")
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,9 @@ failures (injected). Its decisions on real clusters are in tests/integration/clu
 
 from __future__ import annotations
 
+import base64
+import json
+
 import pytest
 from conftest import STAGED, Cluster
 from fake_apiserver import Fault
@@ -115,3 +118,69 @@ def test_an_nvidiadriver_node_the_operator_runs_no_driver_pod_on_reboots_freely(
     assert verdict.allowed is allowed, verdict.line
     if allowed:
         assert "runs no driver pod on the node" in verdict.line
+
+
+def _pull_secret(cluster: Cluster, kind: str, data: dict[str, bytes], *, private: bool) -> None:
+    """Node gpu-1 on a ClusterPolicy whose pull secret ``pull`` (in the Operator's namespace)
+    is of type kind and holds data; its tag published, to a registry that wants robot:s3cret
+    when private (else anyone may pull)."""
+    if private:
+        cluster.registry.username, cluster.registry.password = "robot", "s3cret"
+    cluster.add_node("gpu-1")
+    cluster.cluster_policy("610.57.04", secrets=("pull",))
+    cluster.publish(f"610.57.04-flatcar{B}")
+    encoded = {key: base64.b64encode(value).decode() for key, value in data.items()}
+    cluster.api.put("/api/v1/namespaces/gpu-operator/secrets/pull", {"type": kind, "data": encoded})
+
+
+def _config(**entries: object) -> bytes:
+    return json.dumps({"auths": entries}).encode()
+
+
+def test_a_pull_secret_the_kubelet_cannot_read_holds_naming_it_not_its_contents(
+    cluster: Cluster,
+) -> None:
+    """kubernetes v1.36 secrets.go MakeDockerKeyring fails on the secret, and image_manager.go
+    fails the driver pod's every pull: the public image would be no help after the reboot."""
+    good = base64.b64encode(b"robot:s3cret").decode()
+    broken = _config(**{"ghcr.io": {"auth": "robot:s3cret"}, cluster.registry.host: {"auth": good}})
+    _pull_secret(cluster, "kubernetes.io/dockerconfigjson", {".dockerconfigjson": broken},
+                 private=False)  # fmt: skip
+    verdict = cluster.judge()
+    assert not verdict.allowed
+    assert verdict.line.endswith(
+        "pull secret gpu-operator/pull: an auth that is not base64: the kubelet refuses the whole "
+        "secret and fails every pull of a pod that names it; correct the secret"
+    )
+    assert "s3cret" not in verdict.line
+    assert "ghcr.io" not in verdict.line
+    assert cluster.registry.log == []  # no other credentials, nor anonymous access, are tried
+
+
+@pytest.mark.parametrize(
+    ("kind", "key", "allowed"),
+    [
+        ("kubernetes.io/dockerconfigjson", ".dockerconfigjson", True),
+        ("kubernetes.io/dockercfg", ".dockercfg", True),
+        # The kubelet reads a secret by its type's key only: any other is no pull secret.
+        ("Opaque", ".dockerconfigjson", False),
+        ("kubernetes.io/dockercfg", ".dockerconfigjson", False),
+        ("kubernetes.io/dockerconfigjson", ".dockercfg", False),
+    ],
+)
+def test_a_pull_secret_gives_credentials_only_as_its_type_says(
+    cluster: Cluster, kind: str, key: str, allowed: bool
+) -> None:
+    auth = {cluster.registry.host: {"auth": base64.b64encode(b"robot:s3cret").decode()}}
+    config = json.dumps(auth if key == ".dockercfg" else {"auths": auth}).encode()
+    _pull_secret(cluster, kind, {key: config}, private=True)
+    verdict = cluster.judge()
+    assert verdict.allowed is allowed, verdict.line
+    if not allowed:
+        assert "the registry gives no anonymous token" in verdict.line
+
+
+def test_a_secret_the_kubelet_takes_for_no_pull_secret_does_not_hold(cluster: Cluster) -> None:
+    """An Opaque secret, or one without its type's key: the kubelet pulls without it."""
+    _pull_secret(cluster, "Opaque", {"token": b"x"}, private=False)
+    assert cluster.judge().allowed

@@ -11,6 +11,7 @@ with what the caller names: the image.
 from __future__ import annotations
 
 import base64
+import binascii
 import email.utils
 import fnmatch
 import hashlib
@@ -73,6 +74,7 @@ DOCKER_HUB_API = "registry-1.docker.io"  # where docker.io's API is
 OWN_TOKEN_HOSTS = {DOCKER_HUB_API: frozenset({"auth.docker.io"})}
 _DOCKER_HUB_KEYS = ("https://index.docker.io/v1/", "index.docker.io", "docker.io")
 _PLAIN_HTTP = frozenset({"127.0.0.1", "localhost", "::1"})
+_BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")  # Go's StdEncoding, padded
 _CHALLENGE_PARAM = re.compile(r'(\w+)="([^"]*)"')
 
 
@@ -99,7 +101,9 @@ class Credentials:
     @property
     def basic(self) -> str:
         """The ``Authorization`` header's value for a ``Basic`` challenge."""
-        return "Basic " + base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
+        # surrogateescape: the bytes of an auth that is not UTF-8, as the kubelet sends them
+        pair = f"{self.username}:{self.password}".encode(errors="surrogateescape")
+        return "Basic " + base64.b64encode(pair).decode()
 
 
 # --- digests and references ----------------------------------------------------------------
@@ -351,21 +355,86 @@ def credentials_from_docker_config(document: Mapping[str, Any]) -> dict[str, Cre
     return found
 
 
-def kubelet_keyring(document: Mapping[str, Any]) -> list[tuple[str, Credentials]]:
-    """A pull secret's (key, credentials) in the kubelet's form of the key, ``host[:port]
-    [/path]``: scheme and a ``/v1/`` or ``/v2/`` path dropped (kubernetes
-    pkg/credentialprovider/keyring.go, BasicDockerKeyring.Add); a key it cannot parse is left
-    out, as the kubelet leaves it out."""
+def kubelet_keyring(
+    document: Any, what: str, *, dockercfg: bool = False
+) -> list[tuple[str, Credentials]]:
+    """A pull secret's (key, credentials) as the kubelet reads them (kubernetes v1.36
+    pkg/credentialprovider/secrets/secrets.go): a .dockerconfigjson's ``auths`` (``dockercfg``:
+    a .dockercfg, the map itself), by Go's encoding/json (a field matches its name in any case)
+    and config.go's DockerConfigEntry.UnmarshalJSON. What those refuse fails the whole secret,
+    and pkg/kubelet/images/image_manager.go then fails every pull of the pod: a DriverError,
+    which names no contents. The key in the kubelet's form, ``host[:port][/path]``: scheme and a
+    ``/v1/`` or ``/v2/`` path dropped (keyring.go, BasicDockerKeyring.Add); a key it cannot
+    parse is left out, as the kubelet leaves it out; so is an entry without a username."""
+    try:
+        entries = [(key, _kubelet_entry(entry)) for key, entry in _auths(document, dockercfg)]
+    except DriverError as exc:
+        raise DriverError(f"{what}: {exc}: the kubelet refuses the whole secret and fails every "
+                          "pull of a pod that names it; correct the secret") from None  # fmt: skip
     keyring: list[tuple[str, Credentials]] = []
-    for key, credentials in _docker_config_entries(document):
+    for key, credentials in entries:
         try:
             parts = urllib.parse.urlsplit(key if key.startswith(("https://", "http://"))
                                           else f"https://{key}")  # fmt: skip
         except ValueError:
             continue
         path = parts.path[3:] if parts.path.startswith(("/v1/", "/v2/")) else parts.path
-        keyring.append((parts.netloc + ("" if path == "/" else path), credentials))
+        if credentials.username:
+            keyring.append((parts.netloc + ("" if path == "/" else path), credentials))
     return keyring
+
+
+def _auths(document: Any, dockercfg: bool) -> list[tuple[str, Any]]:
+    """The entries of a .dockercfg, or of a .dockerconfigjson's ``auths`` (config.go,
+    DockerConfigJSON: its ``HttpHeaders`` must be strings too)."""
+    auths = _go_object(document, "it")
+    if not dockercfg:
+        headers = _go_object(_go_field(auths, "HttpHeaders"), "its HttpHeaders")
+        if not all(isinstance(value, (str, type(None))) for value in headers.values()):
+            raise DriverError("its HttpHeaders is not a map of strings")
+        auths = _go_object(_go_field(auths, "auths"), "its auths")
+    return list(auths.items())
+
+
+def _kubelet_entry(entry: Any) -> Credentials:
+    """config.go's DockerConfigEntry.UnmarshalJSON: username and password, or an ``auth`` of
+    base64 (StdEncoding if it ends in ``=``, else RawStdEncoding) of ``username:password``."""
+    fields = _go_object(entry, "an entry")
+    _go_string(fields, "email")  # read, and so checked, though no registry is sent it
+    username, password, auth = (_go_string(fields, name) for name in ("username", "password",
+                                                                       "auth"))  # fmt: skip
+    if not auth:
+        return Credentials(username, password)
+    text = auth.replace("\r", "").replace("\n", "")  # Go's base64 skips line breaks
+    if not auth.strip().endswith("=") and "=" not in text:  # RawStdEncoding: unpadded
+        text += "=" * (-len(text) % 4)
+    if len(text) % 4 or not _BASE64.fullmatch(text):
+        raise DriverError("an auth that is not base64")
+    decoded = binascii.a2b_base64(text)
+    username, colon, password = decoded.decode("utf-8", "surrogateescape").partition(":")
+    if not colon:
+        raise DriverError("an auth that is not base64(username:password)")
+    return Credentials(username, password)
+
+
+def _go_object(value: Any, what: str) -> Mapping[str, Any]:
+    """A JSON object as encoding/json reads one into a struct or a map: null is empty."""
+    if value is not None and not isinstance(value, Mapping):
+        raise DriverError(f"{what} is not a JSON object")
+    return value or {}
+
+
+def _go_field(document: Mapping[str, Any], name: str) -> Any:
+    """A struct field as encoding/json fills it: the last key that is its name in any case."""
+    found = [value for key, value in document.items() if key.lower() == name.lower()]
+    return found[-1] if found else None
+
+
+def _go_string(document: Mapping[str, Any], name: str) -> str:
+    value = _go_field(document, name)
+    if value is not None and not isinstance(value, str):
+        raise DriverError(f"its {name} is not a JSON string")
+    return value or ""
 
 
 def kubelet_credentials(

@@ -50,6 +50,9 @@ from nvidia_driver.sources.download import Downloader
 from nvidia_driver.sources.flatcar import FlatcarVersion, Release, parse_releases
 
 SHOWN = 3  # missing images named in the line; the rest are counted
+# A pull secret's type -> the key the kubelet reads (k8s.io/api core/v1 types.go)
+PULL_SECRET_KEYS = {"kubernetes.io/dockerconfigjson": ".dockerconfigjson",
+                    "kubernetes.io/dockercfg": ".dockercfg"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -193,20 +196,25 @@ class Checker:
         return self.build.compilers(version, arch)
 
     def _credentials(self, spec: Spec) -> list[tuple[str, Credentials]]:
-        """The keyring of the Operator's pull secrets (docker config JSON), in their order."""
+        """The keyring of the Operator's pull secrets, in their order, as the kubelet reads them
+        (kubernetes v1.36 pkg/credentialprovider/secrets/secrets.go): by the key of the secret's
+        type; one of another type, or whose key is empty, is no pull secret and gives none."""
         found: list[tuple[str, Credentials]] = []
         for name in spec.pull_secrets:
             object_name(name, "pull secret", f"correct imagePullSecrets in {spec.source}")
             path = f"/api/v1/namespaces/{self.operator_namespace}/secrets/{name}"
-            data = self.api.get(path).get("data", {})
-            encoded = data.get(".dockerconfigjson") or data.get(".dockercfg") or ""
+            secret = self.api.get(path)
+            key = PULL_SECRET_KEYS.get(str(secret.get("type")), "")
+            encoded = secret.get("data", {}).get(key, "") if key else ""
+            if not encoded:
+                continue
+            what = f"pull secret {self.operator_namespace}/{shown(name, 60)}"
             try:
                 decoded = base64.b64decode(encoded)
             except (binascii.Error, ValueError):
-                raise DriverError(f"pull secret {shown(name, 60)} holds no base64") from None
-            document = jsontext.parse(decoded, f"pull secret {shown(name, 60)}")
-            if isinstance(document, dict):
-                found.extend(kubelet_keyring(document))
+                raise DriverError(f"{what} holds no base64") from None
+            document = jsontext.parse(decoded, what)
+            found.extend(kubelet_keyring(document, what, dockercfg=key == ".dockercfg"))
         return found
 
 
