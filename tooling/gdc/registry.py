@@ -69,6 +69,7 @@ from nvidia_driver.formats.oci import (
     credentials_from_docker_config,
     error_detail,
     index_platforms,
+    joined,
     on_registry,
     parse_challenge,
     read_config,
@@ -310,7 +311,8 @@ class Registry:
         if not location:
             raise DriverError(f"the registry {self.host} started an upload to {name} but gave "
                               "no Location: check the registry")  # fmt: skip
-        url = urllib.parse.urljoin(f"{self.base_url}/v2/{name}/blobs/uploads/", location)
+        sent = f"the registry {self.host} started an upload to {name} and sent it"
+        url = joined(f"{self.base_url}/v2/{name}/blobs/uploads/", location, sent)
         url += f"{'&' if urllib.parse.urlsplit(url).query else '?'}digest={digest}"
         with (
             path.open("rb") as body,

@@ -352,6 +352,21 @@ def test_an_upload_location_on_another_host_is_sent_no_credentials(tmp_path: Pat
         assert [(method, auth) for method, _, auth in storage.log] == [("PUT", "")]
 
 
+def test_an_upload_location_that_is_no_url_is_refused_in_one_line(tmp_path: Path) -> None:
+    """urllib.parse raises ValueError for a bracketed host that is no IPv6 address: one
+    DriverError (formats/oci.joined, as for a redirect), not a traceback out of publish."""
+    blob = tmp_path / "blob"
+    blob.write_bytes(b"bytes")
+    with ElsewhereUploads(username="me", password=PASSWORD) as server:
+        server.elsewhere = "[storage.example"
+        client = Registry(server.host, credentials=Credentials("me", PASSWORD))
+        with pytest.raises(DriverError, match=rf"^the registry {server.host} started an upload "
+                           rf"to {NAME} and sent it to http://\[storage\.example/v2/.*, which is "
+                           "not a URL; check the registry$"):  # fmt: skip
+            client.upload_blob(NAME, blob, "sha256:" + "1" * 64)
+        assert "PUT" not in [method for method, _, _ in server.log]  # nothing is sent
+
+
 # --- every answer is read bounded, shape-checked and checked against its digest ----------------
 
 

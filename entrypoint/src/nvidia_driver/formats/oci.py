@@ -279,16 +279,23 @@ def on_registry(url: str, host: str) -> bool:
     return urllib.parse.urlsplit(url).netloc == host
 
 
-def redirect_target(url: str, location: str, host: str, what: str) -> str:
-    """Where a redirect from url to location leads, if it may be followed: https, or the
-    registry itself (a loopback one speaks plain http). ``what`` names the request."""
+def joined(url: str, location: str, what: str) -> str:
+    """A ``Location`` (a redirect's, an upload's) read against url, the request's, if it is a
+    URL. ``what`` names the answer that sent it."""
     try:
         target = urllib.parse.urljoin(url, location)
-        scheme = urllib.parse.urlsplit(target).scheme
+        urllib.parse.urlsplit(target)
     except ValueError:  # urllib.parse: a bracketed host that is no IPv6 address
         raise DriverError(f"{what} to {shown(location)}, which is not a URL; check the "
                           "registry") from None  # fmt: skip
-    if scheme != "https" and not on_registry(target, host):
+    return target
+
+
+def redirect_target(url: str, location: str, host: str, what: str) -> str:
+    """Where a redirect from url to location leads, if it may be followed: https, or the
+    registry itself (a loopback one speaks plain http). ``what`` names the request."""
+    target = joined(url, location, what)
+    if urllib.parse.urlsplit(target).scheme != "https" and not on_registry(target, host):
         raise DriverError(f"{what} to {shown(target)}: only https redirects are followed, and "
                           "this one is not https; check the registry")  # fmt: skip
     return target
