@@ -38,6 +38,8 @@ NOBODY = 65534
 # ErrImageNeverPull, InvalidImageName; registry errors surface as these).
 PULL_FAILURES = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName",
                            "ErrImageNeverPull"})  # fmt: skip
+# The waiting reasons of a container on its way (kubelet_pods.go; "" before the kubelet wrote one)
+STARTING = frozenset({"", "ContainerCreating", "PodInitializing"})
 
 
 def pod_name(node: str, image: str) -> str:
@@ -148,7 +150,10 @@ def _state(pod: Mapping[str, Any], image: str) -> str:
         if not isinstance(waiting, Mapping):
             continue
         reason = waiting.get("reason", "")
+        message = shown(str(waiting.get("message", "")), ANNOTATION_SHOWN)
         if reason in PULL_FAILURES:
-            message = shown(str(waiting.get("message", "")), ANNOTATION_SHOWN)
             return f"the node cannot pull {image}: {reason}{': ' + message if message else ''}"
+        if reason not in STARTING:  # a start failure's own text (kubelet_pods.go, reason cache)
+            said = ": ".join(filter(None, (shown(str(reason), ANNOTATION_SHOWN), message)))
+            return f"pulling {image} onto the node; the kubelet says: {said}"
     return f"pulling {image} onto the node"
