@@ -188,6 +188,7 @@ class Lifecycle:
     lock: PidLock = field(init=False)
     rdma: RdmaPlan = field(init=False)
     params: dict[str, list[str]] = field(init=False, default_factory=dict)  # /drivers, checked
+    module_type: str = field(init=False, default="")  # the GPUs' (moduletype.py), checked
 
     def __post_init__(self) -> None:
         self.daemons = DaemonManager(self.ctx.paths, self.ctx.commands, self.config)
@@ -236,7 +237,7 @@ class Lifecycle:
         return True
 
     def pipeline(self) -> Pipeline:
-        return chosen_pipeline(self.ctx, self.config, self.facts.gpus)
+        return Pipeline(self.paths, self.commands, self.config, self.module_type)
 
     def target(self) -> Target:
         return node_target(self.facts, self.rdma.ofa_tree)
@@ -289,7 +290,11 @@ class Lifecycle:
             f"for Linux kernel version {self.facts.kernel_release}"
         )
         refuse_unsupported_host(self.config, self.facts)
-        # Every /drivers name and parameter is checked before anything is written.
+        # Every refusal comes before anything changes on the node: once in the try below, a
+        # failure unloads the modules, and without k8s-driver-manager (or on a container
+        # restart) they are the node's working driver. A module type that does not fit the
+        # GPUs, and every /drivers name and parameter, are checked here.
+        self.module_type = chosen_module_type(self.config, self.facts.gpus)
         self.params = module_params(self.paths, self.config.driver_branch)
         self.lock.acquire()
         # What a killed instance left: none runs now.
@@ -319,7 +324,6 @@ class Lifecycle:
                 "performing userspace-only install"
             )
             unmount_rootfs(self.paths, self.commands)
-            chosen_module_type(self.config, self.facts.gpus)
             self.finish()
             say("Userspace-only install complete")
             return
