@@ -20,6 +20,7 @@ from nvidia_driver.kbuild.packages import (
     PackageMetadata,
     load_package,
     matching_package,
+    no_match_reason,
     sha256_file,
     write_package,
 )
@@ -143,6 +144,33 @@ def test_a_package_of_an_unknown_format_is_not_read(tmp_path: Path, sources: Pat
     metadata = json.loads((package.path / "metadata.json").read_text())
     (package.path / "metadata.json").write_text(json.dumps({**metadata, "format": 3}))
     assert load_package(package.path, sources) is None
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        lambda metadata: [metadata],
+        lambda metadata: {**metadata, "files": list(metadata["files"])},
+        lambda metadata: {**metadata, "referenced": [CORE]},
+        lambda metadata: {**metadata, "modules": [1]},
+        lambda metadata: {**metadata, "linked": [{"module": "nvidia.ko", "objects": "a.o"}]},
+    ],
+    ids=["a-list", "files-a-list", "referenced-a-list", "a-module-a-number", "objects-a-string"],
+)
+def test_metadata_of_the_wrong_shape_is_an_unreadable_package(
+    tmp_path: Path, sources: Path, shape: Callable[[dict[str, object]], object]
+) -> None:
+    """Valid JSON, but not a package's metadata (a file changed on the node's disk): no package,
+    as unreadable JSON is, where it was an AttributeError traceback from init and status."""
+    package = _write(tmp_path, sources)
+    metadata = json.loads((package.path / "metadata.json").read_text())
+    (package.path / "metadata.json").write_text(json.dumps(shape(metadata)))
+    assert load_package(package.path, sources) is None
+    assert _match(tmp_path, sources) is None
+    assert no_match_reason([tmp_path / "precompiled"], BANNER, DRIVER, "proprietary", sources) == (
+        f"the image's packages cannot be read: {package.path / 'metadata.json'} is not a "
+        "package's metadata"
+    )
 
 
 def _built_tree(workdir: Path, core: bytes) -> None:

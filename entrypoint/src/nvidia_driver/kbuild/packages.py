@@ -15,12 +15,15 @@ carries the compiler and the build timestamp, so one kernel version built twice 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import shutil
+import typing
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from nvidia_driver.atomic import replacing
 from nvidia_driver.commands import Commands
@@ -61,6 +64,23 @@ class LinkedModule:
     linker_script: str = ""  # the kernel's scripts/module.lds, stored in the package
 
 
+def _fits(value: object, hint: Any) -> bool:
+    """Whether a JSON value has the shape of a metadata field's type (str, list[str],
+    dict[str, str], a dataclass...): metadata.json is a file on the node's disk, and a list where
+    a mapping belongs is an unreadable package, not a traceback where it is used."""
+    if dataclasses.is_dataclass(hint):
+        hints = typing.get_type_hints(hint)
+        return isinstance(value, dict) and all(
+            key in hints and _fits(item, hints[key]) for key, item in value.items()
+        )
+    kind, args = typing.get_origin(hint) or hint, typing.get_args(hint)
+    if kind is list:
+        return isinstance(value, list) and all(_fits(item, args[0]) for item in value)
+    if kind is dict:
+        return isinstance(value, dict) and all(_fits(item, args[1]) for item in value.values())
+    return isinstance(value, kind)
+
+
 @dataclass(frozen=True)
 class PackageMetadata:
     banner: str
@@ -93,6 +113,8 @@ class PackageMetadata:
     @classmethod
     def from_json(cls, text: str) -> PackageMetadata:
         data = json.loads(text)
+        if not _fits(data, cls):
+            raise ValueError("not a package's metadata")
         if data.get("format") not in READABLE_FORMATS:
             raise ValueError(f"unsupported package format {data.get('format')!r}")
         data["linked"] = [LinkedModule(**item) for item in data.get("linked", [])]
@@ -166,16 +188,19 @@ def load_package(path: Path, driver_sources: Path | None = None) -> Package | No
     return Package(path, metadata, driver_sources)
 
 
+def _metadata_files(directories: Iterable[Path]) -> Iterator[Path]:
+    for directory in directories:
+        if directory.is_dir():
+            yield from sorted(directory.glob(f"**/{METADATA}"))
+
+
 def iter_packages(
     directories: Iterable[Path], driver_sources: Path | None = None
 ) -> Iterator[Package]:
-    for directory in directories:
-        if not directory.is_dir():
-            continue
-        for metadata in sorted(directory.glob(f"**/{METADATA}")):
-            package = load_package(metadata.parent, driver_sources)
-            if package is not None:
-                yield package
+    for metadata in _metadata_files(directories):
+        package = load_package(metadata.parent, driver_sources)
+        if package is not None:
+            yield package
 
 
 def matching_package(
@@ -215,7 +240,10 @@ def no_match_reason(directories: Sequence[Path], banner: str, driver_version: st
     what a node's log and ``nvidia-driver status`` say before a runtime build."""
     packages = list(iter_packages(directories, driver_sources))
     if not packages:
-        return "the image carries no precompiled packages"
+        unreadable = next(_metadata_files(directories), None)
+        return "the image carries no precompiled packages" if unreadable is None else (
+            f"the image's packages cannot be read: {shown(str(unreadable), PATH_SHOWN)} is not "
+            "a package's metadata")  # fmt: skip
     drivers = [p for p in packages if p.metadata.driver_version == driver_version]
     if not drivers:
         found = ", ".join(sorted({shown(p.metadata.driver_version, 40) for p in packages}))
