@@ -101,6 +101,20 @@ def test_status_without_driver_version_still_shows_the_host(host: SimulatedHost)
     assert "missing DRIVER_VERSION" in result.stdout
 
 
+def test_build_module_type_auto_overrides_kernel_module_type(
+    host: SimulatedHost, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--module-type auto chooses by the GPUs and branch, as its help says, whatever
+    KERNEL_MODULE_TYPE is (in-process: SimulatedHost.run would run the installed copy)."""
+    host.add_host_kernel_tree()
+    for name, value in host.env(KERNEL_MODULE_TYPE="proprietary").items():
+        monkeypatch.setenv(name, value)
+    output = host.root.parent / "out"
+    assert cli.main(["build", "--module-type", "auto", "--output", str(output)]) == 0
+    assert "Using the open kernel modules (auto: branch 580" in capsys.readouterr().out
+    assert [path.name for path in output.iterdir()] == ["open"]
+
+
 def test_probe_peermem(host: SimulatedHost) -> None:
     result = host.run("probe_nvidia_peermem")
     assert result.returncode == 0

@@ -30,7 +30,7 @@ def build_command(
     output: Path | None,
 ) -> Package:
     """Build one package: for that Flatcar release, else for the running node."""
-    if module_type and module_type != "auto":
+    if module_type:  # auto too: it overrides KERNEL_MODULE_TYPE, as --help says
         config = replace(config, kernel_module_type=module_type)
     if flatcar_version:
         # Without GPUs to look at, "auto" follows the branch.
