@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import threading
@@ -19,6 +20,7 @@ from nvidia_driver.config import DriverConfig
 from nvidia_driver.node.peermem import reload_nvidia_peermem
 from nvidia_driver.paths import FABRICMANAGER_CONFIG, Paths
 from nvidia_driver.safetext import unsafe
+from nvidia_driver.settings import DRIVER_VERSION, SETTINGS
 
 
 def test_help_lists_every_subcommand() -> None:
@@ -113,6 +115,23 @@ def test_build_module_type_auto_overrides_kernel_module_type(
     assert cli.main(["build", "--module-type", "auto", "--output", str(output)]) == 0
     assert "Using the open kernel modules (auto: branch 580" in capsys.readouterr().out
     assert [path.name for path in output.iterdir()] == ["open"]
+
+
+def test_the_commands_said_to_run_without_driver_version_do(
+    host: SimulatedHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DRIVER_VERSION's row in nvidia-driver settings (and docs/settings.md) names the commands
+    it is not required by: each of them succeeds without it (in-process: SimulatedHost.run
+    would run the installed copy)."""
+    meaning = SETTINGS[DRIVER_VERSION].meaning
+    [named] = re.findall(r"required but by ([a-z_ ,]+)", meaning)
+    exempt = re.split(r",? and |, ", named.strip())
+    assert exempt
+    for name, value in host.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv(DRIVER_VERSION, raising=False)
+    for command in exempt:
+        assert cli.main([command]) == 0, command
 
 
 def test_probe_peermem(host: SimulatedHost) -> None:

@@ -59,8 +59,9 @@ def _setting(  # noqa: PLR0917 - one argument a column
 # The driver, as the image carries it.
 DRIVER_VERSION = _setting(
     "DRIVER_VERSION", None, f"{IMAGE} (versions.toml)", (*DRIVER_COMMANDS, *GATE_COMMAND),
-    "the driver version the image carries, e.g. 580.105.08 (required but by status and "
-    "probe_nvidia_peermem); the gate looks for the image of this version",
+    "the driver version the image carries, e.g. 580.105.08 (required but by "
+    "probe_nvidia_peermem; status without it shows the host only, and fails); the gate looks "
+    "for the image of this version",
 )  # fmt: skip
 DRIVER_BRANCH = _setting(
     "DRIVER_BRANCH", "DRIVER_VERSION's major", IMAGE, DRIVER_COMMANDS,
