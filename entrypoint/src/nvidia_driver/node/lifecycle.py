@@ -293,9 +293,12 @@ class Lifecycle:
         # Every refusal comes before anything changes on the node: once in the try below, a
         # failure unloads the modules, and without k8s-driver-manager (or on a container
         # restart) they are the node's working driver. A module type that does not fit the
-        # GPUs, and every /drivers name and parameter, are checked here.
+        # GPUs, every /drivers name and parameter, and (load compiles nothing) a kernel no
+        # package serves are refused here.
         self.module_type = chosen_module_type(self.config, self.facts.gpus)
         self.params = module_params(self.paths, self.config.driver_branch)
+        fast = self.fast_path_applies()
+        package = None if fast or allow_build else self.existing_package()
         self.lock.acquire()
         # What a killed instance left: none runs now.
         env = self.commands.env
@@ -303,7 +306,7 @@ class Lifecycle:
         try:
             with signals_raise():
                 self.set_daemons_status("NotReady")
-                self.install_and_start(allow_build=allow_build)
+                self.install_and_start(fast, package)
                 say("Done, now waiting for signal")
                 wait_for_signal()
         except CaughtSignalError:
@@ -317,8 +320,19 @@ class Lifecycle:
             raise
         return 0  # pragma: no cover - wait_for_signal only returns by raising
 
-    def install_and_start(self, *, allow_build: bool) -> None:
-        if self.fast_path_applies():
+    def existing_package(self) -> Package:
+        """The image's or the cache's package for this kernel, or a refusal."""
+        package = self.pipeline().package(self.target(), build=False)
+        if package is None:
+            raise DriverError(
+                f"no precompiled package for kernel {self.facts.kernel_release} "
+                f"({self.module_type} modules); use 'nvidia-driver init', which builds one"
+            )
+        return package
+
+    def install_and_start(self, fast: bool, package: Package | None) -> None:
+        """package: the one to install, else (init) one found or built after the unload."""
+        if fast:
             say(
                 "The NVIDIA driver is already loaded with the desired configuration, "
                 "performing userspace-only install"
@@ -334,13 +348,8 @@ class Lifecycle:
         # the fast path trusting it for whatever is loaded then.
         self.paths.state_file.unlink(missing_ok=True)
         unmount_rootfs(self.paths, self.commands)
-        pipeline = self.pipeline()
-        package = pipeline.package(self.target(), build=allow_build)
         if package is None:
-            raise DriverError(
-                f"no precompiled package for kernel {self.facts.kernel_release} "
-                f"({pipeline.module_type} modules); use 'nvidia-driver init', which builds one"
-            )
+            package = self.pipeline().package(self.target())
         self.install(package)
         self.load(package.metadata.module_type)
         self.finish()
