@@ -176,12 +176,12 @@ FLATCAR_SIGNING_KEY_URL = _setting(
 )
 # The reboot gate (deploy/reboot-gate, docs/gpu-operator.md).
 POD_NAMESPACE = _setting(
-    "POD_NAMESPACE", None, GATE, GATE_COMMAND, "the gate's namespace (its Lease, its pre-pulls)"
+    "POD_NAMESPACE", None, GATE, GATE_COMMAND, "the gate's namespace (kured: its pod; pre-pulls)"
 )
 POD_NAME = _setting("POD_NAME", None, GATE, GATE_COMMAND, "kured: the gate's pod, which it blocks")
 GPU_OPERATOR_NAMESPACE = _setting(
     "GPU_OPERATOR_NAMESPACE", "gpu-operator", GATE, GATE_COMMAND,
-    "where the Operator's ClusterPolicy and pull secrets are",
+    "where the Operator's pull secrets are (a ClusterPolicy has no namespace)",
 )  # fmt: skip
 REBOOT_GATE_ANNOTATION = _setting(
     "REBOOT_GATE_ANNOTATION", "gpu-driver-container/reboot-gate-ok", GATE, GATE_COMMAND,
