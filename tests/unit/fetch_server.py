@@ -31,6 +31,7 @@ class ReleaseServer(LocalServer):
         self.requests: Counter[str] = Counter()
         self.truncated: set[str] = set()  # paths answered with half the announced body
         self.failures: Counter[str] = Counter()  # path -> how many 503s to answer first
+        self.retry_after: dict[str, str] = {}  # path -> the Retry-After of its 503s
         self.redirects: dict[str, str] = {}  # path -> the Location of a 302
         self.trickled: dict[str, tuple[int, float]] = {}  # path -> (bytes, seconds) per write
         self.stalled: set[str] = set()  # paths that send half their body, then hang
@@ -56,7 +57,12 @@ class ReleaseServer(LocalServer):
             if failing:
                 self.failures[path] -= 1
         file = self.root / path.lstrip("/")
-        if failing:
+        if failing and path in self.retry_after:
+            handler.send_response(HTTPStatus.SERVICE_UNAVAILABLE)
+            handler.send_header("Retry-After", self.retry_after[path])
+            handler.send_header("Content-Length", "0")
+            handler.end_headers()
+        elif failing:
             handler.send_error(HTTPStatus.SERVICE_UNAVAILABLE)
         elif path in self.redirects:
             handler.send_response(HTTPStatus.FOUND)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import email.utils
 import gzip
 import threading
 import time
@@ -103,6 +104,22 @@ def test_no_retry_starts_past_the_deadline(server: ReleaseServer) -> None:
     with pytest.raises(DriverError, match=r"HTTP 503 .*; the download of .* did not finish"):
         get(slow, server.url(FILE))
     assert server.requests[f"/{FILE}"] == 1
+
+
+@pytest.mark.parametrize("http_date", [False, True])
+def test_a_retry_waits_as_long_as_the_503s_retry_after_asks(
+    server: ReleaseServer, *, http_date: bool
+) -> None:
+    # RFC 9110 10.2.3: seconds or an HTTP date; asking again sooner only meets another 503.
+    server.failures[f"/{FILE}"] = 1
+    server.retry_after[f"/{FILE}"] = (
+        email.utils.formatdate(time.time() + 21, usegmt=True) if http_date else "20"
+    )
+    sleeps: list[float] = []
+
+    assert get(downloader(sleeps), server.url(FILE)) == CONTENT
+    assert len(sleeps) == 1
+    assert 19 <= sleeps[0] <= 21
 
 
 def test_the_defaults_fit_the_biggest_artifact_at_the_minimum_rate() -> None:

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import IO, Protocol, TypeVar
 
 from nvidia_driver.errors import DriverError
+from nvidia_driver.formats.oci import retry_after
 from nvidia_driver.limits import FEED_SECONDS
 from nvidia_driver.log import warn
 from nvidia_driver.safetext import check, shown
@@ -85,7 +86,12 @@ _T = TypeVar("_T")
 
 
 class TransientError(Exception):
-    """A download failure worth another attempt."""
+    """A download failure worth another attempt, after ``wait`` seconds at least (a 429's or
+    503's Retry-After)."""
+
+    def __init__(self, message: str, wait: float = 0.0) -> None:
+        super().__init__(message)
+        self.wait = wait
 
 
 @dataclass(frozen=True)
@@ -261,7 +267,8 @@ class Downloader:
                         f"{exc} (gave up after {self.backoff.attempts} attempts); "
                         "check the node's network, DNS and proxy settings"
                     ) from exc
-                delay = delays[attempt]
+                # RFC 9110 10.2.3: sooner, the server only refuses again; up to the longest pause.
+                delay = max(delays[attempt], min(exc.wait, self.backoff.max_delay))
                 if self.clock() + delay > ends:
                     raise DriverError(f"{exc}; {_past_deadline(url, self.limits)}") from exc
                 warn(f"{exc}; retrying in {delay:g} s")
@@ -313,7 +320,7 @@ class Downloader:
             raise _over_budget(url, exc, limits) from None
         except urllib.error.HTTPError as exc:
             exc.close()  # it holds the error page's connection open
-            raise _http_failure(url, exc.code, exc.reason, self.missing) from None
+            raise _http_failure(url, exc, self.missing) from None
         except urllib.error.URLError as exc:
             if isinstance(exc.reason, FileNotFoundError):  # file:// URLs
                 raise not_found(url, "no such file", self.missing) from None
@@ -396,12 +403,14 @@ def _connection_of(body: _Body) -> socket.socket | None:
         return None
 
 
-def _http_failure(url: str, code: int, status: str, missing: str) -> Exception:
+def _http_failure(url: str, failure: urllib.error.HTTPError, missing: str) -> Exception:
+    code, status = failure.code, failure.reason
     reason = shown(status)  # the server's own words
     if code in NOT_FOUND:
         return not_found(url, f"HTTP {code}", missing)
     if code in RETRYABLE or code >= HTTPStatus.INTERNAL_SERVER_ERROR:
-        return TransientError(f"{url} answered HTTP {code} {reason}")
+        asked = retry_after(failure.headers.get("Retry-After") or "")
+        return TransientError(f"{url} answered HTTP {code} {reason}", asked or 0.0)
     # urllib words a redirect loop on three lines: its inf_msg, then the last reason.
     if " ".join(status.split()).startswith(" ".join(_LOOP.split())):
         return DriverError(
