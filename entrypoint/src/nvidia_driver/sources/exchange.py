@@ -311,10 +311,11 @@ class _BudgetedHandler(urllib.request.HTTPHandler, urllib.request.HTTPSHandler):
 
 
 class _ProxyHandler(urllib.request.ProxyHandler):
-    """The environment's proxies, as urllib reads them, and no_proxy's CIDR ranges too, as Go's
-    proxy rules read them (golang.org/x/net/http/httpproxy: an IP address host inside a range
-    goes direct; names are not resolved). Clusters list their networks there for containerd
-    and the kubelet; a registry or mirror addressed by IP in one is reached as they reach it."""
+    """The environment's proxies, as urllib reads them, and no_proxy's CIDR ranges and
+    "*.domain" entries too, as Go's proxy rules read them (golang.org/x/net/http/httpproxy: an
+    IP address host inside a range goes direct; names are not resolved). Clusters list their
+    networks there for containerd and the kubelet; a registry or mirror addressed by IP in one
+    is reached as they reach it."""
 
     proxies: dict[str, str]  # urllib's getproxies(): "no" holds no_proxy
 
@@ -324,7 +325,8 @@ class _ProxyHandler(urllib.request.ProxyHandler):
         proxy: str,
         type: str,  # noqa: A002 - urllib's name
     ) -> Any:
-        if _in_range(req.host, self.proxies.get("no", "")):
+        no_proxy = self.proxies.get("no", "")
+        if _in_range(req.host, no_proxy) or _under_wildcard(req.host, no_proxy):
             return None  # direct: the next handler opens it
         return super().proxy_open(req, proxy, type)
 
@@ -341,6 +343,14 @@ def _in_range(host: str, no_proxy: str) -> bool:
         except ValueError:
             continue  # a name, "*", or nothing: urllib's own rules read those
     return False
+
+
+def _under_wildcard(host: str, no_proxy: str) -> bool:
+    """Whether a "*.domain" entry covers host, as Go reads it (the names under domain); urllib
+    takes it for a literal name that matches nothing."""
+    name = urllib.parse.urlsplit(f"//{host}").hostname or ""  # lower-cased, no port
+    entries = (entry.strip().lower() for entry in no_proxy.split(","))
+    return any(name.endswith(entry[1:]) for entry in entries if entry.startswith("*."))
 
 
 def handlers(
