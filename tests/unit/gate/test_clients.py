@@ -56,6 +56,17 @@ def test_a_content_length_of_other_digits_is_no_length() -> None:
         assert Client(Limits(timeout=3.0, deadline=5.0)).send("GET", url).body == b"{}"
 
 
+def test_a_body_cut_short_of_its_content_length_is_unreachable_not_a_short_answer() -> None:
+    """A proxy or server that drops the connection mid-body: another try may do, and a cut
+    manifest or Node is not read as the whole answer (a JSON error, not retried)."""
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n"
+    with (
+        raw_server(head, b"{" * 500) as url,
+        pytest.raises(UnreachableError, match=r"truncated: got 500 of 1000 bytes$"),
+    ):
+        Client(Limits(timeout=3.0, deadline=5.0)).send("GET", url)
+
+
 def test_a_409_is_a_conflict_and_not_retried(cluster: Cluster) -> None:
     """The gate's caller reads the object again and decides again (test_fluo.py)."""
     cluster.add_node("gpu-1")

@@ -101,6 +101,9 @@ class Answer:
             raise DriverError(
                 f"{self._where} answered more than {limit} bytes: not what was asked for"
             )
+        if length is not None and len(body) < length:  # http.client's read(amt) does not say
+            raise UnreachableError(f"{self._method} {self._where} was truncated: got "
+                                   f"{len(body)} of {length} bytes")  # fmt: skip
         return body
 
 
