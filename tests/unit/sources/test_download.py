@@ -122,6 +122,19 @@ def test_a_retry_waits_as_long_as_the_503s_retry_after_asks(
     assert 19 <= sleeps[0] <= 21
 
 
+@pytest.mark.parametrize(
+    "url", ["https:/mirror.example/stable/x", "http://[fd00::1/stable/x", "https://[fd00::1]:x/y"]
+)
+def test_a_url_with_no_usable_host_is_refused_at_once_in_one_line(url: str) -> None:
+    """A typo in a base URL variable (one slash, an unclosed IPv6 bracket) is no network
+    failure to retry for half a minute and blame on DNS, nor a ValueError traceback."""
+    sleeps: list[float] = []
+
+    with pytest.raises(DriverError, match=r"^cannot download .*: it names no host .*; check"):
+        get(downloader(sleeps), url)
+    assert sleeps == []
+
+
 def test_the_defaults_fit_the_biggest_artifact_at_the_minimum_rate() -> None:
     developer_container = 480_000_000  # flatcar_developer_container.bin.bz2, about 480 MB
     assert developer_container / DEFAULT_MIN_RATE < DEFAULT_DEADLINE

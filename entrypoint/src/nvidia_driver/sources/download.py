@@ -250,8 +250,12 @@ class Downloader:
     def transfer(self, url: str, use: Callable[[Opened], _T], *, close: bool = True) -> _T:
         """Open ``url`` and hand the response to ``use``; a transient failure starts over."""
         check(url, "the URL", "check the base URL variables")  # it is logged, then requested
-        if urllib.parse.urlsplit(url).scheme not in SCHEMES:
+        scheme, host = _scheme_and_host(url)
+        if scheme not in SCHEMES:
             raise DriverError(f"cannot download {url}: only http, https and file URLs work")
+        if not host and scheme != "file":  # urllib would fail each try as if the network did
+            raise DriverError(f"cannot download {url}: it names no host and port to connect "
+                              "to; check the base URL variables")  # fmt: skip
         ends = self.clock() + self.limits.deadline
         delays = self.backoff.delays()
         for attempt in range(self.backoff.attempts):
@@ -448,6 +452,17 @@ def content_length(header: str | None) -> int | None:
     take "+5", "1_0" and other scripts' digits)."""
     value = (header or "").strip()
     return int(value) if value.isascii() and value.isdigit() else None
+
+
+def _scheme_and_host(url: str) -> tuple[str, str]:
+    """url's scheme and host; no host when its authority is unusable (an unclosed IPv6
+    bracket, a port that is not 1 to 65535)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        usable = parts.port != 0  # reading the port raises for one that is no number
+    except ValueError:
+        return url.partition(":")[0].lower(), ""
+    return parts.scheme, (parts.hostname or "") if usable else ""
 
 
 def _endpoint(url: urllib.parse.SplitResult) -> tuple[str, int | None]:
