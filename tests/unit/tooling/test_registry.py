@@ -548,6 +548,7 @@ class _Response(io.BytesIO):
     def __init__(self, status: int, headers: dict[str, str], body: bytes = b"") -> None:
         super().__init__(body)
         self.status, self.reason, self.headers = status, "", headers
+        self.length = None  # no Content-Length: the body ends where it ends
 
     def getheaders(self) -> list[tuple[str, str]]:
         return list(self.headers.items())

@@ -87,7 +87,10 @@ class Answer:
     def read(self, size: int) -> bytes:
         """At most ``size`` bytes of the body, b"" at its end."""
         with _failures(self._method, self._where, self._limits):
-            return self._response.read1(size)
+            chunk = self._response.read1(size)
+        if not chunk and size:
+            self._check_whole()
+        return chunk
 
     def read_all(self, limit: int) -> bytes:
         """The whole body, refused past ``limit`` bytes."""
@@ -101,10 +104,16 @@ class Answer:
             raise DriverError(
                 f"{self._where} answered more than {limit} bytes: not what was asked for"
             )
-        if length is not None and len(body) < length:  # http.client's read(amt) does not say
-            raise UnreachableError(f"{self._method} {self._where} was truncated: got "
-                                   f"{len(body)} of {length} bytes")  # fmt: skip
+        self._check_whole()
         return body
+
+    def _check_whole(self) -> None:
+        """At the body's end: one cut short of its Content-Length broke off (http.client's
+        read1 and read(amt) return what came and raise no IncompleteRead)."""
+        missing = self._response.length  # what the Content-Length still announces
+        if missing:
+            raise UnreachableError(f"{self._method} {self._where} was truncated: {missing} "
+                                   "bytes short of its Content-Length")  # fmt: skip
 
 
 @dataclass(frozen=True)
