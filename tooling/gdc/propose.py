@@ -15,6 +15,9 @@ requests made by ``invoke record-driver``.
    opened as a pull request with ``gh``. A change is proposed once: when a pull request from
    its branch exists (open, merged or closed), it is not proposed again. A branch without one
    is a failed run's (its push went through, its pull request did not): it is pushed over.
+4. A proposal that replaces the driver whose build image the reboot gate's manifests run also
+   moves them (GATE_IMAGE_FILES) to the new driver's, in the same commit: the unit tests
+   (tests/unit/gate/test_manifests.py) fail while they name a driver versions.toml does not list.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import re
 import shutil
 import tempfile
 import tomllib
@@ -39,6 +43,7 @@ from gdc.nvidia import (
     Release,
     newest_releases,
 )
+from gdc.tags import build_image_tags
 from gdc.versions import Driver, VersionsError, load_versions
 from nvidia_driver.atomic import write_atomically
 from nvidia_driver.naming import driver_key
@@ -56,6 +61,19 @@ SECOND_SOURCES = (
     "nixpkgs pkgs/os-specific/linux/nvidia-x11/default.nix (the .run files), the AUR "
     "PKGBUILDs nvidia-fabricmanager, libnvidia-nscq, nvlsm and libnvsdm (the redist archives)"
 )
+# Where the reboot gate's manifests name its image, beside versions.toml (kustomize's newTag:
+# and the workloads' image: lines; tests/unit/gate/test_manifests.py checks the list is whole).
+GATE_IMAGE_FILES = tuple(
+    Path("deploy", "reboot-gate", name)
+    for name in ("fluo/kustomization.yaml", "fluo/0500_daemonset.yaml", "fluo/0600_deployment.yaml",
+                 "kured/kustomization.yaml", "kured/0500_daemonset.yaml")
+)  # fmt: skip
+
+
+def moved_gate_image(text: str, old: str, new: str) -> str:
+    """text with its newTag: and image: lines that name tag old naming tag new instead."""
+    line = rf'^(\s*(?:newTag: |image: "?[^\s"]+:)){re.escape(old)}("?)$'
+    return re.sub(line, rf"\g<1>{new}\g<2>", text, flags=re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -112,12 +130,13 @@ def find_candidates(
 
 @dataclass(frozen=True)
 class Proposal:
-    """A candidate recorded: the new versions.toml, and where it goes."""
+    """A candidate recorded: the new versions.toml (and gate manifests), and where it goes."""
 
     candidate: Candidate
     record: recording.Record
-    text: str  # versions.toml with the record's entry
+    files: Mapping[Path, str]  # versions.toml with the record's entry, then the gate's moved
     diff: str
+    gate: str = ""  # the build image the gate's manifests move to; "": they stay
 
     @property
     def branch(self) -> str:
@@ -323,16 +342,27 @@ class Proposer:
             after = copy.read_text()
         if tomllib.loads(after) == tomllib.loads(before):
             return None
-        return Proposal(candidate, record, after, diff(before, after, self.path.name))
+        files, diffs = {self.path: after}, [diff(before, after, self.path.name)]
+        old, new = (build_image_tags(v, ())[0] for v in (candidate.tracked, candidate.version))
+        for name in GATE_IMAGE_FILES:
+            path = self.path.parent / name
+            text = path.read_text() if path.is_file() else ""  # a versions.toml elsewhere
+            if (moved := moved_gate_image(text, old, new)) != text:
+                files[path] = moved
+                diffs.append(diff(text, moved, name.as_posix()))
+        return Proposal(candidate, record, files, "\n".join(diffs), new if len(files) > 1 else "")
 
     def _pull_request(self, proposal: Proposal, repository: Repository, base: str) -> None:
         def change() -> list[Path]:
-            write_atomically(self.path, proposal.text, self.path.stat().st_mode & 0o777)
-            return [self.path]
+            for path, text in proposal.files.items():
+                write_atomically(path, text, path.stat().st_mode & 0o777)
+            return list(proposal.files)
 
-        url = repository.propose(proposal.branch, base, title=proposal.title,
-                                 message=proposal.record.summary(), body=self._body(proposal),
-                                 change=change)  # fmt: skip
+        message = proposal.record.summary()
+        if proposal.gate:
+            message += f"\n\nThe reboot gate's manifests run {proposal.gate} now."
+        url = repository.propose(proposal.branch, base, title=proposal.title, message=message,
+                                 body=self._body(proposal), change=change)  # fmt: skip
         proposed(url, proposal.record.version, proposal.branch, self.say, self.opened)
 
     def _body(self, proposal: Proposal) -> str:
@@ -352,6 +382,13 @@ class Proposer:
             )
             if release.notes:
                 why += f" Release notes: {release.notes}"
+        if proposal.gate:
+            tracked = proposal.candidate.tracked
+            why += (
+                f"\n\nThe reboot gate's manifests ran the build image of {tracked}, "
+                f"which this replaces: their `newTag:` and `image:` lines name `{proposal.gate}` "
+                "now (tests/unit/gate/test_manifests.py wants a driver versions.toml lists)."
+            )
         sources = "\n".join(f"- `{checksum.source}`" for checksum in record.checksums)
         return (
             f"{why}\n\n`invoke propose-drivers` recorded the entry with `invoke record-driver "

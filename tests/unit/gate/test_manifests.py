@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 import yaml
 from conftest import rbac_rules
-from gate_manifests import DEPLOY, KUSTOMIZATION, kustomization, manifests, patch_files
+from gate_manifests import DEPLOY, KUSTOMIZATION, ROOT, kustomization, manifests, patch_files
 
+from gdc.propose import GATE_IMAGE_FILES, moved_gate_image
 from gdc.tags import build_image_tags
 from gdc.versions import load_versions
 from nvidia_driver.gate.main import CACHE
@@ -20,7 +21,7 @@ from nvidia_driver.settings import REBOOT_GATE_ANNOTATION
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "gpu-operator.md"
 FOLDERS = sorted(path.name for path in DEPLOY.iterdir() if path.is_dir())
 # The build images of versions.toml's drivers: the manifests run one of them by default (not
-# necessarily the newest: the drivers workflow's bump of versions.toml leaves them be).
+# necessarily the newest: the drivers workflow moves them only when it replaces theirs).
 BUILD_TAGS = {build_image_tags(driver.version, ())[0] for driver in load_versions().drivers}
 WORKLOADS = {"DaemonSet", "Deployment"}
 
@@ -191,3 +192,27 @@ def test_the_gate_s_image_is_set_in_one_place(variant: str) -> None:
     assert {c["image"] for c in containers} == {f"{image['name']}:{image['newTag']}"}
     assert image["newName"] == image["name"]
     assert f"kubectl apply -k deploy/reboot-gate/{variant}" in DOCS.read_text()
+
+
+def _tags(document: dict[str, Any]) -> set[str]:
+    """The image tags a kustomization sets or a workload's containers run."""
+    pods = [document["spec"]["template"]["spec"]] if document["kind"] in WORKLOADS else []
+    return {
+        *(image["newTag"] for image in document.get("images", [])),
+        *(c["image"].rsplit(":", 1)[1] for pod in pods for c in pod["containers"]),
+    }
+
+
+def test_propose_drivers_moves_every_place_that_names_the_gate_s_image() -> None:
+    """invoke propose-drivers moves the gate's image in GATE_IMAGE_FILES when it replaces the
+    driver the image is of: every kustomization that sets it and every workload that runs it."""
+    documents = {path: yaml.safe_load(path.read_text()) for path in DEPLOY.glob("*/*.yaml")}
+    named = {path for path, document in documents.items() if _tags(document)}
+    assert named == {ROOT / name for name in GATE_IMAGE_FILES}
+    for path in named:
+        [tag] = _tags(documents[path])
+        text = path.read_text()
+        assert _tags(yaml.safe_load(moved_gate_image(text, tag, "1.2.3-flatcar"))) == {
+            "1.2.3-flatcar"
+        }
+        assert moved_gate_image(text, "1.2.3-flatcar", "4.5.6-flatcar") == text

@@ -19,11 +19,29 @@ from invoke.exceptions import Exit
 
 from gdc import propose, versions_text
 from gdc.nvidia import RecordError, newest_releases
+from gdc.tags import build_image_tags
 
 TODAY_TEXT, TODAY, todo_entry = nvidia_tree.TODAY_TEXT, nvidia_tree.TODAY, nvidia_tree.todo_entry
 LTS = next(driver for driver in TODAY.drivers if driver.branch == "580")
 OLDER = "580.173.02"  # the 580 release before 580.178.04 in NVIDIA's list
-WORKFLOWS = Path(__file__).parents[3] / ".github" / "workflows"
+ROOT = Path(__file__).parents[3]
+WORKFLOWS = ROOT / ".github" / "workflows"
+KURED = yaml.safe_load(
+    (ROOT / "deploy" / "reboot-gate" / "kured" / "kustomization.yaml").read_text()
+)
+GATE_TODAY = KURED["images"][0]["newTag"]  # the build image the gate's manifests run
+
+
+def gate_tag(driver: str) -> str:
+    return build_image_tags(driver, ())[0]
+
+
+def _gate_runs(repo: Path, driver: str) -> None:
+    """This repository's reboot gate manifests, in repo, running driver's build image."""
+    for name in propose.GATE_IMAGE_FILES:
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        text = propose.moved_gate_image((ROOT / name).read_text(), GATE_TODAY, gate_tag(driver))
+        (repo / name).write_text(text)
 
 
 @pytest.fixture
@@ -105,6 +123,42 @@ def test_the_dry_run_proposes_the_newer_point_release_of_a_tracked_branch(
     assert tomllib.loads(added)["drivers"] == {
         LTS.version: tomllib.loads(TODAY_TEXT)["drivers"][LTS.version]
     }
+
+
+def test_a_proposal_that_replaces_the_gate_s_driver_moves_the_gate_s_manifests_too(
+    nvidia: ReleaseServer, behind: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The gate's manifests must run the build image of a driver versions.toml lists
+    (tests/unit/gate/test_manifests.py): a pull request that replaces that driver and left them
+    naming it failed nox -s tests until someone edited them by hand."""
+    _gate_runs(behind.parent, OLDER)
+    before = {name: (behind.parent / name).read_text() for name in propose.GATE_IMAGE_FILES}
+    tasks.propose_drivers(MockContext(), dry_run=True, **_options(nvidia, behind))
+    out = capsys.readouterr().out
+    old, new = gate_tag(OLDER), gate_tag(LTS.version)
+    for name, text in before.items():
+        assert (behind.parent / name).read_text() == text, "a dry run changes nothing"
+        assert f"--- a/{name.as_posix()}\n" in out
+    assert out.count(f"-  newTag: {old}\n") == out.count(f"+  newTag: {new}\n") == 2
+    image = f'image: "{KURED["images"][0]["name"]}:'
+    assert out.count(f'{image}{old}"\n') == out.count(f'{image}{new}"\n') == 3
+    proposer = propose.Proposer(behind, nvidia_tree.upstream(nvidia), os.environ, "2026-12-05")
+    [proposal] = [p for p in proposer.run() if p.candidate.tracked == OLDER]
+    assert proposal.gate == new
+    for path, text in proposal.files.items():
+        if path != behind:
+            assert text == before[path.relative_to(behind.parent)].replace(old, new)
+
+
+def test_a_proposal_that_replaces_another_driver_leaves_the_gate_s_manifests_alone(
+    nvidia: ReleaseServer, behind: Path
+) -> None:
+    _gate_runs(behind.parent, next(d.version for d in TODAY.drivers if d.branch != "580"))
+    proposer = propose.Proposer(behind, nvidia_tree.upstream(nvidia), os.environ, "2026-12-05")
+    [proposal] = [p for p in proposer.run() if p.candidate.tracked == OLDER]
+    assert list(proposal.files) == [behind]
+    assert "reboot-gate" not in proposal.diff
+    assert proposal.gate == ""
 
 
 def test_a_newer_release_whose_manifest_lacks_a_required_archive_is_not_proposed_yet(
@@ -198,6 +252,9 @@ def test_a_proposal_is_pushed_on_its_branch_and_opened_once(
 ) -> None:
     behind = repo / "versions.toml"
     before = behind.read_text()
+    _gate_runs(repo, OLDER)
+    pull_requests.git(repo, "add", ".")
+    pull_requests.git(repo, "commit", "-q", "-m", "the gate runs the 580 branch's driver")
     tasks.propose_drivers(MockContext(), **_options(nvidia, behind))
     branch = f"record-driver/{LTS.version}"
     out = capsys.readouterr().out.splitlines()
@@ -209,6 +266,9 @@ def test_a_proposal_is_pushed_on_its_branch_and_opened_once(
     origin = tmp_path / "origin.git"
     proposed = pull_requests.git(origin, "show", f"{branch}:versions.toml")
     assert tomllib.loads(proposed) == tomllib.loads(TODAY_TEXT)
+    for name in propose.GATE_IMAGE_FILES:  # the gate moves in the same commit
+        moved = pull_requests.git(origin, "show", f"{branch}:{name.as_posix()}")
+        assert moved == (repo / name).read_text().replace(gate_tag(OLDER), gate_tag(LTS.version))
     assert pull_requests.git(origin, "log", "-1", "--format=%s%n%an", branch).splitlines() == [
         f"versions.toml: driver {LTS.version} replaces {OLDER}",
         "github-actions[bot]",
@@ -223,6 +283,8 @@ def test_a_proposal_is_pushed_on_its_branch_and_opened_once(
         f"pr create --base main --head {branch} --title versions.toml: "
         f"driver {LTS.version} replaces {OLDER} --body NVIDIA's list"
     )
+    body = (tmp_path / "gh.log").read_text()
+    assert f"their `newTag:` and `image:` lines name `{gate_tag(LTS.version)}` now" in body
     (tmp_path / "gh.prs").write_text("1\n")
     tasks.propose_drivers(MockContext(), **_options(nvidia, behind))
     assert (
