@@ -55,6 +55,7 @@ from nvidia_driver.naming import (
 )
 from nvidia_driver.safetext import shown
 from nvidia_driver.sources.download import CHUNK, Opened
+from nvidia_driver.sources.exchange import host_matches
 
 CHECKSUM_BASE_URL = "https://download.nvidia.com/XFree86"
 SMALL_DEADLINE_SECONDS = 120.0  # every try of a small file: a checksum, a manifest, the list
@@ -134,8 +135,7 @@ class Nvidia:
         parts = urllib.parse.urlsplit(url)
         host = (parts.hostname or "").lower()
         if parts.scheme not in {"https", "http"} or not any(
-            host == pattern or (pattern.startswith("*.") and host.endswith(pattern[1:]))
-            for pattern in self.hosts
+            host_matches(host, pattern) for pattern in self.hosts
         ):
             raise RecordError(
                 f"refusing {url}: {host or 'it'} is not one of NVIDIA's hosts "

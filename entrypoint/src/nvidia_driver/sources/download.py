@@ -53,6 +53,7 @@ from nvidia_driver.sources.exchange import (
     PastDeadlineError,
     TooSlowError,
     handlers,
+    host_matches,
 )
 
 CHUNK = 1 << 20
@@ -145,7 +146,7 @@ def redirect_refusal(origin: str, target: str, allowed: tuple[str, ...]) -> str 
     if _endpoint(source) == _endpoint(destination):
         return None
     host = (destination.hostname or "").lower()
-    if any(_host_matches(host, pattern) for pattern in allowed):
+    if any(host_matches(host, pattern) for pattern in allowed):
         return None
     hosts = ", ".join((source.hostname or "", *allowed))
     return f"{host or 'no host'} is not among the allowed hosts ({hosts})"
@@ -472,12 +473,6 @@ def _endpoint(url: urllib.parse.SplitResult) -> tuple[str, int | None]:
         port = None
     default = {"http": 80, "https": 443}.get(url.scheme)
     return (url.hostname or "").lower(), port or default
-
-
-def _host_matches(host: str, pattern: str) -> bool:
-    if pattern.startswith("*."):
-        return host.endswith(pattern[1:])
-    return host == pattern
 
 
 def _seconds(env: Mapping[str, str], name: str, default: float) -> float:

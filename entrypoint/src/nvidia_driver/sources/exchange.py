@@ -350,7 +350,15 @@ def _under_wildcard(host: str, no_proxy: str) -> bool:
     takes it for a literal name that matches nothing."""
     name = urllib.parse.urlsplit(f"//{host}").hostname or ""  # lower-cased, no port
     entries = (entry.strip().lower() for entry in no_proxy.split(","))
-    return any(name.endswith(entry[1:]) for entry in entries if entry.startswith("*."))
+    return any(host_matches(name, entry) for entry in entries if entry.startswith("*."))
+
+
+def host_matches(host: str, pattern: str) -> bool:
+    """Whether host (lower-cased) is pattern, or a name under domain for a "*.domain" pattern:
+    the redirect hosts' rule, and Go's for no_proxy's "*." entries."""
+    if pattern.startswith("*."):
+        return host.endswith(pattern[1:])
+    return host == pattern
 
 
 def handlers(
