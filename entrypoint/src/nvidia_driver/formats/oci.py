@@ -413,7 +413,9 @@ def _kubelet_entry(entry: Any) -> Credentials:
     if not auth:
         return Credentials(username, password)
     text = auth.replace("\r", "").replace("\n", "")  # Go's base64 skips line breaks
-    if not auth.strip().endswith("=") and "=" not in text:  # RawStdEncoding: unpadded
+    # Go reads one not ending in "=" with RawStdEncoding (unpadded): padded here; one with an
+    # "=" elsewhere fails below, as there.
+    if "=" not in text:
         text += "=" * (-len(text) % 4)
     if len(text) % 4 or not _BASE64.fullmatch(text):
         raise DriverError("an auth that is not base64")
