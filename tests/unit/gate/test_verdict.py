@@ -11,6 +11,7 @@ from conftest import STAGED, Cluster
 from fake_apiserver import Fault
 
 from nvidia_driver.gate.operator import DriverSpec, GPUNode, Kind, wanted_images
+from nvidia_driver.gate.verdict import PULL_SECRET_KEYS
 
 B, KB = STAGED, "6.12.102-flatcar"
 # The paths the GPU Operator's CRDs add: each answers 404 while its CRD is not installed.
@@ -173,7 +174,12 @@ def test_a_pull_secret_gives_credentials_only_as_its_type_says(
 ) -> None:
     auth = {cluster.registry.host: {"auth": base64.b64encode(b"robot:s3cret").decode()}}
     config = json.dumps(auth if key == ".dockercfg" else {"auths": auth}).encode()
-    _pull_secret(cluster, kind, {key: config}, private=True)
+    # A secret of a docker type always holds its type's key, of JSON: the API server refuses one
+    # without (kubernetes v1.36 pkg/apis/core/validation/validation.go, ValidateSecret); here
+    # an empty one, the credentials beside it under the other type's key.
+    own = PULL_SECRET_KEYS.get(kind)
+    data = {key: config} if own in {None, key} else {own: b"{}", key: config}
+    _pull_secret(cluster, kind, data, private=True)
     verdict = cluster.judge()
     assert verdict.allowed is allowed, verdict.line
     if not allowed:
