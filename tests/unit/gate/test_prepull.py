@@ -35,24 +35,3 @@ def test_a_pod_the_kubelet_refused_is_made_again_and_the_line_says_why(cluster: 
     assert prepull.waiting([image]) == f"pulling {image} onto the node"
     [again] = cluster.api.items(PODS)
     assert "status" not in again
-
-
-def test_a_start_failure_the_kubelet_gives_as_its_error_text_is_shown(cluster: Cluster) -> None:
-    """A container that cannot start waits with its error's text as the reason, not one of the
-    pull reasons (kubernetes v1.36 kubelet_pods.go: the reason cache's ``Err.Error()``): e.g. a
-    pull secret the kubelet cannot read fails every pull with Go's base64 error
-    (images/image_manager.go). The line still holds, and says what the kubelet says."""
-    prepull = PrePull(cluster.api_client(), NAMESPACE, "gpu-1")
-    image = f"{cluster.repository}/driver:610.57.04-flatcar4593.2.5"
-    prepull.waiting([image])
-    [pod] = cluster.api.items(PODS)
-
-    def failing(stored: dict[str, Any]) -> None:
-        waiting = {"reason": "illegal base64 data at input byte 4", "message": ""}
-        stored["status"] = {"phase": "Pending", "containerStatuses": [
-            {"name": "pull", "state": {"waiting": waiting}}]}  # fmt: skip
-
-    cluster.api.edit(f"{PODS}/{pod['metadata']['name']}", failing)
-    assert prepull.waiting([image]) == (
-        f"pulling {image} onto the node; the kubelet says: illegal base64 data at input byte 4"
-    )

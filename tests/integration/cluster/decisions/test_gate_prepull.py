@@ -85,6 +85,27 @@ def test_a_node_that_cannot_pull_holds_and_says_why(gpu_cluster: GateCluster) ->
     assert "ImagePullBackOff: Back-off pulling image" in verdict.line
 
 
+def test_a_start_failure_the_kubelet_gives_as_its_error_text_holds_and_says_it(
+    gpu_cluster: GateCluster,
+) -> None:
+    """A container that cannot start waits with its error's text as the reason, not one of the
+    pull reasons (kubernetes v1.36 kubelet_pods.go: the reason cache's ``Err.Error()``): e.g. a
+    pull secret the kubelet cannot read fails every pull with Go's base64 error
+    (images/image_manager.go)."""
+    gate = _gate(gpu_cluster)
+    gpu_cluster.publish(TAG)
+    gate.step()
+    [pod] = gpu_cluster.api.items(PODS)
+    _kubelet(gpu_cluster, pod, {"waiting": {"reason": "illegal base64 data at input byte 4"}})
+    verdict = gate.step()
+    assert verdict is not None
+    assert not verdict.allowed
+    assert verdict.line.endswith(
+        f"pulling {gpu_cluster.repository}/driver:{TAG} onto the node; the kubelet says: "
+        "illegal base64 data at input byte 4"
+    )
+
+
 def test_a_newer_staged_release_replaces_the_pre_pull_of_the_older(
     gpu_cluster: GateCluster,
 ) -> None:
